@@ -1,0 +1,1 @@
+//! Only the models under `tests/` matter; they compile with `--cfg loom`.

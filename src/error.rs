@@ -1,0 +1,96 @@
+//! The crate's error types: one per boundary.
+//!
+//! [`AdmitError`] is what awaiting admission can fail with; every variant is a
+//! distinct outcome an application may map differently (retry, shed with 429,
+//! give up with 504). [`ConfigError`] is returned at construction when a
+//! setting is out of range, and names the field at fault.
+
+use std::error::Error;
+use std::fmt;
+use std::time::Duration;
+
+/// Why an admission request did not get in.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum AdmitError {
+    /// The queue already held its maximum number of waiters; the request was
+    /// rejected at once without queueing. Shedding load: retry later.
+    QueueFull {
+        /// The configured bound on waiters that was reached.
+        max_waiters: usize,
+    },
+    /// The queue was closed, before or while the request waited. Nothing
+    /// more will be admitted through it.
+    Closed,
+    /// The request's deadline had already passed when it asked; it was never
+    /// queued.
+    DeadlinePassed,
+    /// The request's deadline passed while it waited in the queue; it has
+    /// been removed from the queue.
+    DeadlineExceeded {
+        /// How long the request waited before it was removed.
+        waited: Duration,
+    },
+}
+
+impl fmt::Display for AdmitError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            AdmitError::QueueFull { max_waiters } => write!(
+                f,
+                "admission queue is full ({max_waiters} waiters); request rejected without queueing"
+            ),
+            AdmitError::Closed => f.write_str("admission queue is closed"),
+            AdmitError::DeadlinePassed => {
+                f.write_str("deadline had already passed before queueing for admission")
+            }
+            AdmitError::DeadlineExceeded { waited } => write!(
+                f,
+                "deadline expired after waiting {waited:?} in the admission queue"
+            ),
+        }
+    }
+}
+
+impl Error for AdmitError {}
+
+/// A configuration value was rejected at construction.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ConfigError {
+    field: &'static str,
+    message: String,
+}
+
+impl ConfigError {
+    /// The name of the configuration field at fault, as spelled in the builder.
+    pub fn field(&self) -> &'static str {
+        self.field
+    }
+
+    pub(crate) fn new(field: &'static str, message: impl Into<String>) -> Self {
+        ConfigError {
+            field,
+            message: message.into(),
+        }
+    }
+
+    pub(crate) fn out_of_range<T: fmt::Display>(
+        field: &'static str,
+        value: T,
+        min: T,
+        max: T,
+    ) -> Self {
+        Self::new(
+            field,
+            format!("{value} is outside the accepted range {min}..={max}"),
+        )
+    }
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "invalid `{}`: {}", self.field, self.message)
+    }
+}
+
+impl Error for ConfigError {}

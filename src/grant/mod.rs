@@ -1,0 +1,111 @@
+//! Grants: the two small interfaces that separate *who wants to run* from
+//! *what is free*, and the granters that implement the second.
+//!
+//! A [`Requester`] (the [`WorkQueue`](crate::WorkQueue)) holds waiting work in
+//! order; a [`Granter`] owns one resource's capacity. The queue asks the
+//! granter for capacity on the uncontended fast path ([`Granter::try_get`]),
+//! hands grants to its waiters in order when capacity frees, gives capacity
+//! back ([`Granter::return_grant`]) and reports work it let in without asking
+//! ([`Granter::took_without_permission`]). Adding a resource to admission
+//! control means writing a granter, not a scheduler: the ordering, fairness,
+//! cancellation and deadline machinery stay in the queue.
+//!
+//! # Who calls whom, under which lock
+//!
+//! The queue calls its granter's methods **with the queue's lock held**. That
+//! lock is the single serialization point between "a waiter enqueues because
+//! `try_get` failed" and "capacity comes back and the first waiter is
+//! granted", so a wake-up cannot be lost between the two. It also means a
+//! granter must be a leaf: its methods must not block, take a lock that is
+//! held while calling into a queue, or call back into a requester.
+//!
+//! Capacity that appears from outside the queue (a raised slot total, a token
+//! refill) reaches waiters through [`Requester::granted`], which the code that
+//! raised the capacity calls afterwards; it takes the queue's lock and grants
+//! waiters in order for as long as the granter says yes. Upstream
+//! (CockroachDB) the granter reserves a unit and pushes it into `granted`;
+//! here the requester pulls, which keeps every grant decision under one lock.
+//!
+//! # Writing a granter
+//!
+//! ```
+//! use admission::grant::Granter;
+//! use admission::{Priority, TenantId, WorkInfo, WorkQueue};
+//! use std::sync::atomic::{AtomicU64, Ordering};
+//!
+//! /// Admits at most `budget` pieces of work, ever: a toy one-shot token pool.
+//! #[derive(Debug)]
+//! struct Budget(AtomicU64);
+//!
+//! impl Granter for Budget {
+//!     type Snapshot = u64;
+//!     fn try_get(&self, count: u64) -> bool {
+//!         self.0
+//!             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |left| left.checked_sub(count))
+//!             .is_ok()
+//!     }
+//!     fn return_grant(&self, _count: u64) {} // consumed, never returned
+//!     fn took_without_permission(&self, count: u64) {
+//!         let _ = self.0.fetch_update(Ordering::AcqRel, Ordering::Acquire, |left| {
+//!             Some(left.saturating_sub(count))
+//!         });
+//!     }
+//!     fn snapshot(&self) -> u64 {
+//!         self.0.load(Ordering::Acquire)
+//!     }
+//! }
+//!
+//! # tokio::runtime::Runtime::new().unwrap().block_on(async {
+//! let queue = WorkQueue::builder().build_with(Budget(AtomicU64::new(1))).unwrap();
+//! let first = queue.admit(WorkInfo::new(TenantId::SYSTEM, Priority::NORMAL)).await;
+//! assert!(first.is_ok());
+//! assert_eq!(queue.snapshot().granter, 0);
+//! # });
+//! ```
+
+mod slot;
+
+pub use slot::{SlotGranter, SlotSnapshot};
+
+use std::fmt::Debug;
+
+/// Owns the capacity of one resource and decides whether work may have some.
+///
+/// See the [module documentation](self) for the calling convention: every
+/// method is called with the owning queue's lock held and must not block.
+/// Counts are in the granter's own unit (one slot, a number of bytes...).
+pub trait Granter: Debug + Send + Sync + 'static {
+    /// What [`snapshot`](Granter::snapshot) reports, for observability.
+    type Snapshot: Clone + Debug + Send + Sync + 'static;
+
+    /// Takes `count` units if they are available now. The fast path, and the
+    /// question the queue asks before every grant to a waiter.
+    fn try_get(&self, count: u64) -> bool;
+
+    /// Gives back `count` units: a slot after its work completed, or a grant
+    /// that was made to a waiter that went away before it could use it.
+    fn return_grant(&self, count: u64);
+
+    /// Records `count` units taken without asking, by work that bypasses
+    /// admission. Capacity in use may exceed the limit as a result.
+    fn took_without_permission(&self, count: u64);
+
+    /// The granter's current state, for snapshots and metrics.
+    fn snapshot(&self) -> Self::Snapshot;
+}
+
+/// Holds waiting work and hands capacity to it in order.
+///
+/// Implemented by [`WorkQueue`](crate::WorkQueue). Code that adds capacity to
+/// a granter from outside the queue (raising a slot total, refilling tokens)
+/// calls [`granted`](Requester::granted) afterwards so that waiters see it.
+pub trait Requester {
+    /// Whether any request is waiting for a grant.
+    fn has_waiting_requests(&self) -> bool;
+
+    /// Capacity may have become available: grant waiting requests, in order,
+    /// for as long as the granter allows. Returns the units consumed; 0 means
+    /// the offer was refused (nobody was waiting, or the granter had nothing
+    /// to give after all).
+    fn granted(&self) -> u64;
+}

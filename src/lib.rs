@@ -1,0 +1,129 @@
+//! Node-level admission control for tokio applications.
+//!
+//! # The problem
+//!
+//! A service that saturates does not stop queueing: it queues somewhere it
+//! cannot see. Every accepted request becomes a task, every task lands in
+//! tokio's run queues, and those are FIFO and blind to priority and tenant.
+//! A backup job's thousand tasks sit in front of a user's one; a noisy tenant
+//! takes every worker; latency grows for everybody alike.
+//!
+//! # The move
+//!
+//! Admission control does not remove the wait; it **moves the queue out of
+//! the runtime into code that can reorder it**, while keeping the CPU busy.
+//! Handlers `await` admission before doing their work. While the node has
+//! capacity the await completes at once; when it does not, requests wait in
+//! a [`WorkQueue`] ordered by
+//!
+//! 1. **tenant fairness**: the tenant using the least capacity relative to
+//!    its [`TenantWeight`] goes first,
+//! 2. **priority** within a tenant ([`Priority`], an `i8` ladder), and
+//! 3. **create time** within a priority (older first),
+//!
+//! and only as much work as the resource can take is let through to the
+//! runtime. The design follows CockroachDB's `pkg/util/admission` and keeps
+//! its vocabulary. It is deliberately node-local: only the node can see its
+//! own overload in time; cross-service schemes complement it.
+//!
+//! ```text
+//!  without admission control:            with admission control:
+//!
+//!  reqs ──▶ tasks ──▶ tokio run queues   reqs ──▶ WorkQueue ──▶ few tasks running
+//!                     (FIFO, blind to            (tenant, priority,
+//!                      priority, tenant)          create time)
+//!                                                      ▲
+//!                                        grant when a slot or token frees
+//! ```
+//!
+//! # Two currencies: slots and tokens
+//!
+//! * A **slot** is a unit of concurrency, held while work runs and returned
+//!   when it completes: the right currency for CPU, where completion is
+//!   observable. [`SlotGranter`] has a total that a controller can move; the
+//!   [`SlotPermit`] returned by admission gives the slot back on drop.
+//! * A **token** is a unit of rate, consumed at admission and never returned,
+//!   refilled from a capacity model: the right currency for IO, where a
+//!   write's true cost lands later, when compactions rewrite its bytes.
+//!
+//! # Requester and granter
+//!
+//! Two small interfaces in [`grant`] keep *who wants to run* apart from
+//! *what is free*. A [`Granter`](grant::Granter) owns one resource's capacity
+//! (`try_get`, `return_grant`, `took_without_permission`); a
+//! [`Requester`](grant::Requester) (the [`WorkQueue`]) holds waiting work and
+//! accepts grants in order. Signals (the CPU and IO load), policy (the
+//! priority ladder and tenant weights) and mechanism (this grant loop) are
+//! separate, so adding a resource means writing a granter, not a scheduler.
+//!
+//! # One request's path
+//!
+//! [`WorkQueue::admit`] returns an [`Admit`] future. On its first poll it
+//! takes the queue's lock once: bypass work is admitted and counted; work
+//! whose deadline has passed fails at once; if nobody is waiting and the
+//! granter has capacity, the request is admitted on the fast path; if the
+//! queue is full it is rejected; otherwise it is enqueued. When capacity
+//! comes back, the queue grants it **directly** to the first waiter in order,
+//! under the lock, and wakes that waiter after releasing it, so no
+//! newcomer can barge in between and no herd is woken. The admitted work
+//! holds a [`SlotPermit`] while it runs.
+//!
+//! **Cancel safety.** Dropping an [`Admit`] while it waits removes it from the
+//! queue; dropping it after it was granted but before it saw the grant passes
+//! the slot to the next waiter. Dropping a [`SlotPermit`], including during a
+//! panic, returns its slot. Nothing leaks, and the `loom-tests` crate checks
+//! those races exhaustively.
+//!
+//! # Quick start
+//!
+//! ```
+//! use admission::{Priority, TenantId, WorkInfo, WorkQueue};
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! // Two slots: at most two handlers run their work at once.
+//! let queue = WorkQueue::new(2)?;
+//!
+//! let work = WorkInfo::new(TenantId::new(7), Priority::USER_HIGH);
+//! let permit = queue.admit(work).await?;
+//! // ... do the work while holding `permit` ...
+//! drop(permit); // the slot goes to the next waiter in order
+//!
+//! assert_eq!(queue.snapshot().granter.used, 0);
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! # Modules
+//!
+//! * [`work`]: work classification ([`Priority`], [`TenantId`],
+//!   [`TenantWeight`], [`WorkInfo`]).
+//! * [`queue`]: the [`WorkQueue`], the [`Admit`] future and [`SlotPermit`].
+//! * [`grant`]: the requester and granter interfaces and the
+//!   [`SlotGranter`].
+//! * [`observe`]: snapshots and wait-time histograms.
+//! * [`error`]: [`AdmitError`] and [`ConfigError`].
+//!
+//! `docs/ARCHITECTURE.md` in the repository draws the modules and the path of
+//! one request through them.
+
+#![forbid(unsafe_code)]
+#![warn(
+    missing_docs,
+    missing_debug_implementations,
+    unreachable_pub,
+    rust_2018_idioms
+)]
+
+pub mod error;
+pub mod grant;
+pub mod observe;
+pub mod queue;
+mod sync;
+pub mod work;
+
+pub use error::{AdmitError, ConfigError};
+pub use grant::SlotGranter;
+pub use observe::QueueSnapshot;
+pub use queue::{Admit, SlotPermit, WorkQueue, WorkQueueBuilder};
+pub use work::{Priority, TenantId, TenantWeight, WorkInfo};

@@ -1,0 +1,270 @@
+//! Observability: counters kept under the queue's lock, and the snapshot
+//! types that copy them out.
+//!
+//! Counting happens at exactly one point per request, when its outcome is
+//! settled (admitted, or failed for any reason including cancellation), so
+//! `requested == admitted + errored + waiting` holds in every snapshot taken
+//! while nothing is in flight. Fast-path and bypass admissions record a wait
+//! of zero, as upstream does, so the histogram shows how much work waited at
+//! all.
+
+use std::time::Duration;
+
+use crate::work::{Priority, TenantId, TenantWeight};
+
+/// Upper bounds of the wait histogram's buckets, in microseconds: zero (no
+/// wait), then powers of two up to about 33.5 s. A last bucket holds longer
+/// waits.
+const BOUNDS_MICROS: [u64; 27] = {
+    let mut bounds = [0u64; 27];
+    let mut i = 1;
+    while i < bounds.len() {
+        bounds[i] = 1 << (i - 1);
+        i += 1;
+    }
+    bounds
+};
+
+/// A histogram of admission wait times with power-of-two bucket bounds.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct WaitHistogram {
+    counts: [u64; BOUNDS_MICROS.len() + 1],
+    sum_nanos: u64,
+}
+
+impl WaitHistogram {
+    pub(crate) fn record(&mut self, wait: Duration) {
+        let nanos = u64::try_from(wait.as_nanos()).unwrap_or(u64::MAX);
+        let bucket = if nanos == 0 {
+            0
+        } else {
+            let micros = nanos.div_ceil(1_000);
+            BOUNDS_MICROS.partition_point(|&bound| bound < micros)
+        };
+        self.counts[bucket] = self.counts[bucket].saturating_add(1);
+        self.sum_nanos = self.sum_nanos.saturating_add(nanos);
+    }
+
+    /// How many waits were recorded.
+    pub fn count(&self) -> u64 {
+        self.counts.iter().sum()
+    }
+
+    /// The total of all recorded waits.
+    pub fn sum(&self) -> Duration {
+        Duration::from_nanos(self.sum_nanos)
+    }
+
+    /// `(upper bound, count)` for every bucket; the last bound is
+    /// [`Duration::MAX`].
+    pub fn buckets(&self) -> impl Iterator<Item = (Duration, u64)> + '_ {
+        BOUNDS_MICROS
+            .iter()
+            .map(|&micros| Duration::from_micros(micros))
+            .chain(std::iter::once(Duration::MAX))
+            .zip(self.counts.iter().copied())
+    }
+
+    /// The upper bound of the bucket holding quantile `q` (0.0..=1.0), or
+    /// `None` when nothing was recorded. Coarse by design: the bound is at
+    /// most twice the true value.
+    pub fn quantile(&self, q: f64) -> Option<Duration> {
+        let total = self.count();
+        if total == 0 {
+            return None;
+        }
+        let rank = ((q.clamp(0.0, 1.0) * total as f64).ceil() as u64).max(1);
+        let mut seen = 0;
+        self.buckets()
+            .find(|&(_, count)| {
+                seen += count;
+                seen >= rank
+            })
+            .map(|(bound, _)| bound)
+    }
+}
+
+/// Counters for one priority level.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PrioritySnapshot {
+    /// The priority level.
+    pub priority: Priority,
+    /// Requests that asked for admission.
+    pub requested: u64,
+    /// Requests admitted, including fast-path and bypassed ones.
+    pub admitted: u64,
+    /// Requests that failed: rejected, expired, closed out or cancelled.
+    pub errored: u64,
+    /// Requests of this priority waiting in the queue now.
+    pub waiting: usize,
+    /// How long admitted requests waited.
+    pub wait: WaitHistogram,
+}
+
+/// One tenant's standing in the fair-share order.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TenantSnapshot {
+    /// The tenant.
+    pub tenant: TenantId,
+    /// Capacity charged to the tenant since the last reset and not yet
+    /// returned (for slots: slots admitted since the reset and still held).
+    pub used: u64,
+    /// The tenant's weight.
+    pub weight: TenantWeight,
+    /// Requests of this tenant waiting now.
+    pub waiting: usize,
+}
+
+/// A consistent copy of a queue's state, taken under its lock.
+#[derive(Clone, Debug)]
+pub struct QueueSnapshot<S> {
+    /// Requests waiting in the queue (the queue length).
+    pub waiting: usize,
+    /// Whether the queue has been closed.
+    pub closed: bool,
+    /// Counters per priority level that has seen a request, lowest first.
+    pub priorities: Vec<PrioritySnapshot>,
+    /// Tenants the queue currently tracks, by id.
+    pub tenants: Vec<TenantSnapshot>,
+    /// The granter's state (for a slot queue: slots used and total).
+    pub granter: S,
+}
+
+impl<S> QueueSnapshot<S> {
+    /// The counters of one priority, if it has seen a request.
+    pub fn priority(&self, priority: Priority) -> Option<&PrioritySnapshot> {
+        self.priorities.iter().find(|p| p.priority == priority)
+    }
+
+    /// One tenant's standing, if the queue tracks it.
+    pub fn tenant(&self, tenant: TenantId) -> Option<&TenantSnapshot> {
+        self.tenants.iter().find(|t| t.tenant == tenant)
+    }
+}
+
+/// Per-priority counters, indexed by the priority's byte so that the hot
+/// path finds its entry without hashing or searching.
+#[derive(Debug)]
+pub(crate) struct PriorityStats {
+    index: Box<[u16; 256]>,
+    entries: Vec<PrioritySnapshot>,
+}
+
+/// How a request's admission ended, for counting.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Settled {
+    Admitted { waited: Duration },
+    Errored,
+}
+
+impl PriorityStats {
+    pub(crate) fn new() -> Self {
+        PriorityStats {
+            index: Box::new([0; 256]),
+            entries: Vec::new(),
+        }
+    }
+
+    fn entry(&mut self, priority: Priority) -> &mut PrioritySnapshot {
+        let slot = usize::from(priority.get() as u8);
+        if self.index[slot] == 0 {
+            self.entries.push(PrioritySnapshot {
+                priority,
+                ..PrioritySnapshot::default()
+            });
+            // At most 256 entries, so the length fits in a u16.
+            self.index[slot] = self.entries.len() as u16;
+        }
+        let at = usize::from(self.index[slot]) - 1;
+        &mut self.entries[at]
+    }
+
+    pub(crate) fn requested(&mut self, priority: Priority) {
+        self.entry(priority).requested += 1;
+    }
+
+    pub(crate) fn settled(&mut self, priority: Priority, outcome: Settled) {
+        let entry = self.entry(priority);
+        match outcome {
+            Settled::Admitted { waited } => {
+                entry.admitted += 1;
+                entry.wait.record(waited);
+            }
+            Settled::Errored => entry.errored += 1,
+        }
+    }
+
+    /// The counters, lowest priority first, with `waiting` filled in by
+    /// `waiting_at`.
+    pub(crate) fn snapshot(&self, waiting_at: impl Fn(Priority) -> usize) -> Vec<PrioritySnapshot> {
+        let mut out = self.entries.clone();
+        for entry in &mut out {
+            entry.waiting = waiting_at(entry.priority);
+        }
+        out.sort_by_key(|entry| entry.priority);
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn waits_land_in_power_of_two_buckets() {
+        let mut histogram = WaitHistogram::default();
+        histogram.record(Duration::ZERO);
+        histogram.record(Duration::from_nanos(1));
+        histogram.record(Duration::from_micros(3));
+        histogram.record(Duration::from_micros(4));
+        histogram.record(Duration::from_secs(3600));
+        let nonzero: Vec<(Duration, u64)> = histogram.buckets().filter(|&(_, n)| n > 0).collect();
+        assert_eq!(
+            nonzero,
+            vec![
+                (Duration::ZERO, 1),
+                (Duration::from_micros(1), 1),
+                (Duration::from_micros(4), 2),
+                (Duration::MAX, 1),
+            ]
+        );
+        assert_eq!(histogram.count(), 5);
+        assert_eq!(histogram.quantile(0.5), Some(Duration::from_micros(4)));
+        assert_eq!(histogram.quantile(0.0), Some(Duration::ZERO));
+        assert_eq!(WaitHistogram::default().quantile(0.99), None);
+    }
+
+    #[test]
+    fn priority_counters_are_kept_apart_and_listed_lowest_first() {
+        let mut stats = PriorityStats::new();
+        stats.requested(Priority::HIGH);
+        stats.requested(Priority::LOW);
+        stats.requested(Priority::LOW);
+        stats.settled(
+            Priority::HIGH,
+            Settled::Admitted {
+                waited: Duration::ZERO,
+            },
+        );
+        stats.settled(Priority::LOW, Settled::Errored);
+        let snapshot = stats.snapshot(|p| usize::from(p == Priority::LOW));
+        assert_eq!(snapshot.len(), 2);
+        assert_eq!(
+            (
+                snapshot[0].priority,
+                snapshot[0].requested,
+                snapshot[0].errored,
+                snapshot[0].waiting
+            ),
+            (Priority::LOW, 2, 1, 1)
+        );
+        assert_eq!(
+            (
+                snapshot[1].priority,
+                snapshot[1].admitted,
+                snapshot[1].wait.count()
+            ),
+            (Priority::HIGH, 1, 1)
+        );
+    }
+}

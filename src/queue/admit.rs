@@ -1,0 +1,183 @@
+//! The `Admit` future: one request's passage through the queue.
+//!
+//! # Implementation notes
+//!
+//! The future is lazy: nothing is decided until its first poll, which takes
+//! the queue's lock once and either settles the request (bypass, fast path,
+//! rejection) or enqueues it and remembers the slab key. Later polls look at
+//! the waiter's state under the lock: a grant made by another thread has
+//! already moved the slot to this waiter, so observing it is just taking the
+//! slab entry out and wrapping the slot in a permit.
+//!
+//! Cancel safety lives in `Drop`: a future dropped while it holds a slab key
+//! (queued, or granted but not yet observed) calls `QueueState::cancel`,
+//! which unlinks a waiting request or passes an unobserved grant to the next
+//! waiter. A future that completed holds no key, and its permit owns the slot.
+//!
+//! The deadline timer is a `tokio::time::Sleep` created only when a request
+//! with a deadline has to wait, so the fast path and deadline-free requests
+//! never touch tokio's timer (and the loom models, which have no runtime,
+//! never create one).
+
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{ready, Context, Poll};
+
+use futures_core::FusedFuture;
+use pin_project::{pin_project, pinned_drop};
+use tokio::time::Sleep;
+
+use super::permit::SlotPermit;
+use super::state::{Attempt, Observed};
+use super::Shared;
+use crate::error::AdmitError;
+use crate::grant::{Granter, SlotGranter};
+use crate::sync::Arc;
+use crate::work::{TenantId, WorkInfo};
+
+/// The future returned by [`WorkQueue::admit`](crate::WorkQueue::admit).
+///
+/// A named type, so it can be stored in a struct (a tower response future,
+/// say) without boxing. Resolves to a [`SlotPermit`] or an [`AdmitError`].
+/// Cancel-safe: dropping it at any point, before or after it was granted,
+/// loses no capacity.
+#[pin_project(PinnedDrop)]
+#[must_use = "futures do nothing unless polled"]
+pub struct Admit<G: Granter = SlotGranter> {
+    /// Moves into the permit on success; `None` once complete.
+    shared: Option<Arc<Shared<G>>>,
+    phase: Phase,
+    #[pin]
+    timer: Option<Sleep>,
+}
+
+enum Phase {
+    Start(WorkInfo),
+    Queued {
+        key: usize,
+        tenant: TenantId,
+        span: tracing::Span,
+    },
+    Done,
+}
+
+impl<G: Granter> Admit<G> {
+    pub(super) fn new(shared: Arc<Shared<G>>, work: WorkInfo) -> Self {
+        Admit {
+            shared: Some(shared),
+            phase: Phase::Start(work),
+            timer: None,
+        }
+    }
+}
+
+impl<G: Granter> Future for Admit<G> {
+    type Output = Result<SlotPermit<G>, AdmitError>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let mut this = self.project();
+        let Some(shared) = this.shared.as_ref() else {
+            panic!("`Admit` polled after it completed");
+        };
+        if let Phase::Start(work) = &*this.phase {
+            // Admission that is always ready on the fast path must still
+            // give the scheduler a turn now and then, as tokio's own
+            // semaphore does.
+            let coop = ready!(tokio::task::coop::poll_proceed(cx));
+            let attempt = shared.state.lock().attempt(work, &shared.granter);
+            let tenant = work.tenant();
+            match attempt {
+                Attempt::Admitted { generation } => {
+                    coop.made_progress();
+                    *this.phase = Phase::Done;
+                    let shared = this.shared.take().expect("checked above");
+                    return Poll::Ready(Ok(SlotPermit::new(shared, tenant, generation)));
+                }
+                Attempt::Rejected(error) => {
+                    coop.made_progress();
+                    *this.phase = Phase::Done;
+                    *this.shared = None;
+                    return Poll::Ready(Err(error));
+                }
+                Attempt::Queued { key } => {
+                    let span = tracing::debug_span!(
+                        target: "admission",
+                        "admission_wait",
+                        tenant = %tenant,
+                        priority = %work.priority(),
+                        outcome = tracing::field::Empty,
+                        wait_us = tracing::field::Empty,
+                    );
+                    if let Some(deadline) = work.deadline() {
+                        this.timer.set(Some(tokio::time::sleep_until(deadline)));
+                    }
+                    *this.phase = Phase::Queued { key, tenant, span };
+                }
+            }
+        }
+        let Phase::Queued { key, tenant, span } = &*this.phase else {
+            unreachable!("Start was handled above and Done has no shared state");
+        };
+        let (key, tenant) = (*key, *tenant);
+        let fired = match this.timer.as_mut().as_pin_mut() {
+            Some(timer) => timer.poll(cx).is_ready(),
+            None => false,
+        };
+        let observed = {
+            let mut state = shared.state.lock();
+            if fired {
+                state.deadline_fired(key)
+            } else {
+                state.observe(key, cx.waker())
+            }
+        };
+        let result = match observed {
+            Observed::Pending => return Poll::Pending,
+            Observed::Admitted { generation, waited } => {
+                span.record("outcome", "admitted");
+                span.record("wait_us", waited.as_micros() as u64);
+                let shared = this.shared.take().expect("checked above");
+                Ok(SlotPermit::new(shared, tenant, generation))
+            }
+            Observed::Failed(error) => {
+                span.record("outcome", tracing::field::display(&error));
+                *this.shared = None;
+                Err(error)
+            }
+        };
+        *this.phase = Phase::Done;
+        this.timer.set(None);
+        Poll::Ready(result)
+    }
+}
+
+impl<G: Granter> FusedFuture for Admit<G> {
+    fn is_terminated(&self) -> bool {
+        matches!(self.phase, Phase::Done)
+    }
+}
+
+#[pinned_drop]
+impl<G: Granter> PinnedDrop for Admit<G> {
+    fn drop(self: Pin<&mut Self>) {
+        let this = self.project();
+        if let (Phase::Queued { key, span, .. }, Some(shared)) =
+            (&*this.phase, this.shared.as_ref())
+        {
+            span.record("outcome", "cancelled");
+            let key = *key;
+            shared.with_state(|state, granter, wakes| state.cancel(key, granter, wakes));
+        }
+    }
+}
+
+impl<G: Granter> std::fmt::Debug for Admit<G> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let phase = match &self.phase {
+            Phase::Start(_) => "start",
+            Phase::Queued { .. } => "queued",
+            Phase::Done => "done",
+        };
+        f.debug_struct("Admit").field("phase", &phase).finish()
+    }
+}

@@ -1,0 +1,285 @@
+//! The WorkQueue: the requester that holds waiting work in order and the
+//! [`Admit`] future through which a handler waits in it.
+//!
+//! One `WorkQueue` fronts one [`Granter`]. Work arrives through
+//! [`WorkQueue::admit`]; the returned future, on its first poll, is admitted
+//! at once if nobody is waiting and the granter has capacity (the fast path),
+//! and otherwise waits in the queue, ordered by tenant fairness, then
+//! priority, then create time. Capacity that comes back (a [`SlotPermit`]
+//! dropped, a raised total) is handed directly to the first waiter in that
+//! order, under the queue's lock, and the waiter is woken after the lock is
+//! released. The state machine itself is in `state.rs`.
+
+mod admit;
+mod order;
+mod permit;
+mod state;
+
+pub use admit::Admit;
+pub use permit::SlotPermit;
+
+use std::fmt;
+use std::time::Duration;
+
+use rustc_hash::FxHashMap;
+
+use self::state::{Limits, QueueState, WakeList};
+use crate::error::ConfigError;
+use crate::grant::{Granter, Requester, SlotGranter};
+use crate::observe::QueueSnapshot;
+use crate::sync::{Arc, Mutex};
+use crate::work::{TenantId, TenantWeight, WorkInfo};
+
+/// How many tenants get their new weight per lock acquisition when the whole
+/// weight table is replaced.
+const WEIGHT_BATCH: usize = 64;
+
+/// What the queue and every future and permit of it share.
+pub(crate) struct Shared<G> {
+    state: Mutex<QueueState>,
+    granter: G,
+}
+
+impl<G: Granter> Shared<G> {
+    /// Runs `f` on the state under the lock, then wakes whatever it
+    /// collected once the lock is released.
+    fn with_state<R>(&self, f: impl FnOnce(&mut QueueState, &G, &mut WakeList) -> R) -> R {
+        let mut wakes = WakeList::default();
+        let result = {
+            let mut state = self.state.lock();
+            f(&mut state, &self.granter, &mut wakes)
+        };
+        wakes.wake_all();
+        result
+    }
+
+    fn release(&self, tenant: TenantId, generation: u64) {
+        self.with_state(|state, granter, wakes| state.release(tenant, generation, granter, wakes));
+    }
+}
+
+/// A queue of work waiting for one resource, ordered by (tenant fairness,
+/// priority, create time).
+///
+/// A cheap handle: clones share the same queue. See the
+/// [crate documentation](crate) for the design and a quick start.
+pub struct WorkQueue<G: Granter = SlotGranter> {
+    shared: Arc<Shared<G>>,
+}
+
+impl<G: Granter> Clone for WorkQueue<G> {
+    fn clone(&self) -> Self {
+        WorkQueue {
+            shared: self.shared.clone(),
+        }
+    }
+}
+
+impl<G: Granter> fmt::Debug for WorkQueue<G> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let state = self.shared.state.lock();
+        f.debug_struct("WorkQueue")
+            .field("waiting", &state.waiting())
+            .field("closed", &state.is_closed())
+            .field("granter", &self.shared.granter)
+            .finish()
+    }
+}
+
+impl WorkQueue<SlotGranter> {
+    /// A slot queue with `total_slots` slots and default settings.
+    pub fn new(total_slots: u64) -> Result<Self, ConfigError> {
+        Self::builder().total_slots(total_slots).build()
+    }
+
+    /// A builder with the default settings.
+    pub fn builder() -> WorkQueueBuilder {
+        WorkQueueBuilder::default()
+    }
+
+    /// Moves the slot total and grants waiters any capacity it opened.
+    /// Lowering the total revokes no granted slot.
+    pub fn set_total_slots(&self, total: u64) -> Result<(), ConfigError> {
+        self.shared.granter.set_total(total)?;
+        self.granted();
+        Ok(())
+    }
+}
+
+impl<G: Granter> WorkQueue<G> {
+    /// Asks for admission for `work`.
+    ///
+    /// Nothing happens until the returned future is polled. It resolves to a
+    /// [`SlotPermit`] that holds the admitted capacity until it is dropped, or
+    /// to an [`AdmitError`](crate::AdmitError). Dropping the future at any
+    /// point loses no capacity: a queued request leaves the queue, and a
+    /// grant it had not yet seen goes to the next waiter.
+    pub fn admit(&self, work: WorkInfo) -> Admit<G> {
+        Admit::new(self.shared.clone(), work)
+    }
+
+    /// Closes the queue: every waiting request fails with
+    /// [`AdmitError::Closed`](crate::AdmitError::Closed), and so does every
+    /// later one. Permits already granted stay valid and return their
+    /// capacity as usual.
+    pub fn close(&self) {
+        self.shared.with_state(|state, _, wakes| state.close(wakes));
+    }
+
+    /// Whether [`close`](Self::close) has been called.
+    pub fn is_closed(&self) -> bool {
+        self.shared.state.lock().is_closed()
+    }
+
+    /// Requests waiting now.
+    pub fn waiting(&self) -> usize {
+        self.shared.state.lock().waiting()
+    }
+
+    /// The granter this queue admits against.
+    pub fn granter(&self) -> &G {
+        &self.shared.granter
+    }
+
+    /// Sets one tenant's weight, effective for the next grant.
+    pub fn set_tenant_weight(&self, tenant: TenantId, weight: TenantWeight) {
+        self.shared.state.lock().set_weight(tenant, Some(weight));
+    }
+
+    /// Replaces every tenant's weight: tenants not listed go back to the
+    /// default. The lock is held only to swap the table and then to update
+    /// tracked tenants in small batches, so admissions proceed meanwhile.
+    pub fn set_tenant_weights(&self, weights: impl IntoIterator<Item = (TenantId, TenantWeight)>) {
+        let table: FxHashMap<TenantId, TenantWeight> = weights
+            .into_iter()
+            .filter(|&(_, weight)| weight != TenantWeight::default())
+            .collect();
+        let tracked = self.shared.state.lock().replace_weights(table);
+        for batch in tracked.chunks(WEIGHT_BATCH) {
+            let mut state = self.shared.state.lock();
+            for &tenant in batch {
+                state.refresh_weight(tenant);
+            }
+        }
+    }
+
+    /// Runs the periodic usage reset if it is due. The queue also does this
+    /// itself whenever a request has to wait, which is the only time the
+    /// fair-share order matters; a driver that wants idle tenants dropped on
+    /// schedule even when nothing waits can call this on a timer.
+    pub fn maintain(&self) {
+        self.shared
+            .state
+            .lock()
+            .maybe_reset(tokio::time::Instant::now());
+    }
+
+    /// A consistent copy of the queue's counters and state.
+    pub fn snapshot(&self) -> QueueSnapshot<G::Snapshot> {
+        let state = self.shared.state.lock();
+        QueueSnapshot {
+            waiting: state.waiting(),
+            closed: state.is_closed(),
+            priorities: state.priority_snapshot(),
+            tenants: state.tenant_snapshot(),
+            granter: self.shared.granter.snapshot(),
+        }
+    }
+}
+
+impl<G: Granter> Requester for WorkQueue<G> {
+    fn has_waiting_requests(&self) -> bool {
+        self.waiting() > 0
+    }
+
+    fn granted(&self) -> u64 {
+        self.shared
+            .with_state(|state, granter, wakes| state.grant_waiting(granter, wakes))
+    }
+}
+
+/// Settings for a [`WorkQueue`], validated by `build`.
+#[derive(Clone, Debug)]
+#[must_use = "a builder does nothing until `build` is called"]
+pub struct WorkQueueBuilder {
+    total_slots: u64,
+    max_waiters: usize,
+    reset_period: Duration,
+}
+
+impl Default for WorkQueueBuilder {
+    fn default() -> Self {
+        WorkQueueBuilder {
+            total_slots: 1,
+            max_waiters: Self::DEFAULT_MAX_WAITERS,
+            reset_period: Self::DEFAULT_RESET_PERIOD,
+        }
+    }
+}
+
+impl WorkQueueBuilder {
+    /// Default bound on waiting requests.
+    pub const DEFAULT_MAX_WAITERS: usize = 10_000;
+    /// Default period of the fair-share usage reset (CockroachDB's).
+    pub const DEFAULT_RESET_PERIOD: Duration = Duration::from_secs(1);
+    /// Longest accepted reset period.
+    pub const MAX_RESET_PERIOD: Duration = Duration::from_secs(24 * 60 * 60);
+
+    /// Initial slot total of a slot queue (default 1); see
+    /// [`WorkQueue::set_total_slots`]. Ignored by [`build_with`](Self::build_with).
+    pub fn total_slots(mut self, total: u64) -> Self {
+        self.total_slots = total;
+        self
+    }
+
+    /// Most requests that may wait at once (default
+    /// [`DEFAULT_MAX_WAITERS`](Self::DEFAULT_MAX_WAITERS)); one more is
+    /// rejected with [`AdmitError::QueueFull`](crate::AdmitError::QueueFull).
+    pub fn max_waiters(mut self, max_waiters: usize) -> Self {
+        self.max_waiters = max_waiters;
+        self
+    }
+
+    /// How often tenants' usage is forgotten and idle tenants dropped
+    /// (default one second).
+    pub fn reset_period(mut self, period: Duration) -> Self {
+        self.reset_period = period;
+        self
+    }
+
+    /// A slot queue.
+    pub fn build(self) -> Result<WorkQueue<SlotGranter>, ConfigError> {
+        let granter = SlotGranter::new(self.total_slots)?;
+        self.build_with(granter)
+    }
+
+    /// A queue in front of any granter.
+    pub fn build_with<G: Granter>(self, granter: G) -> Result<WorkQueue<G>, ConfigError> {
+        if self.max_waiters == 0 {
+            return Err(ConfigError::new(
+                "max_waiters",
+                "0 would reject every request that has to wait; use at least 1",
+            ));
+        }
+        if self.reset_period.is_zero() || self.reset_period > Self::MAX_RESET_PERIOD {
+            return Err(ConfigError::new(
+                "reset_period",
+                format!(
+                    "{:?} is outside the accepted range (0s, {:?}]",
+                    self.reset_period,
+                    Self::MAX_RESET_PERIOD
+                ),
+            ));
+        }
+        let limits = Limits {
+            max_waiters: self.max_waiters,
+            reset_period: self.reset_period,
+        };
+        Ok(WorkQueue {
+            shared: Arc::new(Shared {
+                state: Mutex::new(QueueState::new(limits)),
+                granter,
+            }),
+        })
+    }
+}

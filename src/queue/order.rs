@@ -1,0 +1,106 @@
+//! The two orderings of the WorkQueue, as `Ord` keys for B-trees.
+
+use std::cmp::{Ordering, Reverse};
+
+use tokio::time::Instant;
+
+use crate::work::{Priority, TenantId};
+
+/// Orders tenants that have waiting work: the least `used / weight` first;
+/// on a tie the heavier tenant, then the lower id.
+///
+/// The ratio is compared by cross-multiplication in `u128`, which is exact
+/// for every `u64` usage and `u32` weight, so this is a total order that
+/// agrees with the derived equality (equal ratios and equal weights imply
+/// equal usage, weights being non-zero).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct TenantOrder {
+    pub(super) used: u64,
+    pub(super) weight: u32,
+    pub(super) id: TenantId,
+}
+
+impl Ord for TenantOrder {
+    fn cmp(&self, other: &Self) -> Ordering {
+        let mine = u128::from(self.used) * u128::from(other.weight);
+        let theirs = u128::from(other.used) * u128::from(self.weight);
+        mine.cmp(&theirs)
+            .then_with(|| other.weight.cmp(&self.weight))
+            .then_with(|| self.id.cmp(&other.id))
+    }
+}
+
+impl PartialOrd for TenantOrder {
+    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+/// Orders one tenant's waiting work: higher priority first, then older
+/// create time, then arrival (the sequence number makes keys unique).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub(super) struct WaiterKey {
+    pub(super) priority: Reverse<Priority>,
+    pub(super) create_time: Instant,
+    pub(super) seq: u64,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tenant(used: u64, weight: u32, id: u64) -> TenantOrder {
+        TenantOrder {
+            used,
+            weight,
+            id: TenantId::new(id),
+        }
+    }
+
+    #[test]
+    fn tenants_order_by_usage_over_weight_then_weight_then_id() {
+        // (used, weight, id), listed in the order they must come out.
+        let mut tenants = vec![
+            tenant(0, 1, 9),        // unused beats any usage
+            tenant(1, 4, 3),        // 0.25
+            tenant(2, 4, 2),        // 0.5, heavier wins the tie
+            tenant(1, 2, 1),        // 0.5, lighter, lower id
+            tenant(1, 2, 5),        // 0.5, lighter, higher id
+            tenant(3, 1, 4),        // 3
+            tenant(u64::MAX, 1, 6), // no overflow at the extremes
+        ];
+        let expected = tenants.clone();
+        tenants.reverse();
+        tenants.sort();
+        assert_eq!(tenants, expected);
+    }
+
+    #[test]
+    fn waiters_order_by_priority_then_create_time_then_arrival() {
+        let t0 = Instant::now();
+        let later = t0 + std::time::Duration::from_millis(1);
+        let key = |priority: i8, create_time, seq| WaiterKey {
+            priority: Reverse(Priority::new(priority)),
+            create_time,
+            seq,
+        };
+        let mut keys = vec![
+            key(0, later, 0),
+            key(-5, t0, 1),
+            key(10, later, 2),
+            key(0, t0, 4),
+            key(0, t0, 3),
+        ];
+        keys.sort();
+        assert_eq!(
+            keys,
+            vec![
+                key(10, later, 2),
+                key(0, t0, 3),
+                key(0, t0, 4),
+                key(0, later, 0),
+                key(-5, t0, 1)
+            ]
+        );
+    }
+}

@@ -1,0 +1,54 @@
+//! The permit that holds admitted capacity until the work completes.
+
+use std::fmt;
+
+use super::Shared;
+use crate::grant::{Granter, SlotGranter};
+use crate::sync::Arc;
+use crate::work::TenantId;
+
+/// Proof of admission: holds one slot until dropped.
+///
+/// Dropping the permit, or calling [`done`](Self::done), returns the slot;
+/// the first waiter in order gets it at once. Because the return happens in
+/// `Drop`, a handler that panics or is cancelled while holding the permit
+/// still gives its slot back.
+#[must_use = "dropping the permit at once returns the slot: hold it while the work runs"]
+pub struct SlotPermit<G: Granter = SlotGranter> {
+    shared: Arc<Shared<G>>,
+    tenant: TenantId,
+    generation: u64,
+}
+
+impl<G: Granter> SlotPermit<G> {
+    pub(super) fn new(shared: Arc<Shared<G>>, tenant: TenantId, generation: u64) -> Self {
+        SlotPermit {
+            shared,
+            tenant,
+            generation,
+        }
+    }
+
+    /// The tenant the slot is charged to.
+    pub fn tenant(&self) -> TenantId {
+        self.tenant
+    }
+
+    /// Declares the work complete and returns the slot; the same as dropping
+    /// the permit, spelled out where that reads better.
+    pub fn done(self) {}
+}
+
+impl<G: Granter> Drop for SlotPermit<G> {
+    fn drop(&mut self) {
+        self.shared.release(self.tenant, self.generation);
+    }
+}
+
+impl<G: Granter> fmt::Debug for SlotPermit<G> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SlotPermit")
+            .field("tenant", &self.tenant)
+            .finish_non_exhaustive()
+    }
+}

@@ -1,0 +1,57 @@
+//! The one place that chooses between `std` and `loom` synchronization types.
+//!
+//! Every lock and atomic in the concurrency core comes from here, so a build
+//! with `RUSTFLAGS="--cfg loom"` swaps them all for loom's instrumented
+//! versions and the `loom-tests` crate can explore their interleavings. Code
+//! outside this module never names `std::sync` or `loom::sync` directly.
+//!
+//! [`Mutex::lock`] returns the guard directly. A poisoned lock is recovered
+//! rather than propagated: every critical section in this crate leaves the
+//! state consistent before it can panic (it calls no user code under a lock),
+//! so the data behind a poisoned lock is still valid, and a panic in one
+//! handler must not turn every later admission into a panic.
+
+#[cfg(not(loom))]
+pub(crate) use std::sync::{
+    atomic::{AtomicU64, Ordering},
+    Arc,
+};
+
+#[cfg(loom)]
+pub(crate) use loom::sync::{
+    atomic::{AtomicU64, Ordering},
+    Arc,
+};
+
+/// A mutual-exclusion lock whose `lock` cannot fail.
+#[derive(Debug, Default)]
+pub(crate) struct Mutex<T> {
+    #[cfg(not(loom))]
+    inner: std::sync::Mutex<T>,
+    #[cfg(loom)]
+    inner: loom::sync::Mutex<T>,
+}
+
+/// The guard of a [`Mutex`].
+#[cfg(not(loom))]
+pub(crate) type MutexGuard<'a, T> = std::sync::MutexGuard<'a, T>;
+/// The guard of a [`Mutex`].
+#[cfg(loom)]
+pub(crate) type MutexGuard<'a, T> = loom::sync::MutexGuard<'a, T>;
+
+impl<T> Mutex<T> {
+    pub(crate) fn new(value: T) -> Self {
+        Self {
+            #[cfg(not(loom))]
+            inner: std::sync::Mutex::new(value),
+            #[cfg(loom)]
+            inner: loom::sync::Mutex::new(value),
+        }
+    }
+
+    pub(crate) fn lock(&self) -> MutexGuard<'_, T> {
+        self.inner
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}

@@ -1,0 +1,114 @@
+use std::fmt;
+
+use crate::error::ConfigError;
+
+/// The tenant a piece of work is done for.
+///
+/// Tenants are the unit of fairness: when several tenants wait, the queue
+/// serves the one with the least capacity in use relative to its
+/// [`TenantWeight`]. A single-tenant service can put all its work under
+/// [`TenantId::SYSTEM`], the default.
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct TenantId(u64);
+
+impl TenantId {
+    /// The system tenant: the node's own work, and the default tenant.
+    pub const SYSTEM: TenantId = TenantId(1);
+
+    /// A tenant from its numeric id.
+    pub const fn new(id: u64) -> Self {
+        TenantId(id)
+    }
+
+    /// The numeric id.
+    pub const fn get(self) -> u64 {
+        self.0
+    }
+}
+
+impl Default for TenantId {
+    fn default() -> Self {
+        TenantId::SYSTEM
+    }
+}
+
+impl From<u64> for TenantId {
+    fn from(id: u64) -> Self {
+        TenantId(id)
+    }
+}
+
+impl fmt::Debug for TenantId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "TenantId({})", self.0)
+    }
+}
+
+impl fmt::Display for TenantId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.0)
+    }
+}
+
+/// A tenant's share of capacity relative to other waiting tenants.
+///
+/// Between [`TenantWeight::MIN`] (1, the default) and [`TenantWeight::MAX`].
+/// Under sustained backlog a tenant of weight 5 holds five slots for every
+/// two held by a tenant of weight 2. The bound keeps the fairness arithmetic
+/// exact (`used * weight` never overflows) and keeps one tenant from being
+/// configured into owning the node.
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct TenantWeight(u32);
+
+impl TenantWeight {
+    /// The smallest and default weight.
+    pub const MIN: TenantWeight = TenantWeight(1);
+    /// The largest weight accepted.
+    pub const MAX: TenantWeight = TenantWeight(1_000);
+
+    /// A weight, or a [`ConfigError`] naming `tenant_weight` if it lies
+    /// outside `MIN..=MAX`.
+    ///
+    /// ```
+    /// use admission::TenantWeight;
+    ///
+    /// assert_eq!(TenantWeight::new(5).unwrap().get(), 5);
+    /// let err = TenantWeight::new(0).unwrap_err();
+    /// assert!(err.to_string().contains("tenant_weight"));
+    /// ```
+    pub fn new(weight: u32) -> Result<Self, ConfigError> {
+        if (Self::MIN.0..=Self::MAX.0).contains(&weight) {
+            Ok(TenantWeight(weight))
+        } else {
+            Err(ConfigError::out_of_range(
+                "tenant_weight",
+                weight,
+                Self::MIN.0,
+                Self::MAX.0,
+            ))
+        }
+    }
+
+    /// The weight as an integer.
+    pub const fn get(self) -> u32 {
+        self.0
+    }
+}
+
+impl Default for TenantWeight {
+    fn default() -> Self {
+        TenantWeight::MIN
+    }
+}
+
+impl fmt::Debug for TenantWeight {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "TenantWeight({})", self.0)
+    }
+}
+
+impl fmt::Display for TenantWeight {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.0)
+    }
+}

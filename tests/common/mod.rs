@@ -1,0 +1,77 @@
+//! Helpers shared by the integration tests: manual polling of admission
+//! futures so that tests decide exactly when each one runs.
+
+#![allow(dead_code)]
+
+use std::time::Duration;
+
+use admission::{Admit, AdmitError, Priority, SlotPermit, TenantId, WorkInfo, WorkQueue};
+use tokio::time::Instant;
+use tokio_test::task::{self, Spawn};
+
+/// An admission request that has been polled by hand.
+pub type Pending = Spawn<Admit>;
+
+/// Work for `tenant` at `priority` created at `t0 + created_ms`.
+pub fn work(tenant: u64, priority: i8, t0: Instant, created_ms: u64) -> WorkInfo {
+    WorkInfo::builder()
+        .tenant(TenantId::new(tenant))
+        .priority(Priority::new(priority))
+        .create_time(t0 + Duration::from_millis(created_ms))
+        .build()
+}
+
+/// Polls an admission once and expects it to have to wait.
+pub fn enqueue(queue: &WorkQueue, work: WorkInfo) -> Pending {
+    let mut admit = task::spawn(queue.admit(work));
+    assert!(admit.poll().is_pending(), "expected the request to wait");
+    admit
+}
+
+/// Polls an admission once and expects a permit at once.
+pub fn admit_now(queue: &WorkQueue, work: WorkInfo) -> SlotPermit {
+    let mut admit = task::spawn(queue.admit(work));
+    match admit.poll() {
+        std::task::Poll::Ready(Ok(permit)) => permit,
+        other => panic!("expected immediate admission, got {other:?}"),
+    }
+}
+
+/// Polls a waiting request; `Some` once it has settled.
+pub fn try_settle(admit: &mut Pending) -> Option<Result<SlotPermit, AdmitError>> {
+    match admit.poll() {
+        std::task::Poll::Ready(result) => Some(result),
+        std::task::Poll::Pending => None,
+    }
+}
+
+/// Polls every named waiter once; removes and returns those that settled.
+pub fn settle_ready(
+    waiters: &mut Vec<(&'static str, Pending)>,
+) -> Vec<(&'static str, Result<SlotPermit, AdmitError>)> {
+    let mut settled = Vec::new();
+    waiters.retain_mut(|(name, admit)| match try_settle(admit) {
+        Some(result) => {
+            settled.push((*name, result));
+            false
+        }
+        None => true,
+    });
+    settled
+}
+
+/// Like [`settle_ready`], expecting every settled request to hold a permit.
+pub fn granted(waiters: &mut Vec<(&'static str, Pending)>) -> Vec<(&'static str, SlotPermit)> {
+    settle_ready(waiters)
+        .into_iter()
+        .map(|(name, result)| match result {
+            Ok(permit) => (name, permit),
+            Err(error) => panic!("{name} failed: {error}"),
+        })
+        .collect()
+}
+
+/// The names in a list of grants.
+pub fn names<T>(grants: &[(&'static str, T)]) -> Vec<&'static str> {
+    grants.iter().map(|(name, _)| *name).collect()
+}
