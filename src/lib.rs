@@ -127,3 +127,8 @@ pub use grant::SlotGranter;
 pub use observe::QueueSnapshot;
 pub use queue::{Admit, SlotPermit, WorkQueue, WorkQueueBuilder};
 pub use work::{Priority, TenantId, TenantWeight, WorkInfo};
+
+/// The README's examples, compiled and run as doc tests.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;

@@ -12,12 +12,15 @@
 //!
 //! # Who calls whom, under which lock
 //!
-//! The queue calls its granter's methods **with the queue's lock held**. That
-//! lock is the single serialization point between "a waiter enqueues because
-//! `try_get` failed" and "capacity comes back and the first waiter is
-//! granted", so a wake-up cannot be lost between the two. It also means a
-//! granter must be a leaf: its methods must not block, take a lock that is
-//! held while calling into a queue, or call back into a requester.
+//! A granter's mutable accounting (slots in use, a token balance) is its
+//! [`Granter::State`], and the queue keeps that state **inside its own
+//! lock**: every method that reads or changes it receives `&mut State` and so
+//! can only run while the queue's lock is held. That lock is the single
+//! serialization point between "a waiter enqueues because `try_get` failed"
+//! and "capacity comes back and the first waiter is granted", so a wake-up
+//! cannot be lost between the two, and the accounting needs no atomics of
+//! its own. It also makes a granter a leaf by construction: it cannot block
+//! on or call back into a queue.
 //!
 //! Capacity that appears from outside the queue (a raised slot total, a token
 //! refill) reaches waiters through [`Requester::granted`], which the code that
@@ -25,38 +28,45 @@
 //! waiters in order for as long as the granter says yes. Upstream
 //! (CockroachDB) the granter reserves a unit and pushes it into `granted`;
 //! here the requester pulls, which keeps every grant decision under one lock.
+//! Settings that change from outside (the slot total) live in the granter
+//! itself, in atomics, where the queue's methods read them.
 //!
 //! # Writing a granter
 //!
 //! ```
 //! use admission::grant::Granter;
 //! use admission::{Priority, TenantId, WorkInfo, WorkQueue};
-//! use std::sync::atomic::{AtomicU64, Ordering};
 //!
 //! /// Admits at most `budget` pieces of work, ever: a toy one-shot token pool.
 //! #[derive(Debug)]
-//! struct Budget(AtomicU64);
+//! struct Budget(u64);
 //!
 //! impl Granter for Budget {
+//!     type State = u64; // units left
 //!     type Snapshot = u64;
-//!     fn try_get(&self, count: u64) -> bool {
+//!     fn initial_state(&self) -> u64 {
 //!         self.0
-//!             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |left| left.checked_sub(count))
-//!             .is_ok()
 //!     }
-//!     fn return_grant(&self, _count: u64) {} // consumed, never returned
-//!     fn took_without_permission(&self, count: u64) {
-//!         let _ = self.0.fetch_update(Ordering::AcqRel, Ordering::Acquire, |left| {
-//!             Some(left.saturating_sub(count))
-//!         });
+//!     fn try_get(&self, left: &mut u64, count: u64) -> bool {
+//!         match left.checked_sub(count) {
+//!             Some(after) => {
+//!                 *left = after;
+//!                 true
+//!             }
+//!             None => false,
+//!         }
 //!     }
-//!     fn snapshot(&self) -> u64 {
-//!         self.0.load(Ordering::Acquire)
+//!     fn return_grant(&self, _left: &mut u64, _count: u64) {} // consumed for good
+//!     fn took_without_permission(&self, left: &mut u64, count: u64) {
+//!         *left = left.saturating_sub(count);
+//!     }
+//!     fn snapshot(&self, left: &u64) -> u64 {
+//!         *left
 //!     }
 //! }
 //!
 //! # tokio::runtime::Runtime::new().unwrap().block_on(async {
-//! let queue = WorkQueue::builder().build_with(Budget(AtomicU64::new(1))).unwrap();
+//! let queue = WorkQueue::builder().build_with(Budget(1)).unwrap();
 //! let first = queue.admit(WorkInfo::new(TenantId::SYSTEM, Priority::NORMAL)).await;
 //! assert!(first.is_ok());
 //! assert_eq!(queue.snapshot().granter, 0);
@@ -65,33 +75,40 @@
 
 mod slot;
 
-pub use slot::{SlotGranter, SlotSnapshot};
+pub use slot::{SlotGranter, SlotSnapshot, SlotState};
 
 use std::fmt::Debug;
 
 /// Owns the capacity of one resource and decides whether work may have some.
 ///
-/// See the [module documentation](self) for the calling convention: every
-/// method is called with the owning queue's lock held and must not block.
-/// Counts are in the granter's own unit (one slot, a number of bytes...).
+/// See the [module documentation](self) for the calling convention: the
+/// methods that take the [`State`](Granter::State) run with the owning
+/// queue's lock held, and must not block. Counts are in the granter's own
+/// unit (one slot, a number of bytes...).
 pub trait Granter: Debug + Send + Sync + 'static {
+    /// The granter's mutable accounting, kept inside the queue's lock.
+    type State: Debug + Send + 'static;
+
     /// What [`snapshot`](Granter::snapshot) reports, for observability.
     type Snapshot: Clone + Debug + Send + Sync + 'static;
 
+    /// The state a new queue starts with.
+    fn initial_state(&self) -> Self::State;
+
     /// Takes `count` units if they are available now. The fast path, and the
     /// question the queue asks before every grant to a waiter.
-    fn try_get(&self, count: u64) -> bool;
+    fn try_get(&self, state: &mut Self::State, count: u64) -> bool;
 
     /// Gives back `count` units: a slot after its work completed, or a grant
     /// that was made to a waiter that went away before it could use it.
-    fn return_grant(&self, count: u64);
+    fn return_grant(&self, state: &mut Self::State, count: u64);
 
     /// Records `count` units taken without asking, by work that bypasses
     /// admission. Capacity in use may exceed the limit as a result.
-    fn took_without_permission(&self, count: u64);
+    fn took_without_permission(&self, state: &mut Self::State, count: u64);
 
     /// The granter's current state, for snapshots and metrics.
-    fn snapshot(&self) -> Self::Snapshot;
+    fn snapshot(&self, state: &Self::State) -> Self::Snapshot;
 }
 
 /// Holds waiting work and hands capacity to it in order.
@@ -108,4 +125,25 @@ pub trait Requester {
     /// the offer was refused (nobody was waiting, or the granter had nothing
     /// to give after all).
     fn granted(&self) -> u64;
+}
+
+/// A granter together with its state, borrowed under the queue's lock.
+#[derive(Debug)]
+pub(crate) struct Grants<'a, G: Granter> {
+    pub(crate) granter: &'a G,
+    pub(crate) state: &'a mut G::State,
+}
+
+impl<G: Granter> Grants<'_, G> {
+    pub(crate) fn try_get(&mut self, count: u64) -> bool {
+        self.granter.try_get(self.state, count)
+    }
+
+    pub(crate) fn return_grant(&mut self, count: u64) {
+        self.granter.return_grant(self.state, count)
+    }
+
+    pub(crate) fn took_without_permission(&mut self, count: u64) {
+        self.granter.took_without_permission(self.state, count)
+    }
 }

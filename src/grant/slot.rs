@@ -1,10 +1,12 @@
 //! The slot granter: a concurrency limit with a total that can move.
 //!
-//! Two atomics, `used` and `total`. `try_get` succeeds while `used < total`;
-//! completion returns the slot. The total is set from outside (by the CPU
-//! slot adjuster, or by hand) and may drop below `used`: granted slots are
-//! never revoked, so `used` may exceed `total` until enough work completes.
-//! Bypassed work increments `used` without asking, with the same effect.
+//! The total is an atomic in the granter, because it is set from outside the
+//! queue (by the CPU slot adjuster, or by hand); the count of slots in use is
+//! the granter's [`SlotState`], kept under the queue's lock. `try_get`
+//! succeeds while `used < total`; completion returns the slot. The total may
+//! drop below `used`: granted slots are never revoked, so `used` may exceed
+//! `total` until enough work completes. Bypassed work increments `used`
+//! without asking, with the same effect.
 
 use crate::error::ConfigError;
 use crate::sync::{AtomicU64, Ordering};
@@ -15,8 +17,13 @@ use super::Granter;
 /// when it completes.
 #[derive(Debug)]
 pub struct SlotGranter {
-    used: AtomicU64,
     total: AtomicU64,
+}
+
+/// Slots in use, kept under the owning queue's lock.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SlotState {
+    used: u64,
 }
 
 /// A [`SlotGranter`]'s state at one moment.
@@ -38,7 +45,6 @@ impl SlotGranter {
     pub fn new(total: u64) -> Result<Self, ConfigError> {
         Self::check_total(total)?;
         Ok(SlotGranter {
-            used: AtomicU64::new(0),
             total: AtomicU64::new(total),
         })
     }
@@ -53,11 +59,6 @@ impl SlotGranter {
             ));
         }
         Ok(())
-    }
-
-    /// Slots currently held.
-    pub fn used(&self) -> u64 {
-        self.used.load(Ordering::Acquire)
     }
 
     /// The current limit.
@@ -78,97 +79,110 @@ impl SlotGranter {
 }
 
 impl Granter for SlotGranter {
+    type State = SlotState;
     type Snapshot = SlotSnapshot;
 
-    fn try_get(&self, count: u64) -> bool {
-        let total = self.total.load(Ordering::Acquire);
-        self.used
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |used| {
-                used.checked_add(count).filter(|&after| after <= total)
-            })
-            .is_ok()
+    fn initial_state(&self) -> SlotState {
+        SlotState::default()
     }
 
-    fn return_grant(&self, count: u64) {
-        let returned = self
-            .used
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |used| {
-                used.checked_sub(count)
-            });
-        if returned.is_err() {
-            // A bug in the caller, not bad input: say so loudly, keep the
-            // count at zero rather than wrapping to 2^64 and admitting nothing.
-            tracing::error!(count, "slot granter: more slots returned than were held");
-            self.used.store(0, Ordering::Release);
+    fn try_get(&self, state: &mut SlotState, count: u64) -> bool {
+        match state.used.checked_add(count) {
+            Some(after) if after <= self.total() => {
+                state.used = after;
+                true
+            }
+            _ => false,
         }
     }
 
-    fn took_without_permission(&self, count: u64) {
-        let _ = self
-            .used
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |used| {
-                Some(used.saturating_add(count))
-            });
+    fn return_grant(&self, state: &mut SlotState, count: u64) {
+        match state.used.checked_sub(count) {
+            Some(after) => state.used = after,
+            None => {
+                // A bug in the caller, not bad input: say so loudly, and keep
+                // the count at zero rather than wrapping and admitting nothing.
+                tracing::error!(
+                    count,
+                    used = state.used,
+                    "slot granter: more slots returned than were held"
+                );
+                state.used = 0;
+            }
+        }
     }
 
-    fn snapshot(&self) -> SlotSnapshot {
+    fn took_without_permission(&self, state: &mut SlotState, count: u64) {
+        state.used = state.used.saturating_add(count);
+    }
+
+    fn snapshot(&self, state: &SlotState) -> SlotSnapshot {
         SlotSnapshot {
-            used: self.used(),
+            used: state.used,
             total: self.total(),
         }
     }
 }
 
-#[cfg(all(test, not(loom)))]
+#[cfg(test)]
 mod tests {
     use super::*;
 
+    fn slots(total: u64) -> (SlotGranter, SlotState) {
+        let granter = SlotGranter::new(total).unwrap();
+        let state = granter.initial_state();
+        (granter, state)
+    }
+
     #[test]
     fn try_get_stops_at_the_total_and_return_reopens_it() {
-        let slots = SlotGranter::new(2).unwrap();
-        assert!(slots.try_get(1));
-        assert!(slots.try_get(1));
-        assert!(!slots.try_get(1));
-        slots.return_grant(1);
-        assert!(slots.try_get(1));
-        assert_eq!(slots.snapshot(), SlotSnapshot { used: 2, total: 2 });
+        let (slots, mut state) = slots(2);
+        assert!(slots.try_get(&mut state, 1));
+        assert!(slots.try_get(&mut state, 1));
+        assert!(!slots.try_get(&mut state, 1));
+        slots.return_grant(&mut state, 1);
+        assert!(slots.try_get(&mut state, 1));
+        assert_eq!(slots.snapshot(&state), SlotSnapshot { used: 2, total: 2 });
     }
 
     #[test]
     fn lowering_the_total_revokes_nothing() {
-        let slots = SlotGranter::new(3).unwrap();
+        let (slots, mut state) = slots(3);
         for _ in 0..3 {
-            assert!(slots.try_get(1));
+            assert!(slots.try_get(&mut state, 1));
         }
         slots.set_total(1).unwrap();
-        assert_eq!(slots.used(), 3);
-        slots.return_grant(1);
-        assert!(!slots.try_get(1), "2 used of 1: still over the total");
-        slots.return_grant(2);
-        assert!(slots.try_get(1));
+        assert_eq!(slots.snapshot(&state).used, 3);
+        slots.return_grant(&mut state, 1);
+        assert!(
+            !slots.try_get(&mut state, 1),
+            "2 used of 1: still over the total"
+        );
+        slots.return_grant(&mut state, 2);
+        assert!(slots.try_get(&mut state, 1));
     }
 
     #[test]
     fn bypass_may_push_used_past_the_total() {
-        let slots = SlotGranter::new(1).unwrap();
-        slots.took_without_permission(2);
-        assert_eq!(slots.snapshot(), SlotSnapshot { used: 2, total: 1 });
-        assert!(!slots.try_get(1));
+        let (slots, mut state) = slots(1);
+        slots.took_without_permission(&mut state, 2);
+        assert_eq!(slots.snapshot(&state), SlotSnapshot { used: 2, total: 1 });
+        assert!(!slots.try_get(&mut state, 1));
     }
 
     #[test]
     fn an_excess_return_clamps_at_zero() {
-        let slots = SlotGranter::new(1).unwrap();
-        slots.return_grant(1);
-        assert_eq!(slots.used(), 0);
-        assert!(slots.try_get(1));
+        let (slots, mut state) = slots(1);
+        slots.return_grant(&mut state, 1);
+        assert_eq!(slots.snapshot(&state).used, 0);
+        assert!(slots.try_get(&mut state, 1));
     }
 
     #[test]
     fn totals_above_the_maximum_are_rejected_naming_the_field() {
         let err = SlotGranter::new(SlotGranter::MAX_TOTAL + 1).unwrap_err();
         assert_eq!(err.field(), "total_slots");
-        let slots = SlotGranter::new(1).unwrap();
+        let (slots, _) = slots(1);
         assert!(slots.set_total(u64::MAX).is_err());
         assert_eq!(slots.total(), 1);
     }

@@ -84,7 +84,7 @@ impl<G: Granter> Future for Admit<G> {
             // give the scheduler a turn now and then, as tokio's own
             // semaphore does.
             let coop = ready!(tokio::task::coop::poll_proceed(cx));
-            let attempt = shared.state.lock().attempt(work, &shared.granter);
+            let attempt = shared.with_state(|queue, grants, _| queue.attempt(work, grants));
             let tenant = work.tenant();
             match attempt {
                 Attempt::Admitted { generation } => {
@@ -123,14 +123,13 @@ impl<G: Granter> Future for Admit<G> {
             Some(timer) => timer.poll(cx).is_ready(),
             None => false,
         };
-        let observed = {
-            let mut state = shared.state.lock();
+        let observed = shared.with_queue(|queue| {
             if fired {
-                state.deadline_fired(key)
+                queue.deadline_fired(key)
             } else {
-                state.observe(key, cx.waker())
+                queue.observe(key, cx.waker())
             }
-        };
+        });
         let result = match observed {
             Observed::Pending => return Poll::Pending,
             Observed::Admitted { generation, waited } => {

@@ -25,7 +25,7 @@ use rustc_hash::FxHashMap;
 
 use self::state::{Limits, QueueState, WakeList};
 use crate::error::ConfigError;
-use crate::grant::{Granter, Requester, SlotGranter};
+use crate::grant::{Granter, Grants, Requester, SlotGranter};
 use crate::observe::QueueSnapshot;
 use crate::sync::{Arc, Mutex};
 use crate::work::{TenantId, TenantWeight, WorkInfo};
@@ -35,22 +35,41 @@ use crate::work::{TenantId, TenantWeight, WorkInfo};
 const WEIGHT_BATCH: usize = 64;
 
 /// What the queue and every future and permit of it share.
-pub(crate) struct Shared<G> {
-    state: Mutex<QueueState>,
+pub(crate) struct Shared<G: Granter> {
+    locked: Mutex<Locked<G>>,
     granter: G,
+}
+
+/// Everything behind the queue's one lock.
+struct Locked<G: Granter> {
+    queue: QueueState,
+    granter: G::State,
 }
 
 impl<G: Granter> Shared<G> {
     /// Runs `f` on the state under the lock, then wakes whatever it
     /// collected once the lock is released.
-    fn with_state<R>(&self, f: impl FnOnce(&mut QueueState, &G, &mut WakeList) -> R) -> R {
+    fn with_state<R>(
+        &self,
+        f: impl FnOnce(&mut QueueState, &mut Grants<'_, G>, &mut WakeList) -> R,
+    ) -> R {
         let mut wakes = WakeList::default();
         let result = {
-            let mut state = self.state.lock();
-            f(&mut state, &self.granter, &mut wakes)
+            let mut locked = self.locked.lock();
+            let Locked { queue, granter } = &mut *locked;
+            let mut grants = Grants {
+                granter: &self.granter,
+                state: granter,
+            };
+            f(queue, &mut grants, &mut wakes)
         };
         wakes.wake_all();
         result
+    }
+
+    /// Runs `f` on the queue state alone, under the lock.
+    fn with_queue<R>(&self, f: impl FnOnce(&mut QueueState) -> R) -> R {
+        f(&mut self.locked.lock().queue)
     }
 
     fn release(&self, tenant: TenantId, generation: u64) {
@@ -77,11 +96,12 @@ impl<G: Granter> Clone for WorkQueue<G> {
 
 impl<G: Granter> fmt::Debug for WorkQueue<G> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let state = self.shared.state.lock();
+        let locked = self.shared.locked.lock();
         f.debug_struct("WorkQueue")
-            .field("waiting", &state.waiting())
-            .field("closed", &state.is_closed())
+            .field("waiting", &locked.queue.waiting())
+            .field("closed", &locked.queue.is_closed())
             .field("granter", &self.shared.granter)
+            .field("granter_state", &locked.granter)
             .finish()
     }
 }
@@ -128,12 +148,12 @@ impl<G: Granter> WorkQueue<G> {
 
     /// Whether [`close`](Self::close) has been called.
     pub fn is_closed(&self) -> bool {
-        self.shared.state.lock().is_closed()
+        self.shared.with_queue(|queue| queue.is_closed())
     }
 
     /// Requests waiting now.
     pub fn waiting(&self) -> usize {
-        self.shared.state.lock().waiting()
+        self.shared.with_queue(|queue| queue.waiting())
     }
 
     /// The granter this queue admits against.
@@ -143,7 +163,8 @@ impl<G: Granter> WorkQueue<G> {
 
     /// Sets one tenant's weight, effective for the next grant.
     pub fn set_tenant_weight(&self, tenant: TenantId, weight: TenantWeight) {
-        self.shared.state.lock().set_weight(tenant, Some(weight));
+        self.shared
+            .with_queue(|queue| queue.set_weight(tenant, Some(weight)));
     }
 
     /// Replaces every tenant's weight: tenants not listed go back to the
@@ -154,12 +175,13 @@ impl<G: Granter> WorkQueue<G> {
             .into_iter()
             .filter(|&(_, weight)| weight != TenantWeight::default())
             .collect();
-        let tracked = self.shared.state.lock().replace_weights(table);
+        let tracked = self.shared.with_queue(|queue| queue.replace_weights(table));
         for batch in tracked.chunks(WEIGHT_BATCH) {
-            let mut state = self.shared.state.lock();
-            for &tenant in batch {
-                state.refresh_weight(tenant);
-            }
+            self.shared.with_queue(|queue| {
+                for &tenant in batch {
+                    queue.refresh_weight(tenant);
+                }
+            });
         }
     }
 
@@ -168,21 +190,19 @@ impl<G: Granter> WorkQueue<G> {
     /// fair-share order matters; a driver that wants idle tenants dropped on
     /// schedule even when nothing waits can call this on a timer.
     pub fn maintain(&self) {
-        self.shared
-            .state
-            .lock()
-            .maybe_reset(tokio::time::Instant::now());
+        let now = tokio::time::Instant::now();
+        self.shared.with_queue(|queue| queue.maybe_reset(now));
     }
 
     /// A consistent copy of the queue's counters and state.
     pub fn snapshot(&self) -> QueueSnapshot<G::Snapshot> {
-        let state = self.shared.state.lock();
+        let locked = self.shared.locked.lock();
         QueueSnapshot {
-            waiting: state.waiting(),
-            closed: state.is_closed(),
-            priorities: state.priority_snapshot(),
-            tenants: state.tenant_snapshot(),
-            granter: self.shared.granter.snapshot(),
+            waiting: locked.queue.waiting(),
+            closed: locked.queue.is_closed(),
+            priorities: locked.queue.priority_snapshot(),
+            tenants: locked.queue.tenant_snapshot(),
+            granter: self.shared.granter.snapshot(&locked.granter),
         }
     }
 }
@@ -275,9 +295,13 @@ impl WorkQueueBuilder {
             max_waiters: self.max_waiters,
             reset_period: self.reset_period,
         };
+        let locked = Locked {
+            queue: QueueState::new(limits),
+            granter: granter.initial_state(),
+        };
         Ok(WorkQueue {
             shared: Arc::new(Shared {
-                state: Mutex::new(QueueState::new(limits)),
+                locked: Mutex::new(locked),
                 granter,
             }),
         })

@@ -3,7 +3,8 @@
 //! # Implementation notes
 //!
 //! **Structure.** Everything lives in one [`QueueState`] behind one mutex
-//! (see `queue/mod.rs`), and the granter is only called with that mutex held.
+//! (see `queue/mod.rs`), together with the granter's own state, so the
+//! granter is only ever consulted with that mutex held.
 //! Waiters live in a slab; the slab key is the waiter's identity and is held
 //! by its `Admit` future. Two B-trees give the order:
 //!
@@ -56,7 +57,7 @@ use tokio::time::Instant;
 
 use super::order::{TenantOrder, WaiterKey};
 use crate::error::AdmitError;
-use crate::grant::Granter;
+use crate::grant::{Granter, Grants};
 use crate::observe::{PrioritySnapshot, PriorityStats, Settled, TenantSnapshot};
 use crate::work::{Priority, TenantId, TenantWeight, WorkInfo};
 
@@ -199,14 +200,18 @@ impl QueueState {
 
     /// The first poll of an `Admit`: bypass, fail fast, take the fast path,
     /// or enqueue.
-    pub(crate) fn attempt<G: Granter>(&mut self, work: &WorkInfo, granter: &G) -> Attempt {
+    pub(crate) fn attempt<G: Granter>(
+        &mut self,
+        work: &WorkInfo,
+        grants: &mut Grants<'_, G>,
+    ) -> Attempt {
         let priority = work.priority();
         self.stats.requested(priority);
         if self.closed {
             return self.reject(work, AdmitError::Closed);
         }
         if work.is_bypass() {
-            granter.took_without_permission(SLOT);
+            grants.took_without_permission(SLOT);
             self.charge(work.tenant(), SLOT);
             self.stats.settled(
                 priority,
@@ -229,7 +234,7 @@ impl QueueState {
         }
         // Only when nobody waits: otherwise a newcomer would overtake the
         // queue's order whenever capacity happened to be free.
-        if self.waiting == 0 && granter.try_get(SLOT) {
+        if self.waiting == 0 && grants.try_get(SLOT) {
             self.charge(work.tenant(), SLOT);
             self.stats.settled(
                 priority,
@@ -280,8 +285,7 @@ impl QueueState {
             enqueued_at: now,
             state: WaiterState::Waiting { waker: None },
         });
-        self.tenant_entry(tenant_id);
-        self.update_tenant(tenant_id, |tenant| {
+        self.with_tenant(tenant_id, |tenant| {
             tenant.waiting.insert(key, slab_key);
         });
         self.waiting += 1;
@@ -291,7 +295,11 @@ impl QueueState {
     /// Hands capacity to waiters in order for as long as the granter allows,
     /// expiring any whose deadline has passed on the way. Returns the number
     /// of slots granted.
-    pub(crate) fn grant_waiting<G: Granter>(&mut self, granter: &G, wakes: &mut WakeList) -> u64 {
+    pub(crate) fn grant_waiting<G: Granter>(
+        &mut self,
+        grants: &mut Grants<'_, G>,
+        wakes: &mut WakeList,
+    ) -> u64 {
         let mut granted = 0;
         let mut now = None;
         while let Some(&first) = self.tenant_order.first() {
@@ -312,7 +320,7 @@ impl QueueState {
                     continue;
                 }
             }
-            if !granter.try_get(SLOT) {
+            if !grants.try_get(SLOT) {
                 break;
             }
             self.unlink(slab_key);
@@ -381,7 +389,7 @@ impl QueueState {
     pub(crate) fn cancel<G: Granter>(
         &mut self,
         slab_key: usize,
-        granter: &G,
+        grants: &mut Grants<'_, G>,
         wakes: &mut WakeList,
     ) {
         if matches!(self.waiters[slab_key].state, WaiterState::Waiting { .. }) {
@@ -390,7 +398,7 @@ impl QueueState {
         let waiter = self.waiters.remove(slab_key);
         self.stats.settled(waiter.key.priority.0, Settled::Errored);
         if let WaiterState::Granted { generation } = waiter.state {
-            self.release(waiter.tenant, generation, granter, wakes);
+            self.release(waiter.tenant, generation, grants, wakes);
         }
     }
 
@@ -401,14 +409,16 @@ impl QueueState {
         &mut self,
         tenant: TenantId,
         generation: u64,
-        granter: &G,
+        grants: &mut Grants<'_, G>,
         wakes: &mut WakeList,
     ) {
-        granter.return_grant(SLOT);
+        grants.return_grant(SLOT);
+        // A permit from before the last reset was already forgotten; its
+        // tenant record may even be gone.
         if generation == self.generation && self.tenants.contains_key(&tenant) {
             self.update_tenant(tenant, |t| t.used = t.used.saturating_sub(SLOT));
         }
-        self.grant_waiting(granter, wakes);
+        self.grant_waiting(grants, wakes);
     }
 
     /// Fails every waiting request; later attempts fail at once.
@@ -543,31 +553,31 @@ impl QueueState {
     }
 
     fn charge(&mut self, tenant: TenantId, amount: u64) {
-        self.tenant_entry(tenant);
-        self.update_tenant(tenant, |t| t.used = t.used.saturating_add(amount));
+        self.with_tenant(tenant, |t| t.used = t.used.saturating_add(amount));
     }
 
-    /// Makes sure a record exists for `tenant`, collecting idle records first
-    /// if the table has grown past its threshold (so a stream of one-off
-    /// tenants on the fast path cannot grow it without bound between resets).
-    fn tenant_entry(&mut self, tenant: TenantId) {
-        if self.tenants.contains_key(&tenant) {
-            return;
+    /// Applies `change` to `tenant`'s record, creating the record if needed.
+    /// A new record may first trigger a sweep of idle records once the table
+    /// has grown past its threshold, so a stream of one-off tenants on the
+    /// fast path cannot grow it without bound between resets.
+    fn with_tenant(&mut self, tenant: TenantId, change: impl FnOnce(&mut Tenant)) {
+        if !self.tenants.contains_key(&tenant) {
+            if self.tenants.len() >= self.gc_threshold {
+                self.tenants
+                    .retain(|_, t| t.used > 0 || !t.waiting.is_empty());
+                self.gc_threshold = MIN_GC_THRESHOLD.max(2 * self.tenants.len());
+            }
+            let weight = self.weights.get(&tenant).copied().unwrap_or_default();
+            self.tenants.insert(
+                tenant,
+                Tenant {
+                    weight,
+                    used: 0,
+                    waiting: BTreeMap::new(),
+                },
+            );
         }
-        if self.tenants.len() >= self.gc_threshold {
-            self.tenants
-                .retain(|_, t| t.used > 0 || !t.waiting.is_empty());
-            self.gc_threshold = MIN_GC_THRESHOLD.max(2 * self.tenants.len());
-        }
-        let weight = self.weights.get(&tenant).copied().unwrap_or_default();
-        self.tenants.insert(
-            tenant,
-            Tenant {
-                weight,
-                used: 0,
-                waiting: BTreeMap::new(),
-            },
-        );
+        self.update_tenant(tenant, change);
     }
 
     /// The only way to change a tracked tenant's `used`, `weight` or
@@ -577,12 +587,19 @@ impl QueueState {
             debug_assert!(false, "update of an untracked tenant");
             return;
         };
-        if !tenant.waiting.is_empty() {
-            self.tenant_order.remove(&tenant.order(id));
-        }
+        // Tenants with nothing waiting are not in the order (the fast path's
+        // case), and a change that leaves the key alone (one more waiter of
+        // an already waiting tenant) needs no tree update.
+        let before = (!tenant.waiting.is_empty()).then(|| tenant.order(id));
         change(tenant);
-        if !tenant.waiting.is_empty() {
-            self.tenant_order.insert(tenant.order(id));
+        let after = (!tenant.waiting.is_empty()).then(|| tenant.order(id));
+        if before != after {
+            if let Some(before) = before {
+                self.tenant_order.remove(&before);
+            }
+            if let Some(after) = after {
+                self.tenant_order.insert(after);
+            }
         }
     }
 }

@@ -95,9 +95,10 @@ impl fmt::Debug for Priority {
 
 impl fmt::Display for Priority {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // `pad` so that width and alignment flags work in tables.
         match self.name() {
-            Some(name) => f.write_str(name),
-            None => write!(f, "{}", self.0),
+            Some(name) => f.pad(name),
+            None => f.pad(&self.0.to_string()),
         }
     }
 }
@@ -135,5 +136,7 @@ mod tests {
         assert_eq!(Priority::new(7).to_string(), "7");
         assert_eq!(Priority::USER_HIGH.to_string(), "user-high");
         assert_eq!(format!("{:?}", Priority::new(-1)), "Priority(-1)");
+        assert_eq!(format!("[{:>8}]", Priority::NORMAL), "[  normal]");
+        assert_eq!(format!("[{:<4}]", Priority::new(3)), "[3   ]");
     }
 }

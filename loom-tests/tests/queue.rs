@@ -1,0 +1,175 @@
+//! loom models of the WorkQueue's races.
+//!
+//! Each model explores every interleaving (within the preemption bound set
+//! by `LOOM_MAX_PREEMPTIONS`, 2 in CI) of a few threads racing on one queue,
+//! and then checks that the slot accounting is exact: no slot lost, none
+//! granted twice, no waiter left asleep with capacity free. Futures are
+//! polled by hand with a no-op waker, or driven by `loom::future::block_on`
+//! where a lost wake-up must show up as a deadlock.
+
+#![cfg(loom)]
+
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll, Waker};
+
+use admission::{Admit, AdmitError, Priority, SlotPermit, TenantId, WorkInfo, WorkQueue};
+use loom::thread;
+
+fn work(tenant: u64) -> WorkInfo {
+    WorkInfo::new(TenantId::new(tenant), Priority::NORMAL)
+}
+
+fn poll_once(admit: &mut Pin<Box<Admit>>) -> Poll<Result<SlotPermit, AdmitError>> {
+    admit.as_mut().poll(&mut Context::from_waker(Waker::noop()))
+}
+
+fn admitted_now(queue: &WorkQueue, tenant: u64) -> SlotPermit {
+    match poll_once(&mut Box::pin(queue.admit(work(tenant)))) {
+        Poll::Ready(Ok(permit)) => permit,
+        other => panic!("expected the fast path, got {other:?}"),
+    }
+}
+
+fn queued(queue: &WorkQueue, tenant: u64) -> Pin<Box<Admit>> {
+    let mut admit = Box::pin(queue.admit(work(tenant)));
+    assert!(poll_once(&mut admit).is_pending());
+    admit
+}
+
+fn model(f: impl Fn() + Sync + Send + 'static) {
+    let mut builder = loom::model::Builder::new();
+    if builder.preemption_bound.is_none() {
+        builder.preemption_bound = Some(2);
+    }
+    builder.check(f);
+}
+
+/// A slot released by one thread races the cancellation of the waiter it
+/// would be granted to. Whatever the order, the slot ends up with the next
+/// waiter exactly once, or back in the granter.
+#[test]
+fn grant_races_cancel_without_losing_or_doubling_the_slot() {
+    model(|| {
+        let queue = WorkQueue::new(1).unwrap();
+        let held = admitted_now(&queue, 1);
+        let racing = queued(&queue, 2);
+        let mut behind = queued(&queue, 3);
+
+        let releaser = thread::spawn(move || drop(held));
+        let canceller = thread::spawn(move || drop(racing));
+        releaser.join().unwrap();
+        canceller.join().unwrap();
+
+        // Exactly one slot is in use: the one `behind` was granted.
+        assert_eq!(queue.snapshot().granter.used, 1);
+        assert_eq!(queue.waiting(), 0);
+        let permit = match poll_once(&mut behind) {
+            Poll::Ready(Ok(permit)) => permit,
+            other => panic!("the slot did not reach the next waiter: {other:?}"),
+        };
+        drop(permit);
+        let snapshot = queue.snapshot();
+        assert_eq!(snapshot.granter.used, 0);
+        let normal = snapshot.priority(Priority::NORMAL).unwrap();
+        assert_eq!(
+            (normal.requested, normal.admitted, normal.errored),
+            (3, 2, 1)
+        );
+    });
+}
+
+/// A request that finds the slot taken races the release of that slot. The
+/// request must be admitted in every interleaving: if the release happened
+/// between its failed fast path and its enqueue and nobody granted it, the
+/// blocked thread would never wake and loom would report a deadlock.
+#[test]
+fn release_races_admit_without_a_lost_wake_up() {
+    model(|| {
+        let queue = WorkQueue::new(1).unwrap();
+        let held = admitted_now(&queue, 1);
+
+        let admitter = {
+            let queue = queue.clone();
+            thread::spawn(move || {
+                let permit = loom::future::block_on(queue.admit(work(2))).unwrap();
+                drop(permit);
+            })
+        };
+        let releaser = thread::spawn(move || drop(held));
+        admitter.join().unwrap();
+        releaser.join().unwrap();
+
+        let snapshot = queue.snapshot();
+        assert_eq!((snapshot.granter.used, snapshot.waiting), (0, 0));
+    });
+}
+
+/// The total drops while a release is granting the freed slot. A granted
+/// slot is never revoked, and no grant ever takes `used` above the total in
+/// force when it was made: with the total lowered to 1 and one slot still
+/// held, the waiter may only get in if the release saw the old total.
+#[test]
+fn total_decrease_races_granting() {
+    model(|| {
+        let queue = WorkQueue::new(2).unwrap();
+        let first = admitted_now(&queue, 1);
+        let second = admitted_now(&queue, 1);
+        let mut waiter = queued(&queue, 2);
+
+        let shrinker = {
+            let queue = queue.clone();
+            thread::spawn(move || queue.set_total_slots(1).unwrap())
+        };
+        let releaser = thread::spawn(move || drop(first));
+        shrinker.join().unwrap();
+        releaser.join().unwrap();
+
+        let snapshot = queue.snapshot();
+        assert_eq!(snapshot.granter.total, 1);
+        // `second` plus possibly the waiter; never more.
+        assert!(snapshot.granter.used <= 2);
+        let early = poll_once(&mut waiter);
+        assert_eq!(snapshot.granter.used == 2, early.is_ready());
+
+        drop(second);
+        let permit = match early {
+            Poll::Ready(result) => result.unwrap(),
+            Poll::Pending => match poll_once(&mut waiter) {
+                Poll::Ready(result) => result.unwrap(),
+                Poll::Pending => panic!("the waiter was not granted the freed slot"),
+            },
+        };
+        assert_eq!(queue.snapshot().granter.used, 1);
+        drop(permit);
+        assert_eq!(queue.snapshot().granter.used, 0);
+    });
+}
+
+/// Closing the queue races a release that would grant the only waiter. The
+/// waiter either gets the slot or fails with `Closed`; either way every slot
+/// comes back.
+#[test]
+fn close_races_a_grant() {
+    model(|| {
+        let queue = WorkQueue::new(1).unwrap();
+        let held = admitted_now(&queue, 1);
+        let mut waiter = queued(&queue, 2);
+
+        let closer = {
+            let queue = queue.clone();
+            thread::spawn(move || queue.close())
+        };
+        let releaser = thread::spawn(move || drop(held));
+        closer.join().unwrap();
+        releaser.join().unwrap();
+
+        match poll_once(&mut waiter) {
+            Poll::Ready(Ok(permit)) => drop(permit),
+            Poll::Ready(Err(error)) => assert_eq!(error, AdmitError::Closed),
+            Poll::Pending => panic!("a closed queue left a waiter pending"),
+        }
+        let snapshot = queue.snapshot();
+        assert_eq!((snapshot.granter.used, snapshot.waiting), (0, 0));
+    });
+}

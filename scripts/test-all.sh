@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# The whole test suite, as CI runs it: formatting, clippy with warnings as
+# errors, unit, integration and doc tests, rustdoc without broken links, and
+# the loom models. Needs only a Rust toolchain (rustfmt and clippy included);
+# every crate comes from crates.io through Cargo.lock.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+step() { printf '\n==> %s\n' "$*"; }
+
+# Every test runner's output also goes to a log, so that the run can end on
+# one line that totals them.
+log=$(mktemp)
+trap 'rm -f "$log"' EXIT
+tests() { "$@" 2>&1 | tee -a "$log"; }
+
+for component in rustfmt clippy; do
+  if ! rustup component list --installed 2>/dev/null | grep -q "^$component"; then
+    step "installing $component"
+    rustup component add "$component"
+  fi
+done
+
+step "format"
+cargo fmt --all -- --check
+
+step "clippy (all targets, warnings are errors)"
+cargo clippy --locked --workspace --all-targets -- -D warnings
+
+step "unit, integration and bench-smoke tests"
+tests cargo test --locked --workspace --all-targets
+
+step "doc tests"
+tests cargo test --locked --workspace --doc
+
+step "rustdoc (broken links are errors)"
+RUSTDOCFLAGS="-D warnings" cargo doc --locked --no-deps --workspace
+
+# loom models: a separate target directory, because --cfg loom rebuilds every
+# dependency. LOOM_MAX_PREEMPTIONS may be raised for a deeper (slower) search.
+step "loom models (LOOM_MAX_PREEMPTIONS=${LOOM_MAX_PREEMPTIONS:-2})"
+RUSTFLAGS="--cfg loom -D warnings" \
+  LOOM_MAX_PREEMPTIONS="${LOOM_MAX_PREEMPTIONS:-2}" \
+  CARGO_TARGET_DIR=target/loom \
+  tests cargo test --locked --release -p loom-tests --test '*'
+
+passed=$(grep -Eo '^test result: ok\. [0-9]+ passed' "$log" | awk '{s += $4} END {print s + 0}')
+failed=$(grep -Eo '[0-9]+ failed' "$log" | awk '{s += $1} END {print s + 0}')
+step "all checks passed"
+echo "all: $passed passed, $failed failed"
