@@ -38,9 +38,9 @@ RUSTDOCFLAGS="-D warnings" cargo doc --locked --no-deps --workspace
 
 # loom models: a separate target directory, because --cfg loom rebuilds every
 # dependency. LOOM_MAX_PREEMPTIONS may be raised for a deeper (slower) search.
-step "loom models (LOOM_MAX_PREEMPTIONS=${LOOM_MAX_PREEMPTIONS:-2})"
+step "loom models (LOOM_MAX_PREEMPTIONS=${LOOM_MAX_PREEMPTIONS:-3})"
 RUSTFLAGS="--cfg loom -D warnings" \
-  LOOM_MAX_PREEMPTIONS="${LOOM_MAX_PREEMPTIONS:-2}" \
+  LOOM_MAX_PREEMPTIONS="${LOOM_MAX_PREEMPTIONS:-3}" \
   CARGO_TARGET_DIR=target/loom \
   tests cargo test --locked --release -p loom-tests --test '*'
 

@@ -136,3 +136,19 @@ fn bad_configuration_fails_at_construction_naming_the_field() {
         "total_slots"
     );
 }
+
+#[test]
+fn futures_and_permits_can_cross_threads_and_live_in_structs() {
+    fn send_sync<T: Send + Sync + 'static>() {}
+    send_sync::<admission::Admit>();
+    send_sync::<admission::SlotPermit>();
+    send_sync::<WorkQueue>();
+    // Named types: a struct can hold a pending admission without boxing.
+    struct Handler {
+        _admit: admission::Admit,
+    }
+    let queue = WorkQueue::new(1).unwrap();
+    let _handler = Handler {
+        _admit: queue.admit(WorkInfo::new(TenantId::SYSTEM, Priority::NORMAL)),
+    };
+}

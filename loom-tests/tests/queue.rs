@@ -1,7 +1,7 @@
 //! loom models of the WorkQueue's races.
 //!
 //! Each model explores every interleaving (within the preemption bound set
-//! by `LOOM_MAX_PREEMPTIONS`, 2 in CI) of a few threads racing on one queue,
+//! by `LOOM_MAX_PREEMPTIONS`, 3 in CI) of a few threads racing on one queue,
 //! and then checks that the slot accounting is exact: no slot lost, none
 //! granted twice, no waiter left asleep with capacity free. Futures are
 //! polled by hand with a no-op waker, or driven by `loom::future::block_on`
@@ -40,7 +40,7 @@ fn queued(queue: &WorkQueue, tenant: u64) -> Pin<Box<Admit>> {
 fn model(f: impl Fn() + Sync + Send + 'static) {
     let mut builder = loom::model::Builder::new();
     if builder.preemption_bound.is_none() {
-        builder.preemption_bound = Some(2);
+        builder.preemption_bound = Some(3);
     }
     builder.check(f);
 }
@@ -171,5 +171,39 @@ fn close_races_a_grant() {
         }
         let snapshot = queue.snapshot();
         assert_eq!((snapshot.granter.used, snapshot.waiting), (0, 0));
+    });
+}
+
+/// Three threads at once: the holder releases, the waiter the slot would go
+/// to is cancelled, and a newcomer blocks on admission. The newcomer must
+/// get in (a lost slot or wake-up would deadlock it) and everything must be
+/// back at the end.
+#[test]
+fn release_cancel_and_a_newcomer_all_race() {
+    model(|| {
+        let queue = WorkQueue::new(1).unwrap();
+        let held = admitted_now(&queue, 1);
+        let racing = queued(&queue, 2);
+
+        let releaser = thread::spawn(move || drop(held));
+        let canceller = thread::spawn(move || drop(racing));
+        let newcomer = {
+            let queue = queue.clone();
+            thread::spawn(move || {
+                let permit = loom::future::block_on(queue.admit(work(3))).unwrap();
+                assert_eq!(permit.tenant(), TenantId::new(3));
+            })
+        };
+        releaser.join().unwrap();
+        canceller.join().unwrap();
+        newcomer.join().unwrap();
+
+        let snapshot = queue.snapshot();
+        assert_eq!((snapshot.granter.used, snapshot.waiting), (0, 0));
+        let normal = snapshot.priority(Priority::NORMAL).unwrap();
+        assert_eq!(
+            (normal.requested, normal.admitted, normal.errored),
+            (3, 2, 1)
+        );
     });
 }

@@ -41,6 +41,9 @@ use crate::work::{TenantId, WorkInfo};
 /// say) without boxing. Resolves to a [`SlotPermit`] or an [`AdmitError`].
 /// Cancel-safe: dropping it at any point, before or after it was granted,
 /// loses no capacity.
+///
+/// Like any future it must not be polled again once it has completed (doing
+/// so panics); it implements [`FusedFuture`] so that `select!` loops can tell.
 #[pin_project(PinnedDrop)]
 #[must_use = "futures do nothing unless polled"]
 pub struct Admit<G: Granter = SlotGranter> {

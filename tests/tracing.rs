@@ -1,0 +1,143 @@
+//! What admission tells `tracing`: a span per wait that records tenant,
+//! priority, outcome and wait time, and an event for every rejection.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::fmt::Debug;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use admission::{AdmitError, Priority, TenantId, WorkInfo, WorkQueue};
+use common::*;
+use tokio::time::Instant;
+use tracing::field::{Field, Visit};
+use tracing::span::{Attributes, Id, Record};
+use tracing::{Event, Subscriber};
+use tracing_subscriber::layer::{Context, SubscriberExt};
+use tracing_subscriber::registry::LookupSpan;
+use tracing_subscriber::Layer;
+
+#[derive(Default)]
+struct Fields(BTreeMap<String, String>);
+
+impl Visit for Fields {
+    fn record_debug(&mut self, field: &Field, value: &dyn Debug) {
+        self.0.insert(field.name().to_owned(), format!("{value:?}"));
+    }
+    fn record_str(&mut self, field: &Field, value: &str) {
+        self.0.insert(field.name().to_owned(), value.to_owned());
+    }
+}
+
+type FieldMap = BTreeMap<String, String>;
+
+/// Collects closed spans and events with their fields.
+#[derive(Clone, Default)]
+struct Capture {
+    spans: Arc<Mutex<BTreeMap<u64, (String, Fields)>>>,
+    closed: Arc<Mutex<Vec<(String, FieldMap)>>>,
+    events: Arc<Mutex<Vec<FieldMap>>>,
+}
+
+impl<S: Subscriber + for<'a> LookupSpan<'a>> Layer<S> for Capture {
+    fn on_new_span(&self, attrs: &Attributes<'_>, id: &Id, _: Context<'_, S>) {
+        let mut fields = Fields::default();
+        attrs.record(&mut fields);
+        let name = attrs.metadata().name().to_owned();
+        self.spans
+            .lock()
+            .unwrap()
+            .insert(id.into_u64(), (name, fields));
+    }
+    fn on_record(&self, id: &Id, values: &Record<'_>, _: Context<'_, S>) {
+        if let Some((_, fields)) = self.spans.lock().unwrap().get_mut(&id.into_u64()) {
+            values.record(fields);
+        }
+    }
+    fn on_event(&self, event: &Event<'_>, _: Context<'_, S>) {
+        let mut fields = Fields::default();
+        event.record(&mut fields);
+        self.events.lock().unwrap().push(fields.0);
+    }
+    fn on_close(&self, id: Id, _: Context<'_, S>) {
+        if let Some((name, fields)) = self.spans.lock().unwrap().remove(&id.into_u64()) {
+            self.closed.lock().unwrap().push((name, fields.0));
+        }
+    }
+}
+
+#[test]
+fn each_wait_is_a_span_with_tenant_priority_outcome_and_wait_time() {
+    let capture = Capture::default();
+    let subscriber = tracing_subscriber::registry().with(capture.clone());
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .start_paused(true)
+        .build()
+        .unwrap();
+    tracing::subscriber::with_default(subscriber, || {
+        runtime.block_on(async {
+            let t0 = Instant::now();
+            let queue = WorkQueue::builder()
+                .total_slots(1)
+                .max_waiters(1)
+                .build()
+                .unwrap();
+            let held = admit_now(&queue, work(1, 0, t0, 0));
+            let mut waiter = enqueue(&queue, work(7, 50, t0, 1));
+            // The fast path opens no span: only waiting is traced.
+            assert!(capture.closed.lock().unwrap().is_empty());
+
+            // A rejection (the queue holds its one waiter) is an event.
+            let full = queue.admit(work(8, 0, t0, 2)).await;
+            assert_eq!(full.unwrap_err(), AdmitError::QueueFull { max_waiters: 1 });
+
+            tokio::time::advance(Duration::from_millis(3)).await;
+            drop(held);
+            let permit = try_settle(&mut waiter).unwrap().unwrap();
+            drop(waiter);
+            drop(permit);
+
+            // A deadline expiry is recorded on the span as its outcome.
+            let blocker = admit_now(&queue, work(1, 0, t0, 3));
+            let late = WorkInfo::builder()
+                .tenant(TenantId::new(9))
+                .priority(Priority::BULK_NORMAL)
+                .timeout(Duration::from_millis(5))
+                .build();
+            let expired = queue.admit(late).await;
+            assert!(matches!(expired, Err(AdmitError::DeadlineExceeded { .. })));
+            drop(blocker);
+        });
+    });
+
+    let closed = capture.closed.lock().unwrap();
+    let waits: Vec<&FieldMap> = closed
+        .iter()
+        .filter(|(name, _)| name == "admission_wait")
+        .map(|(_, fields)| fields)
+        .collect();
+    assert_eq!(waits.len(), 2, "{closed:?}");
+    assert_eq!(waits[0]["tenant"], "7");
+    assert_eq!(waits[0]["priority"], "user-high");
+    assert_eq!(waits[0]["outcome"], "admitted");
+    assert_eq!(waits[0]["wait_us"], "3000");
+    assert_eq!(waits[1]["tenant"], "9");
+    assert_eq!(waits[1]["priority"], "bulk-normal");
+    assert!(
+        waits[1]["outcome"].contains("deadline expired"),
+        "{:?}",
+        waits[1]
+    );
+
+    let events = capture.events.lock().unwrap();
+    let rejection = events
+        .iter()
+        .find(|fields| fields.get("error").is_some_and(|e| e.contains("full")))
+        .expect("a rejection event");
+    assert_eq!(rejection["tenant"], "8");
+    assert!(events.iter().any(|fields| fields
+        .get("message")
+        .is_some_and(|m| m.contains("deadline expired while waiting"))));
+}
