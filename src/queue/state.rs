@@ -212,16 +212,7 @@ impl QueueState {
         }
         if work.is_bypass() {
             grants.took_without_permission(SLOT);
-            self.charge(work.tenant(), SLOT);
-            self.stats.settled(
-                priority,
-                Settled::Admitted {
-                    waited: Duration::ZERO,
-                },
-            );
-            return Attempt::Admitted {
-                generation: self.generation,
-            };
+            return self.admit_at_once(work);
         }
         // The clock is read only for work that has a deadline, and for
         // work that is about to queue: the fast path stays clock-free.
@@ -235,16 +226,7 @@ impl QueueState {
         // Only when nobody waits: otherwise a newcomer would overtake the
         // queue's order whenever capacity happened to be free.
         if self.waiting == 0 && grants.try_get(SLOT) {
-            self.charge(work.tenant(), SLOT);
-            self.stats.settled(
-                priority,
-                Settled::Admitted {
-                    waited: Duration::ZERO,
-                },
-            );
-            return Attempt::Admitted {
-                generation: self.generation,
-            };
+            return self.admit_at_once(work);
         }
         if self.waiting >= self.limits.max_waiters {
             let max_waiters = self.limits.max_waiters;
@@ -254,6 +236,18 @@ impl QueueState {
         self.maybe_reset(now);
         Attempt::Queued {
             key: self.enqueue(work, now),
+        }
+    }
+
+    /// Admission without waiting (fast path or bypass): charged, counted
+    /// with a zero wait.
+    fn admit_at_once(&mut self, work: &WorkInfo) -> Attempt {
+        self.charge(work.tenant(), SLOT);
+        let waited = Duration::ZERO;
+        self.stats
+            .settled(work.priority(), Settled::Admitted { waited });
+        Attempt::Admitted {
+            generation: self.generation,
         }
     }
 
