@@ -115,6 +115,7 @@
     rust_2018_idioms
 )]
 
+pub mod cpu;
 pub mod error;
 pub mod grant;
 pub mod observe;

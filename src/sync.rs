@@ -13,13 +13,13 @@
 
 #[cfg(not(loom))]
 pub(crate) use std::sync::{
-    atomic::{AtomicU64, Ordering},
+    atomic::{AtomicBool, AtomicU64, Ordering},
     Arc,
 };
 
 #[cfg(loom)]
 pub(crate) use loom::sync::{
-    atomic::{AtomicU64, Ordering},
+    atomic::{AtomicBool, AtomicU64, Ordering},
     Arc,
 };
 

@@ -74,18 +74,18 @@ impl Seen {
     }
 }
 
-fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
+fn run(ops: Vec<Op>, grant_burst: Option<usize>) -> Result<(), TestCaseError> {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_time()
         .start_paused(true)
         .build()
         .unwrap();
     runtime.block_on(async move {
-        let queue = WorkQueue::builder()
-            .total_slots(2)
-            .max_waiters(6)
-            .build()
-            .unwrap();
+        let mut builder = WorkQueue::builder().total_slots(2).max_waiters(6);
+        if let Some(burst) = grant_burst {
+            builder = builder.grant_burst(burst);
+        }
+        let queue = builder.build().unwrap();
         let mut waiting: Vec<Pending> = Vec::new();
         let mut permits: Vec<SlotPermit> = Vec::new();
         let mut seen = Seen::default();
@@ -149,14 +149,22 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
             prop_assert!(snapshot.waiting <= waiting.len());
         }
 
-        // Quiescence: open the gates, let every deadline pass, settle all.
+        // Quiescence: open the gates, let every deadline pass, and poll
+        // until everything settles (with pacing, grants go out as earlier
+        // grantees observe theirs, or after the pacing timeout).
         queue.set_total_slots(1_000).unwrap();
-        tokio::time::advance(Duration::from_secs(1)).await;
-        for mut admit in waiting.drain(..) {
-            let result = try_settle(&mut admit);
-            prop_assert!(result.is_some(), "a request is still pending at quiescence");
-            seen.settle(result.unwrap(), &mut permits);
+        for _ in 0..20 {
+            tokio::time::advance(Duration::from_secs(1)).await;
+            queue.maintain();
+            waiting.retain_mut(|admit| match try_settle(admit) {
+                Some(result) => {
+                    seen.settle(result, &mut permits);
+                    false
+                }
+                None => true,
+            });
         }
+        prop_assert!(waiting.is_empty(), "requests still pending at quiescence");
         let snapshot = queue.snapshot();
         prop_assert_eq!(snapshot.granter.used, permits.len() as u64);
         drop(permits);
@@ -185,7 +193,10 @@ proptest! {
     #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
 
     #[test]
-    fn every_slot_comes_back_and_every_request_settles_once(ops in prop::collection::vec(op(), 1..80)) {
-        run(ops)?;
+    fn every_slot_comes_back_and_every_request_settles_once(
+        ops in prop::collection::vec(op(), 1..80),
+        grant_burst in prop::option::of(1..3usize),
+    ) {
+        run(ops, grant_burst)?;
     }
 }

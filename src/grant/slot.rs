@@ -7,9 +7,14 @@
 //! drop below `used`: granted slots are never revoked, so `used` may exceed
 //! `total` until enough work completes. Bypassed work increments `used`
 //! without asking, with the same effect.
+//!
+//! Enforcement can be switched off (the CPU controller does so while the
+//! node is idle and sampled slowly, as upstream does): `try_get` then always
+//! succeeds and still counts the slot, so the totals stay exact for when
+//! enforcement resumes.
 
 use crate::error::ConfigError;
-use crate::sync::{AtomicU64, Ordering};
+use crate::sync::{AtomicBool, AtomicU64, Ordering};
 
 use super::Granter;
 
@@ -18,6 +23,7 @@ use super::Granter;
 #[derive(Debug)]
 pub struct SlotGranter {
     total: AtomicU64,
+    enforcing: AtomicBool,
 }
 
 /// Slots in use, kept under the owning queue's lock.
@@ -46,6 +52,7 @@ impl SlotGranter {
         Self::check_total(total)?;
         Ok(SlotGranter {
             total: AtomicU64::new(total),
+            enforcing: AtomicBool::new(true),
         })
     }
 
@@ -64,6 +71,18 @@ impl SlotGranter {
     /// The current limit.
     pub fn total(&self) -> u64 {
         self.total.load(Ordering::Acquire)
+    }
+
+    /// Whether the total is enforced (the default).
+    pub fn is_enforcing(&self) -> bool {
+        self.enforcing.load(Ordering::Acquire)
+    }
+
+    /// Switches enforcement. While off, every `try_get` succeeds (and is
+    /// counted); use [`WorkQueue::set_enforcing`](crate::WorkQueue::set_enforcing)
+    /// so that waiters are granted when it goes off.
+    pub fn set_enforcing(&self, enforcing: bool) {
+        self.enforcing.store(enforcing, Ordering::Release);
     }
 
     /// Moves the limit. Lowering it revokes nothing; raising it admits
@@ -88,7 +107,7 @@ impl Granter for SlotGranter {
 
     fn try_get(&self, state: &mut SlotState, count: u64) -> bool {
         match state.used.checked_add(count) {
-            Some(after) if after <= self.total() => {
+            Some(after) if after <= self.total() || !self.is_enforcing() => {
                 state.used = after;
                 true
             }
@@ -167,6 +186,17 @@ mod tests {
         let (slots, mut state) = slots(1);
         slots.took_without_permission(&mut state, 2);
         assert_eq!(slots.snapshot(&state), SlotSnapshot { used: 2, total: 1 });
+        assert!(!slots.try_get(&mut state, 1));
+    }
+
+    #[test]
+    fn without_enforcement_every_try_get_succeeds_and_is_counted() {
+        let (slots, mut state) = slots(1);
+        slots.set_enforcing(false);
+        assert!(slots.try_get(&mut state, 1));
+        assert!(slots.try_get(&mut state, 1));
+        assert_eq!(slots.snapshot(&state), SlotSnapshot { used: 2, total: 1 });
+        slots.set_enforcing(true);
         assert!(!slots.try_get(&mut state, 1));
     }
 

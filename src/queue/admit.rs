@@ -126,11 +126,11 @@ impl<G: Granter> Future for Admit<G> {
             Some(timer) => timer.poll(cx).is_ready(),
             None => false,
         };
-        let observed = shared.with_queue(|queue| {
+        let observed = shared.with_state(|queue, grants, wakes| {
             if fired {
-                queue.deadline_fired(key)
+                queue.deadline_fired(key, grants, wakes)
             } else {
-                queue.observe(key, cx.waker())
+                queue.observe(key, cx.waker(), grants, wakes)
             }
         });
         let result = match observed {

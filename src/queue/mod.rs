@@ -25,7 +25,7 @@ use rustc_hash::FxHashMap;
 
 use self::state::{Limits, QueueState, WakeList};
 use crate::error::ConfigError;
-use crate::grant::{Granter, Grants, Requester, SlotGranter};
+use crate::grant::{Granter, Grants, Requester, SlotGranter, SlotSnapshot};
 use crate::observe::QueueSnapshot;
 use crate::sync::{Arc, Mutex};
 use crate::work::{TenantId, TenantWeight, WorkInfo};
@@ -124,6 +124,35 @@ impl WorkQueue<SlotGranter> {
         self.granted();
         Ok(())
     }
+
+    /// Reads the slot levels and moves the total in one step under the
+    /// queue's lock, so the decision and its effect see the same state:
+    /// `decide` gets the current levels and returns the new total, if any.
+    /// Capacity the change opens is granted at once.
+    pub(crate) fn adjust_total(
+        &self,
+        decide: impl FnOnce(SlotSnapshot) -> Option<u64>,
+    ) -> Result<SlotSnapshot, ConfigError> {
+        self.shared.with_state(|queue, grants, wakes| {
+            let before = grants.granter.snapshot(grants.state);
+            if let Some(total) = decide(before) {
+                grants.granter.set_total(total)?;
+                if total > before.total {
+                    queue.grant_waiting(grants, wakes);
+                }
+            }
+            Ok(before)
+        })
+    }
+
+    /// Switches slot enforcement; see [`SlotGranter::set_enforcing`].
+    /// Switching it off grants every waiter at once.
+    pub fn set_enforcing(&self, enforcing: bool) {
+        self.shared.granter.set_enforcing(enforcing);
+        if !enforcing {
+            self.granted();
+        }
+    }
 }
 
 impl<G: Granter> WorkQueue<G> {
@@ -185,13 +214,25 @@ impl<G: Granter> WorkQueue<G> {
         }
     }
 
-    /// Runs the periodic usage reset if it is due. The queue also does this
-    /// itself whenever a request has to wait, which is the only time the
-    /// fair-share order matters; a driver that wants idle tenants dropped on
-    /// schedule even when nothing waits can call this on a timer.
+    /// Periodic upkeep: runs the usage reset if it is due, and, on a queue
+    /// with [grant pacing](WorkQueueBuilder::grant_burst), lets grants
+    /// resume if they have been held back by grants nobody observed for
+    /// longer than the pacing timeout.
+    ///
+    /// The queue runs the reset itself whenever a request has to wait, which
+    /// is the only time the fair-share order matters; a driver (such as the
+    /// [CPU controller](crate::cpu::Controller), every tick) calls this so
+    /// that idle tenants are dropped on schedule and pacing cannot stall.
     pub fn maintain(&self) {
         let now = tokio::time::Instant::now();
-        self.shared.with_queue(|queue| queue.maybe_reset(now));
+        self.shared
+            .with_state(|queue, grants, wakes| queue.maintain(now, grants, wakes));
+    }
+
+    /// The granter's state alone, cheaper than a full [`snapshot`](Self::snapshot).
+    pub fn granter_snapshot(&self) -> G::Snapshot {
+        let locked = self.shared.locked.lock();
+        self.shared.granter.snapshot(&locked.granter)
     }
 
     /// A consistent copy of the queue's counters and state.
@@ -225,6 +266,8 @@ pub struct WorkQueueBuilder {
     total_slots: u64,
     max_waiters: usize,
     reset_period: Duration,
+    grant_burst: Option<usize>,
+    grant_burst_timeout: Duration,
 }
 
 impl Default for WorkQueueBuilder {
@@ -233,6 +276,8 @@ impl Default for WorkQueueBuilder {
             total_slots: 1,
             max_waiters: Self::DEFAULT_MAX_WAITERS,
             reset_period: Self::DEFAULT_RESET_PERIOD,
+            grant_burst: None,
+            grant_burst_timeout: Self::DEFAULT_GRANT_BURST_TIMEOUT,
         }
     }
 }
@@ -244,6 +289,9 @@ impl WorkQueueBuilder {
     pub const DEFAULT_RESET_PERIOD: Duration = Duration::from_secs(1);
     /// Longest accepted reset period.
     pub const MAX_RESET_PERIOD: Duration = Duration::from_secs(24 * 60 * 60);
+    /// Default time after which unobserved grants stop holding back pacing
+    /// (CockroachDB's grant-chain termination delay).
+    pub const DEFAULT_GRANT_BURST_TIMEOUT: Duration = Duration::from_millis(100);
 
     /// Initial slot total of a slot queue (default 1); see
     /// [`WorkQueue::set_total_slots`]. Ignored by [`build_with`](Self::build_with).
@@ -264,6 +312,25 @@ impl WorkQueueBuilder {
     /// (default one second).
     pub fn reset_period(mut self, period: Duration) -> Self {
         self.reset_period = period;
+        self
+    }
+
+    /// Grant pacing: at most `burst` grants may be outstanding, that is made
+    /// to waiters whose futures have not yet run to observe them. When a
+    /// burst of slots frees up at once, the queue hands out `burst` and waits
+    /// for those tasks to start before handing out more, so a sampled
+    /// overload signal gets to see their effect. Off by default; the CPU
+    /// [`Controller`](crate::cpu::Controller) sets it to
+    /// `workers × max(1, threshold / 4)`. Must be at least 1.
+    pub fn grant_burst(mut self, burst: usize) -> Self {
+        self.grant_burst = Some(burst);
+        self
+    }
+
+    /// How long unobserved grants may hold pacing back before
+    /// [`WorkQueue::maintain`] forgets them (default 100 ms).
+    pub fn grant_burst_timeout(mut self, timeout: Duration) -> Self {
+        self.grant_burst_timeout = timeout;
         self
     }
 
@@ -291,9 +358,23 @@ impl WorkQueueBuilder {
                 ),
             ));
         }
+        if self.grant_burst == Some(0) {
+            return Err(ConfigError::new(
+                "grant_burst",
+                "0 would never grant a waiter; use at least 1",
+            ));
+        }
+        if self.grant_burst_timeout.is_zero() {
+            return Err(ConfigError::new(
+                "grant_burst_timeout",
+                "must be longer than zero",
+            ));
+        }
         let limits = Limits {
             max_waiters: self.max_waiters,
             reset_period: self.reset_period,
+            grant_burst: self.grant_burst,
+            grant_burst_timeout: self.grant_burst_timeout,
         };
         let locked = Locked {
             queue: QueueState::new(limits),

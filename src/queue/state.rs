@@ -38,6 +38,16 @@
 //! `waiting > 0`, the granter refused the last `try_get` (every path that
 //! returns capacity runs the grant loop before releasing the lock).
 //!
+//! **Grant pacing** (upstream's grant chain). With a burst limit set, the
+//! grant loop stops once that many grants are *outstanding*: made, but not
+//! yet observed by their futures. A future observing its grant is the sign
+//! that its task actually got a worker; until then, handing out more slots
+//! would only pile tasks into a run queue that is not draining. Each grant
+//! remembers the pacing epoch it was made in; `maintain` starts a new epoch
+//! (forgetting the outstanding count) if no grant has been observed for the
+//! pacing timeout while the limit held, so a future that is never polled
+//! again cannot stall the queue.
+//!
 //! **Fairness memory.** A tenant's `used` rises when it is admitted and falls
 //! when the work completes. Every `reset_period` all `used` are zeroed and
 //! idle tenants are dropped (CockroachDB's one-second reset). To keep the
@@ -87,7 +97,7 @@ impl Tenant {
 #[derive(Debug)]
 enum WaiterState {
     Waiting { waker: Option<Waker> },
-    Granted { generation: u64 },
+    Granted { generation: u64, pacing_epoch: u64 },
     Expired { waited: Duration },
     Closed,
 }
@@ -154,6 +164,64 @@ impl WakeList {
 pub(crate) struct Limits {
     pub(crate) max_waiters: usize,
     pub(crate) reset_period: Duration,
+    pub(crate) grant_burst: Option<usize>,
+    pub(crate) grant_burst_timeout: Duration,
+}
+
+/// Outstanding grants, for pacing; see the implementation notes.
+#[derive(Debug)]
+struct Pacing {
+    burst: Option<usize>,
+    timeout: Duration,
+    outstanding: usize,
+    epoch: u64,
+    observed: u64,
+    /// When the limit was first seen holding, and `observed` at that moment.
+    stalled: Option<(Instant, u64)>,
+}
+
+impl Pacing {
+    fn is_full(&self) -> bool {
+        self.burst.is_some_and(|burst| self.outstanding >= burst)
+    }
+
+    /// A grant was made; returns the epoch to remember it by.
+    fn granted(&mut self) -> u64 {
+        self.outstanding += 1;
+        self.epoch
+    }
+
+    /// A grant made in `epoch` was observed, or abandoned by a cancel.
+    fn settled(&mut self, epoch: u64) {
+        self.observed += 1;
+        if epoch == self.epoch {
+            self.outstanding -= 1;
+        }
+    }
+
+    /// Starts a new epoch if the limit has held with no progress for the
+    /// timeout. Returns whether it did (and grants may resume).
+    fn unstick(&mut self, now: Instant) -> bool {
+        if !self.is_full() {
+            self.stalled = None;
+            return false;
+        }
+        match self.stalled {
+            Some((since, observed)) if observed == self.observed => {
+                if now.saturating_duration_since(since) < self.timeout {
+                    return false;
+                }
+                self.epoch += 1;
+                self.outstanding = 0;
+                self.stalled = None;
+                true
+            }
+            _ => {
+                self.stalled = Some((now, self.observed));
+                false
+            }
+        }
+    }
 }
 
 #[derive(Debug)]
@@ -169,6 +237,7 @@ pub(crate) struct QueueState {
     generation: u64,
     last_reset: Instant,
     gc_threshold: usize,
+    pacing: Pacing,
     stats: PriorityStats,
 }
 
@@ -186,6 +255,14 @@ impl QueueState {
             generation: 0,
             last_reset: Instant::now(),
             gc_threshold: MIN_GC_THRESHOLD,
+            pacing: Pacing {
+                burst: limits.grant_burst,
+                timeout: limits.grant_burst_timeout,
+                outstanding: 0,
+                epoch: 0,
+                observed: 0,
+                stalled: None,
+            },
             stats: PriorityStats::new(),
         }
     }
@@ -297,6 +374,9 @@ impl QueueState {
         let mut granted = 0;
         let mut now = None;
         while let Some(&first) = self.tenant_order.first() {
+            if self.pacing.is_full() {
+                break;
+            }
             let Some((_, &slab_key)) = self
                 .tenants
                 .get(&first.id)
@@ -320,10 +400,15 @@ impl QueueState {
             self.unlink(slab_key);
             self.charge(first.id, SLOT);
             let generation = self.generation;
+            let pacing_epoch = self.pacing.granted();
             let waiter = &mut self.waiters[slab_key];
-            if let WaiterState::Waiting { waker } =
-                std::mem::replace(&mut waiter.state, WaiterState::Granted { generation })
-            {
+            if let WaiterState::Waiting { waker } = std::mem::replace(
+                &mut waiter.state,
+                WaiterState::Granted {
+                    generation,
+                    pacing_epoch,
+                },
+            ) {
                 wakes.push(waker);
             }
             granted += SLOT;
@@ -333,7 +418,13 @@ impl QueueState {
 
     /// Polls a queued request: its outcome if settled, else `Pending` with
     /// its waker stored (replaced only if it would wake another task).
-    pub(crate) fn observe(&mut self, slab_key: usize, waker: &Waker) -> Observed {
+    pub(crate) fn observe<G: Granter>(
+        &mut self,
+        slab_key: usize,
+        waker: &Waker,
+        grants: &mut Grants<'_, G>,
+        wakes: &mut WakeList,
+    ) -> Observed {
         match &mut self.waiters[slab_key].state {
             WaiterState::Waiting { waker: stored } => {
                 if !stored.as_ref().is_some_and(|w| w.will_wake(waker)) {
@@ -341,30 +432,52 @@ impl QueueState {
                 }
                 Observed::Pending
             }
-            _ => self.settle(slab_key),
+            _ => self.settle(slab_key, grants, wakes),
         }
     }
 
     /// The request's own deadline timer fired. A grant that got there first
     /// wins; otherwise the request leaves the queue.
-    pub(crate) fn deadline_fired(&mut self, slab_key: usize) -> Observed {
+    pub(crate) fn deadline_fired<G: Granter>(
+        &mut self,
+        slab_key: usize,
+        grants: &mut Grants<'_, G>,
+        wakes: &mut WakeList,
+    ) -> Observed {
         if matches!(self.waiters[slab_key].state, WaiterState::Waiting { .. }) {
-            let mut ignored = WakeList::default();
-            self.expire(slab_key, Instant::now(), &mut ignored);
+            // Its own waker: the caller is that very future, already awake.
+            let mut own = WakeList::default();
+            self.expire(slab_key, Instant::now(), &mut own);
         }
-        self.settle(slab_key)
+        self.settle(slab_key, grants, wakes)
     }
 
-    /// Removes a settled (non-waiting) request and counts its outcome.
-    fn settle(&mut self, slab_key: usize) -> Observed {
+    /// Removes a settled (non-waiting) request and counts its outcome. An
+    /// observed grant frees a place in the pacing burst, so paced queues
+    /// try to grant again.
+    fn settle<G: Granter>(
+        &mut self,
+        slab_key: usize,
+        grants: &mut Grants<'_, G>,
+        wakes: &mut WakeList,
+    ) -> Observed {
         let waiter = self.waiters.remove(slab_key);
         let priority = waiter.key.priority.0;
         let observed = match waiter.state {
             WaiterState::Waiting { .. } => unreachable!("settle is only called on settled waiters"),
-            WaiterState::Granted { generation } => Observed::Admitted {
+            WaiterState::Granted {
                 generation,
-                waited: Instant::now().saturating_duration_since(waiter.enqueued_at),
-            },
+                pacing_epoch,
+            } => {
+                self.pacing.settled(pacing_epoch);
+                if self.pacing.burst.is_some() {
+                    self.grant_waiting(grants, wakes);
+                }
+                Observed::Admitted {
+                    generation,
+                    waited: Instant::now().saturating_duration_since(waiter.enqueued_at),
+                }
+            }
             WaiterState::Expired { waited } => {
                 Observed::Failed(AdmitError::DeadlineExceeded { waited })
             }
@@ -391,7 +504,12 @@ impl QueueState {
         }
         let waiter = self.waiters.remove(slab_key);
         self.stats.settled(waiter.key.priority.0, Settled::Errored);
-        if let WaiterState::Granted { generation } = waiter.state {
+        if let WaiterState::Granted {
+            generation,
+            pacing_epoch,
+        } = waiter.state
+        {
+            self.pacing.settled(pacing_epoch);
             self.release(waiter.tenant, generation, grants, wakes);
         }
     }
@@ -431,8 +549,22 @@ impl QueueState {
         self.waiting = 0;
     }
 
+    /// Periodic upkeep: the usage reset if it is due, and a new pacing epoch
+    /// if grants have been stuck behind unobserved ones for too long.
+    pub(crate) fn maintain<G: Granter>(
+        &mut self,
+        now: Instant,
+        grants: &mut Grants<'_, G>,
+        wakes: &mut WakeList,
+    ) {
+        self.maybe_reset(now);
+        if self.pacing.unstick(now) {
+            self.grant_waiting(grants, wakes);
+        }
+    }
+
     /// Runs the periodic reset if it is due.
-    pub(crate) fn maybe_reset(&mut self, now: Instant) {
+    fn maybe_reset(&mut self, now: Instant) {
         if now.saturating_duration_since(self.last_reset) >= self.limits.reset_period {
             self.reset(now);
         }

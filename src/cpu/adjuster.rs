@@ -1,0 +1,215 @@
+//! The slot adjuster: additive increase, additive decrease, with a dead band.
+//!
+//! Each tick compares runnable tasks per worker with a threshold `T`:
+//!
+//! ```text
+//!  runnable per worker
+//!    ▲
+//!    │ ≥ T           → total − 1, if 0 < used ≤ total and total > min
+//!    │   (dead band)   hold
+//!    │ ≤ T / 2       → total + 1, if used ≥ total and total < max
+//!    └───────────────────────────────────────────▶ every tick (1 ms)
+//! ```
+//!
+//! The decrease waits while `used > total`: the last decrease has not taken
+//! effect yet (slots are never revoked), and taking more away would only
+//! overshoot. The increase needs every slot in use: capacity nobody asks for
+//! says nothing about whether the CPU could take more. The dead band between
+//! `T/2` and `T` keeps the total from flapping on every sample.
+//!
+//! Comparisons are done in integers (`runnable ≥ T·workers`,
+//! `2·runnable ≤ T·workers`), exactly as upstream does with `procs`.
+
+use std::fmt;
+
+use super::signal::CpuLoad;
+
+/// What one tick decided.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Adjustment {
+    /// Overloaded: one slot fewer.
+    Decrease,
+    /// Underloaded with every slot in use: one slot more.
+    Increase,
+    /// No change, and why.
+    Hold(Hold),
+}
+
+/// Why a tick left the total alone.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Hold {
+    /// The load is between `T/2` and `T` per worker.
+    DeadBand,
+    /// Overloaded, but the total is already at its minimum.
+    AtMin,
+    /// Underloaded, but the total is already at its maximum.
+    AtMax,
+    /// Overloaded, but no slot is in use: the load is not admitted work.
+    NoneUsed,
+    /// Overloaded, but more slots are in use than the total: the previous
+    /// decrease has not taken effect yet.
+    UsedAboveTotal,
+    /// Underloaded, but slots are free: nobody is asking for more.
+    SlotsFree,
+    /// The controller is idle and does not enforce or adjust.
+    Idle,
+}
+
+impl fmt::Display for Adjustment {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Adjustment::Decrease => f.pad("decrease"),
+            Adjustment::Increase => f.pad("increase"),
+            Adjustment::Hold(why) => f.pad(&format!("hold ({why:?})")),
+        }
+    }
+}
+
+/// The AIAD rule with its bounds; pure, so that it can be tested as a table.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SlotAdjuster {
+    threshold: u32,
+    min_slots: u64,
+    max_slots: u64,
+}
+
+impl SlotAdjuster {
+    /// An adjuster with overload threshold `threshold` runnable tasks per
+    /// worker and the total bounded to `min_slots..=max_slots`. The
+    /// controller's builder validates these.
+    pub(crate) fn new(threshold: u32, min_slots: u64, max_slots: u64) -> Self {
+        SlotAdjuster {
+            threshold,
+            min_slots,
+            max_slots,
+        }
+    }
+
+    /// The decision for one sample, given the slots in use and the total.
+    pub fn decide(&self, load: &CpuLoad, used: u64, total: u64) -> Adjustment {
+        let limit = u128::from(self.threshold) * u128::from(load.workers.max(1));
+        let runnable = u128::from(load.runnable);
+        if runnable >= limit {
+            if used == 0 {
+                Adjustment::Hold(Hold::NoneUsed)
+            } else if used > total {
+                Adjustment::Hold(Hold::UsedAboveTotal)
+            } else if total <= self.min_slots {
+                Adjustment::Hold(Hold::AtMin)
+            } else {
+                Adjustment::Decrease
+            }
+        } else if 2 * runnable <= limit {
+            if used < total {
+                Adjustment::Hold(Hold::SlotsFree)
+            } else if total >= self.max_slots {
+                Adjustment::Hold(Hold::AtMax)
+            } else {
+                Adjustment::Increase
+            }
+        } else {
+            Adjustment::Hold(Hold::DeadBand)
+        }
+    }
+
+    /// The total after `adjustment`.
+    pub(crate) fn apply(&self, adjustment: Adjustment, total: u64) -> Option<u64> {
+        match adjustment {
+            Adjustment::Decrease => Some(total - 1),
+            Adjustment::Increase => Some(total + 1),
+            Adjustment::Hold(_) => None,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Threshold 4 per worker, 2 workers (overload at 8 runnable, underload
+    /// at 4 or fewer), total bounded to 1..=10.
+    #[test]
+    fn the_aiad_rule_as_a_table() {
+        let adjuster = SlotAdjuster::new(4, 1, 10);
+        let rows: &[(&str, u64, u64, u64, Adjustment)] = &[
+            // name, runnable, used, total, expected
+            ("over threshold", 8, 5, 5, Adjustment::Decrease),
+            ("far over threshold", 500, 3, 5, Adjustment::Decrease),
+            (
+                "over, used above total",
+                9,
+                6,
+                5,
+                Adjustment::Hold(Hold::UsedAboveTotal),
+            ),
+            (
+                "over, nothing admitted",
+                9,
+                0,
+                5,
+                Adjustment::Hold(Hold::NoneUsed),
+            ),
+            ("over, at min", 9, 1, 1, Adjustment::Hold(Hold::AtMin)),
+            (
+                "just under threshold",
+                7,
+                5,
+                5,
+                Adjustment::Hold(Hold::DeadBand),
+            ),
+            ("just over half", 5, 5, 5, Adjustment::Hold(Hold::DeadBand)),
+            ("at half", 4, 5, 5, Adjustment::Increase),
+            (
+                "idle runtime, all slots used",
+                0,
+                5,
+                5,
+                Adjustment::Increase,
+            ),
+            (
+                "under half, used above total",
+                0,
+                7,
+                5,
+                Adjustment::Increase,
+            ),
+            (
+                "under half, slots free",
+                0,
+                4,
+                5,
+                Adjustment::Hold(Hold::SlotsFree),
+            ),
+            (
+                "under half, at max",
+                0,
+                10,
+                10,
+                Adjustment::Hold(Hold::AtMax),
+            ),
+        ];
+        for &(name, runnable, used, total, expected) in rows {
+            let load = CpuLoad::new(runnable, 2);
+            assert_eq!(adjuster.decide(&load, used, total), expected, "{name}");
+        }
+    }
+
+    #[test]
+    fn steps_are_one_slot() {
+        let adjuster = SlotAdjuster::new(1, 1, 3);
+        assert_eq!(adjuster.apply(Adjustment::Decrease, 3), Some(2));
+        assert_eq!(adjuster.apply(Adjustment::Increase, 2), Some(3));
+        assert_eq!(adjuster.apply(Adjustment::Hold(Hold::DeadBand), 2), None);
+    }
+
+    #[test]
+    fn an_odd_limit_rounds_the_dead_band_like_upstream() {
+        // Threshold 1 on 3 workers: overload at 3, underload at 2*r <= 3, so
+        // at 1 runnable; 2 runnable is the dead band.
+        let adjuster = SlotAdjuster::new(1, 1, 10);
+        let at = |runnable| adjuster.decide(&CpuLoad::new(runnable, 3), 4, 4);
+        assert_eq!(at(1), Adjustment::Increase);
+        assert_eq!(at(2), Adjustment::Hold(Hold::DeadBand));
+        assert_eq!(at(3), Adjustment::Decrease);
+    }
+}

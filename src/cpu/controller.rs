@@ -1,0 +1,618 @@
+//! The CPU controller: one object that owns the slot queue, the signal, the
+//! adjuster and the sampler thread.
+
+use std::collections::VecDeque;
+use std::fmt;
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use tokio::runtime::Handle;
+use tokio_metrics::{RuntimeIntervals, RuntimeMonitor};
+
+use super::adjuster::{Adjustment, Hold, SlotAdjuster};
+use super::idle::{IdleDetector, Mode};
+use super::signal::{CpuLoad, CpuSignal, RuntimeSignal, SignalSource};
+use crate::error::ConfigError;
+use crate::grant::{SlotGranter, SlotSnapshot};
+use crate::observe::QueueSnapshot;
+use crate::queue::{Admit, WorkQueue, WorkQueueBuilder};
+use crate::sync::{Arc, AtomicBool, Mutex, Ordering};
+use crate::work::WorkInfo;
+
+/// How many slot changes the snapshot remembers.
+const RECENT_DECISIONS: usize = 32;
+/// How often the sampler refreshes the tokio-metrics runtime summary.
+const RUNTIME_SUMMARY_EVERY: Duration = Duration::from_millis(100);
+
+/// Admission control for CPU: a slot [`WorkQueue`] whose total follows the
+/// runtime's run-queue depth.
+///
+/// Built once per runtime with [`Controller::for_runtime`]. A dedicated OS
+/// thread (not a tokio task: a sampling task would itself wait in the queue
+/// it measures) samples the [`CpuSignal`] every period and applies the
+/// [`SlotAdjuster`]'s rule; when the node goes idle it samples slowly and
+/// stops enforcing. Handlers call [`admit`](Self::admit). Dropping the
+/// controller, or calling [`close`](Self::close), stops and joins the
+/// sampler and fails every waiter with [`AdmitError::Closed`](crate::AdmitError::Closed).
+///
+/// ```
+/// use admission::cpu::Controller;
+/// use admission::{Priority, TenantId, WorkInfo};
+///
+/// let runtime = tokio::runtime::Builder::new_multi_thread()
+///     .worker_threads(2)
+///     .build()
+///     .unwrap();
+/// let controller = Controller::for_runtime(runtime.handle()).build().unwrap();
+/// runtime.block_on(async {
+///     let permit = controller
+///         .admit(WorkInfo::new(TenantId::SYSTEM, Priority::NORMAL))
+///         .await
+///         .unwrap();
+///     drop(permit);
+/// });
+/// controller.close();
+/// ```
+pub struct Controller {
+    core: Arc<Core>,
+    sampler: Mutex<Option<JoinHandle<()>>>,
+}
+
+/// What the sampler thread and the controller's handle share.
+struct Core {
+    queue: WorkQueue<SlotGranter>,
+    adjuster: SlotAdjuster,
+    period: Duration,
+    idle_period: Duration,
+    started: Instant,
+    source: Option<SignalSource>,
+    stop: AtomicBool,
+    ticking: Mutex<Ticking>,
+}
+
+/// The sampler's own state; locked for one tick at a time.
+struct Ticking {
+    signal: Box<dyn CpuSignal>,
+    idle: IdleDetector,
+    runtime: Option<RuntimeWatch>,
+    stats: Stats,
+}
+
+struct RuntimeWatch {
+    intervals: RuntimeIntervals,
+    last: Option<Instant>,
+}
+
+/// Where a builder's signal will come from.
+enum SignalChoice {
+    Runtime {
+        handle: Handle,
+        poll_estimate: Duration,
+    },
+    Custom(Box<dyn CpuSignal>),
+}
+
+#[derive(Default)]
+struct Stats {
+    samples: u64,
+    increases: u64,
+    decreases: u64,
+    last_load: Option<CpuLoad>,
+    last_adjustment: Option<Adjustment>,
+    recent: VecDeque<Decision>,
+    runtime: Option<RuntimeSummary>,
+}
+
+/// One tick's outcome.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Tick {
+    /// The sample the tick acted on.
+    pub load: CpuLoad,
+    /// The mode after the sample.
+    pub mode: Mode,
+    /// What the adjuster decided.
+    pub adjustment: Adjustment,
+    /// The slot levels before the decision.
+    pub slots_before: SlotSnapshot,
+}
+
+/// A change of the slot total, as remembered by the snapshot.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Decision {
+    /// Time since the controller started.
+    pub at: Duration,
+    /// Runnable tasks per worker in the sample that caused it.
+    pub runnable_per_worker: f64,
+    /// The total before the change.
+    pub total_before: u64,
+    /// The change.
+    pub adjustment: Adjustment,
+}
+
+/// Runtime-wide figures from `tokio-metrics`, over the last ~100 ms.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct RuntimeSummary {
+    /// Worker threads.
+    pub workers: usize,
+    /// Busy time over elapsed time, summed over workers (0..=workers).
+    pub busy_ratio: f64,
+    /// Tasks in the global (inject) queue at the end of the interval.
+    pub global_queue_depth: usize,
+    /// Tasks alive at the end of the interval.
+    pub live_tasks: usize,
+    /// The interval's length.
+    pub elapsed: Duration,
+}
+
+/// The controller's state at one moment.
+#[derive(Clone, Debug)]
+pub struct ControllerSnapshot {
+    /// Active (enforcing) or idle.
+    pub mode: Mode,
+    /// Which runtime measurement feeds the signal (`None` for an injected signal).
+    pub source: Option<SignalSource>,
+    /// The latest sample.
+    pub load: Option<CpuLoad>,
+    /// The latest decision.
+    pub last_adjustment: Option<Adjustment>,
+    /// Samples taken.
+    pub samples: u64,
+    /// Slot increases so far.
+    pub increases: u64,
+    /// Slot decreases so far.
+    pub decreases: u64,
+    /// The most recent changes of the total, oldest first.
+    pub recent: Vec<Decision>,
+    /// Runtime-wide figures, when built for a runtime.
+    pub runtime: Option<RuntimeSummary>,
+    /// The queue, including slots used and total.
+    pub queue: QueueSnapshot<SlotSnapshot>,
+}
+
+impl Controller {
+    /// A builder for a controller of the runtime behind `handle`, reading its
+    /// run-queue depth through a [`RuntimeSignal`], with the runtime's
+    /// `tokio-metrics` summary in its snapshots.
+    pub fn for_runtime(handle: &Handle) -> ControllerBuilder {
+        ControllerBuilder::new(SignalChoice::Runtime {
+            handle: handle.clone(),
+            poll_estimate: RuntimeSignal::DEFAULT_POLL_ESTIMATE,
+        })
+    }
+
+    /// A builder for a controller fed by any [`CpuSignal`] (a test's, or
+    /// another executor's).
+    pub fn with_signal(signal: impl CpuSignal) -> ControllerBuilder {
+        ControllerBuilder::new(SignalChoice::Custom(Box::new(signal)))
+    }
+
+    /// Asks for admission; see [`WorkQueue::admit`].
+    pub fn admit(&self, work: WorkInfo) -> Admit<SlotGranter> {
+        self.core.queue.admit(work)
+    }
+
+    /// The slot queue, for handlers that keep their own handle to it.
+    pub fn queue(&self) -> &WorkQueue<SlotGranter> {
+        &self.core.queue
+    }
+
+    /// Takes one sample and applies the rule now. The sampler thread calls
+    /// this every period; a controller built with
+    /// [`manual`](ControllerBuilder::manual) has no thread and is driven by
+    /// calling it (tests do, with an injected signal).
+    pub fn step(&self) -> Tick {
+        self.core.tick()
+    }
+
+    /// The controller's current state.
+    pub fn snapshot(&self) -> ControllerSnapshot {
+        let ticking = self.core.ticking.lock();
+        let stats = &ticking.stats;
+        ControllerSnapshot {
+            mode: ticking.idle.mode(),
+            source: self.core.source,
+            load: stats.last_load,
+            last_adjustment: stats.last_adjustment,
+            samples: stats.samples,
+            increases: stats.increases,
+            decreases: stats.decreases,
+            recent: stats.recent.iter().copied().collect(),
+            runtime: stats.runtime,
+            queue: self.core.queue.snapshot(),
+        }
+    }
+
+    /// Stops and joins the sampler thread and closes the queue: waiters fail
+    /// with [`AdmitError::Closed`](crate::AdmitError::Closed), permits already
+    /// granted stay valid. Idempotent; also done on drop.
+    pub fn close(&self) {
+        self.core.stop.store(true, Ordering::Release);
+        if let Some(sampler) = self.sampler.lock().take() {
+            sampler.thread().unpark();
+            // The sampler only panics if a user-supplied signal did; the
+            // queue is closed either way.
+            if sampler.join().is_err() {
+                tracing::error!(target: "admission", "the CPU sampler thread panicked");
+            }
+        }
+        self.core.queue.close();
+    }
+}
+
+impl Drop for Controller {
+    fn drop(&mut self) {
+        self.close();
+    }
+}
+
+impl fmt::Debug for Controller {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Controller")
+            .field("queue", &self.core.queue)
+            .field("adjuster", &self.core.adjuster)
+            .field("period", &self.core.period)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Core {
+    fn tick(&self) -> Tick {
+        let mut ticking = self.ticking.lock();
+        let Ticking {
+            signal,
+            idle,
+            runtime,
+            stats,
+        } = &mut *ticking;
+        let load = signal.sample();
+        let now = Instant::now();
+        let mode_before = idle.mode();
+        let mode = idle.observe(load.per_worker(), now);
+        if mode != mode_before {
+            self.queue.set_enforcing(mode == Mode::Active);
+            tracing::debug!(target: "admission", ?mode, "CPU controller changed mode");
+        }
+        let mut adjustment = Adjustment::Hold(Hold::Idle);
+        let adjuster = self.adjuster;
+        // The adjuster keeps the total within bounds the builder checked
+        // against the granter's, so moving it cannot fail.
+        let slots_before = match self.queue.adjust_total(|slots| {
+            if mode == Mode::Active {
+                adjustment = adjuster.decide(&load, slots.used, slots.total);
+            }
+            adjuster.apply(adjustment, slots.total)
+        }) {
+            Ok(before) => before,
+            Err(error) => {
+                tracing::error!(target: "admission", %error, "CPU controller could not move the total");
+                adjustment = Adjustment::Hold(Hold::AtMax);
+                self.queue.granter_snapshot()
+            }
+        };
+        self.queue.maintain();
+
+        stats.samples += 1;
+        stats.last_load = Some(load);
+        stats.last_adjustment = Some(adjustment);
+        match adjustment {
+            Adjustment::Increase => stats.increases += 1,
+            Adjustment::Decrease => stats.decreases += 1,
+            Adjustment::Hold(_) => {}
+        }
+        if !matches!(adjustment, Adjustment::Hold(_)) {
+            if stats.recent.len() == RECENT_DECISIONS {
+                stats.recent.pop_front();
+            }
+            stats.recent.push_back(Decision {
+                at: now.saturating_duration_since(self.started),
+                runnable_per_worker: load.per_worker(),
+                total_before: slots_before.total,
+                adjustment,
+            });
+        }
+        if let Some(watch) = runtime {
+            let due = watch
+                .last
+                .is_none_or(|last| now.saturating_duration_since(last) >= RUNTIME_SUMMARY_EVERY);
+            if due {
+                watch.last = Some(now);
+                if let Some(interval) = watch.intervals.next() {
+                    stats.runtime = Some(RuntimeSummary {
+                        workers: interval.workers_count,
+                        busy_ratio: interval.busy_ratio(),
+                        global_queue_depth: interval.global_queue_depth,
+                        live_tasks: interval.live_tasks_count,
+                        elapsed: interval.elapsed,
+                    });
+                }
+            }
+        }
+        Tick {
+            load,
+            mode,
+            adjustment,
+            slots_before,
+        }
+    }
+
+    fn run_sampler(core: Arc<Self>) {
+        while !core.stop.load(Ordering::Acquire) {
+            let tick = core.tick();
+            let period = match tick.mode {
+                Mode::Active => core.period,
+                Mode::Idle => core.idle_period,
+            };
+            // Woken early by `close`; a spurious wake-up only means an
+            // extra sample.
+            std::thread::park_timeout(period);
+        }
+    }
+}
+
+/// Settings for a [`Controller`], validated by [`build`](Self::build).
+#[must_use = "a builder does nothing until `build` is called"]
+pub struct ControllerBuilder {
+    signal: SignalChoice,
+    threshold: u32,
+    min_slots: u64,
+    max_slots: u64,
+    initial_slots: Option<u64>,
+    period: Duration,
+    idle_period: Duration,
+    idle_below: f64,
+    queue: WorkQueueBuilder,
+    manual: bool,
+}
+
+impl ControllerBuilder {
+    /// Default overload threshold, in runnable tasks per worker; see the
+    /// [module documentation](super) for how it was chosen.
+    pub const DEFAULT_THRESHOLD: u32 = 1;
+    /// Default smallest total.
+    pub const DEFAULT_MIN_SLOTS: u64 = 1;
+    /// Default largest total.
+    pub const DEFAULT_MAX_SLOTS: u64 = 10_000;
+    /// Default sampling period while active.
+    pub const DEFAULT_PERIOD: Duration = Duration::from_millis(1);
+    /// Default sampling period while idle.
+    pub const DEFAULT_IDLE_PERIOD: Duration = Duration::from_millis(250);
+    /// Default idle line, in runnable tasks per worker.
+    pub const DEFAULT_IDLE_BELOW: f64 = 0.1;
+
+    fn new(signal: SignalChoice) -> Self {
+        ControllerBuilder {
+            signal,
+            threshold: Self::DEFAULT_THRESHOLD,
+            min_slots: Self::DEFAULT_MIN_SLOTS,
+            max_slots: Self::DEFAULT_MAX_SLOTS,
+            initial_slots: None,
+            period: Self::DEFAULT_PERIOD,
+            idle_period: Self::DEFAULT_IDLE_PERIOD,
+            idle_below: Self::DEFAULT_IDLE_BELOW,
+            queue: WorkQueueBuilder::default(),
+            manual: false,
+        }
+    }
+
+    /// Runnable tasks per worker at or above which the total shrinks; it
+    /// grows at or below half of it (1..=1024).
+    pub fn threshold(mut self, threshold: u32) -> Self {
+        self.threshold = threshold;
+        self
+    }
+
+    /// The smallest total (at least 1).
+    pub fn min_slots(mut self, min: u64) -> Self {
+        self.min_slots = min;
+        self
+    }
+
+    /// The largest total.
+    pub fn max_slots(mut self, max: u64) -> Self {
+        self.max_slots = max;
+        self
+    }
+
+    /// The starting total (default: one per worker, within the bounds).
+    pub fn initial_slots(mut self, initial: u64) -> Self {
+        self.initial_slots = Some(initial);
+        self
+    }
+
+    /// Sampling period while active (100 µs..=1 s, default 1 ms).
+    pub fn period(mut self, period: Duration) -> Self {
+        self.period = period;
+        self
+    }
+
+    /// Sampling period while idle (from `period` to 60 s, default 250 ms).
+    pub fn idle_period(mut self, period: Duration) -> Self {
+        self.idle_period = period;
+        self
+    }
+
+    /// Runnable tasks per worker below which (over a second, and smoothed)
+    /// the node counts as idle; must be above 0 and at most half the
+    /// threshold (default 0.1).
+    pub fn idle_below(mut self, per_worker: f64) -> Self {
+        self.idle_below = per_worker;
+        self
+    }
+
+    /// Queue settings (bound, reset period...). Its slot total and grant
+    /// pacing are set by the controller.
+    pub fn queue(mut self, queue: WorkQueueBuilder) -> Self {
+        self.queue = queue;
+        self
+    }
+
+    /// For a controller built [`for_runtime`](Controller::for_runtime) on
+    /// stable tokio: the expected length of one task poll, which converts
+    /// the probe's scheduling delay into runnable tasks; see
+    /// [`RuntimeSignal::with_poll_estimate`]. No effect otherwise.
+    pub fn poll_estimate(mut self, poll: Duration) -> Self {
+        if let SignalChoice::Runtime { poll_estimate, .. } = &mut self.signal {
+            *poll_estimate = poll;
+        }
+        self
+    }
+
+    /// No sampler thread: the controller moves only when
+    /// [`Controller::step`] is called.
+    pub fn manual(mut self) -> Self {
+        self.manual = true;
+        self
+    }
+
+    /// Validates the settings, starts the sampler thread (unless manual)
+    /// and returns the controller.
+    pub fn build(self) -> Result<Controller, ConfigError> {
+        self.validate()?;
+        let (mut signal, runtime, source): (Box<dyn CpuSignal>, _, _) = match self.signal {
+            SignalChoice::Runtime {
+                handle,
+                poll_estimate,
+            } => (
+                Box::new(RuntimeSignal::new(&handle).with_poll_estimate(poll_estimate)),
+                Some(handle),
+                Some(RuntimeSignal::source()),
+            ),
+            SignalChoice::Custom(signal) => (signal, None, None),
+        };
+        let workers = signal.sample().workers.max(1);
+        let initial = self
+            .initial_slots
+            .unwrap_or(u64::from(workers))
+            .clamp(self.min_slots, self.max_slots);
+        if let Some(asked) = self.initial_slots {
+            if asked != initial {
+                return Err(ConfigError::out_of_range(
+                    "initial_slots",
+                    asked,
+                    self.min_slots,
+                    self.max_slots,
+                ));
+            }
+        }
+        // Upstream's grant chain: a burst of workers x max(1, T/4).
+        let burst = u64::from(workers) * u64::from((self.threshold / 4).max(1));
+        let queue = self
+            .queue
+            .total_slots(initial)
+            .grant_burst(usize::try_from(burst).unwrap_or(usize::MAX))
+            .build()?;
+        let now = Instant::now();
+        let runtime = runtime.as_ref().map(|handle| RuntimeWatch {
+            intervals: RuntimeMonitor::new(handle).intervals(),
+            last: None,
+        });
+        let core = Arc::new(Core {
+            queue,
+            adjuster: SlotAdjuster::new(self.threshold, self.min_slots, self.max_slots),
+            period: self.period,
+            idle_period: self.idle_period,
+            started: now,
+            source,
+            stop: AtomicBool::new(false),
+            ticking: Mutex::new(Ticking {
+                signal,
+                idle: IdleDetector::new(self.idle_below, now),
+                runtime,
+                stats: Stats::default(),
+            }),
+        });
+        let sampler = if self.manual {
+            None
+        } else {
+            let core = core.clone();
+            let thread = std::thread::Builder::new()
+                .name("admission-cpu-sampler".into())
+                .spawn(move || Core::run_sampler(core))
+                .map_err(|error| {
+                    ConfigError::new(
+                        "sampler",
+                        format!("cannot start the sampler thread: {error}"),
+                    )
+                })?;
+            Some(thread)
+        };
+        Ok(Controller {
+            core,
+            sampler: Mutex::new(sampler),
+        })
+    }
+
+    fn validate(&self) -> Result<(), ConfigError> {
+        if !(1..=1024).contains(&self.threshold) {
+            return Err(ConfigError::out_of_range(
+                "threshold",
+                self.threshold,
+                1,
+                1024,
+            ));
+        }
+        if self.min_slots == 0 {
+            return Err(ConfigError::new(
+                "min_slots",
+                "0 would let the controller shut the node off; use at least 1",
+            ));
+        }
+        if self.max_slots < self.min_slots || self.max_slots > SlotGranter::MAX_TOTAL {
+            return Err(ConfigError::out_of_range(
+                "max_slots",
+                self.max_slots,
+                self.min_slots,
+                SlotGranter::MAX_TOTAL,
+            ));
+        }
+        let period_range = Duration::from_micros(100)..=Duration::from_secs(1);
+        if !period_range.contains(&self.period) {
+            return Err(ConfigError::new(
+                "period",
+                format!(
+                    "{:?} is outside the accepted range {period_range:?}",
+                    self.period
+                ),
+            ));
+        }
+        let idle_range = self.period..=Duration::from_secs(60);
+        if !idle_range.contains(&self.idle_period) {
+            return Err(ConfigError::new(
+                "idle_period",
+                format!(
+                    "{:?} is outside the accepted range {idle_range:?}",
+                    self.idle_period
+                ),
+            ));
+        }
+        let idle_max = f64::from(self.threshold) / 2.0;
+        if !(self.idle_below > 0.0 && self.idle_below <= idle_max) {
+            return Err(ConfigError::new(
+                "idle_below",
+                format!(
+                    "{} is outside the accepted range (0, {idle_max}] (half the threshold)",
+                    self.idle_below
+                ),
+            ));
+        }
+        Ok(())
+    }
+}
+
+impl fmt::Debug for ControllerBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ControllerBuilder")
+            .field("threshold", &self.threshold)
+            .field("min_slots", &self.min_slots)
+            .field("max_slots", &self.max_slots)
+            .field("initial_slots", &self.initial_slots)
+            .field("period", &self.period)
+            .field("idle_period", &self.idle_period)
+            .field("idle_below", &self.idle_below)
+            .field("queue", &self.queue)
+            .field("manual", &self.manual)
+            .finish_non_exhaustive()
+    }
+}

@@ -1,0 +1,177 @@
+//! The CPU overload signal: how many tasks are ready to run but not running.
+
+use std::fmt;
+use std::time::Duration;
+
+use tokio::runtime::{Handle, RuntimeMetrics};
+
+#[cfg(not(tokio_unstable))]
+use super::probe::Probe;
+
+/// One sample of the CPU signal.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct CpuLoad {
+    /// Tasks ready to run but not running, across the whole runtime.
+    pub runnable: u64,
+    /// Worker threads that run them (at least 1).
+    pub workers: u32,
+    /// The scheduling delay the probe measured, for signals that use one.
+    pub probe_delay: Option<Duration>,
+}
+
+impl CpuLoad {
+    /// A sample with no probe.
+    pub fn new(runnable: u64, workers: u32) -> Self {
+        CpuLoad {
+            runnable,
+            workers: workers.max(1),
+            probe_delay: None,
+        }
+    }
+
+    /// Runnable tasks per worker.
+    pub fn per_worker(&self) -> f64 {
+        self.runnable as f64 / f64::from(self.workers.max(1))
+    }
+}
+
+/// A source of CPU load samples.
+///
+/// [`RuntimeSignal`] reads a tokio runtime; tests inject their own (a
+/// closure `FnMut() -> CpuLoad` is a signal), and so can a service that runs
+/// on another executor. `sample` is called from the controller's sampler
+/// thread, every period (1 ms by default), so it should cost microseconds.
+pub trait CpuSignal: Send + 'static {
+    /// Takes one sample.
+    fn sample(&mut self) -> CpuLoad;
+}
+
+impl<F: FnMut() -> CpuLoad + Send + 'static> CpuSignal for F {
+    fn sample(&mut self) -> CpuLoad {
+        self()
+    }
+}
+
+/// Which measurement a [`RuntimeSignal`] was compiled with.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SignalSource {
+    /// `--cfg tokio_unstable`: the global queue plus every worker's local
+    /// run queue, read live. Exact, and cheap (a few nanoseconds a worker).
+    QueueDepths,
+    /// Stable tokio: the global queue plus a scheduling-delay probe whose
+    /// delay is converted to an equivalent number of runnable tasks.
+    GlobalQueueAndProbe,
+}
+
+impl fmt::Display for SignalSource {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.pad(match self {
+            SignalSource::QueueDepths => "queue depths",
+            SignalSource::GlobalQueueAndProbe => "global queue + probe",
+        })
+    }
+}
+
+/// Reads a tokio runtime's run-queue depth.
+///
+/// * With `--cfg tokio_unstable` (this repository's `.cargo/config.toml`
+///   turns it on for its own builds), `runnable` is the global (inject)
+///   queue plus the sum of every worker's local queue, read live from
+///   [`RuntimeMetrics`]. This is the direct analogue of upstream's runnable
+///   goroutines. It does not see a task in a worker's LIFO slot (one per
+///   worker at most) nor the task a worker is polling right now.
+/// * On stable tokio, local queue depths are not exposed. `runnable` is then
+///   the global queue depth plus an estimate from a **scheduling-delay
+///   probe**: every sample, unless one is still in flight, the sampler
+///   spawns a tiny task and records how long it waited to be polled. That
+///   delay, divided by the expected length of one task poll
+///   ([`with_poll_estimate`](Self::with_poll_estimate), 50 µs by default),
+///   is roughly how many tasks were ahead of it on each worker. A probe
+///   still unpolled counts with its age so far, so a runtime too saturated
+///   to poll it still reads as overloaded.
+///
+///   What it misses: the probe enters through the global queue, which a
+///   busy tokio worker checks every few dozen polls (tuned to about every
+///   200 µs), so under heavy load its delay saturates near that interval
+///   instead of growing with the local queues; it detects overload well
+///   and measures its depth poorly. The global queue alone fills only with
+///   tasks spawned or woken from outside the runtime, or when a local queue
+///   (256 tasks) overflows.
+///
+/// The runtime's metrics object is fetched once and cached.
+#[derive(Debug)]
+pub struct RuntimeSignal {
+    metrics: RuntimeMetrics,
+    #[cfg(not(tokio_unstable))]
+    probe: Probe,
+}
+
+impl RuntimeSignal {
+    /// The default expected length of one task poll, for the stable probe.
+    pub const DEFAULT_POLL_ESTIMATE: Duration = Duration::from_micros(50);
+
+    /// A signal reading the runtime behind `handle`.
+    pub fn new(handle: &Handle) -> Self {
+        RuntimeSignal {
+            metrics: handle.metrics(),
+            #[cfg(not(tokio_unstable))]
+            probe: Probe::start(handle, Self::DEFAULT_POLL_ESTIMATE),
+        }
+    }
+
+    /// Sets the expected length of one task poll that converts the stable
+    /// probe's delay into runnable tasks (no effect with `tokio_unstable`).
+    /// Zero is treated as one microsecond.
+    pub fn with_poll_estimate(#[allow(unused_mut)] mut self, poll: Duration) -> Self {
+        #[cfg(not(tokio_unstable))]
+        {
+            self.probe.poll_estimate = poll.max(Duration::from_micros(1));
+        }
+        #[cfg(tokio_unstable)]
+        let _ = poll;
+        self
+    }
+
+    /// The measurement this build uses.
+    pub const fn source() -> SignalSource {
+        if cfg!(tokio_unstable) {
+            SignalSource::QueueDepths
+        } else {
+            SignalSource::GlobalQueueAndProbe
+        }
+    }
+
+    /// Worker threads of the runtime.
+    pub fn workers(&self) -> u32 {
+        u32::try_from(self.metrics.num_workers()).unwrap_or(u32::MAX)
+    }
+}
+
+impl CpuSignal for RuntimeSignal {
+    #[cfg(tokio_unstable)]
+    fn sample(&mut self) -> CpuLoad {
+        let workers = self.metrics.num_workers();
+        let local: usize = (0..workers)
+            .map(|worker| self.metrics.worker_local_queue_depth(worker))
+            .sum();
+        let runnable = self.metrics.global_queue_depth().saturating_add(local);
+        CpuLoad::new(runnable as u64, self.workers())
+    }
+
+    #[cfg(not(tokio_unstable))]
+    fn sample(&mut self) -> CpuLoad {
+        let workers = self.workers();
+        // Read before the probe sends its next task into the global queue.
+        let global = self.metrics.global_queue_depth() as u64;
+        let delay = self.probe.sample();
+        let per_worker = delay.as_nanos() / self.probe.poll_estimate.as_nanos();
+        let estimated = u64::try_from(per_worker)
+            .unwrap_or(u64::MAX)
+            .saturating_mul(u64::from(workers));
+        CpuLoad {
+            runnable: global.saturating_add(estimated),
+            workers,
+            probe_delay: Some(delay),
+        }
+    }
+}

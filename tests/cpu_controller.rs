@@ -1,0 +1,242 @@
+//! The CPU controller driven by an injected signal, step by step, under a
+//! paused clock: every decision is deterministic.
+
+mod common;
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use admission::cpu::{Adjustment, Controller, CpuLoad, Hold, Mode};
+use admission::{AdmitError, Priority, SlotPermit, TenantId, WorkInfo};
+use tokio::time::Instant;
+
+/// A signal whose next samples the test sets: runnable tasks on 2 workers.
+#[derive(Clone, Default)]
+struct Scripted(Arc<Mutex<u64>>);
+
+impl Scripted {
+    fn set(&self, runnable: u64) {
+        *self.0.lock().unwrap() = runnable;
+    }
+    fn signal(&self) -> impl FnMut() -> CpuLoad + Send + 'static {
+        let runnable = self.0.clone();
+        move || CpuLoad::new(*runnable.lock().unwrap(), 2)
+    }
+}
+
+fn work() -> WorkInfo {
+    WorkInfo::new(TenantId::SYSTEM, Priority::NORMAL)
+}
+
+/// A manual controller on 2 workers with threshold 2: overloaded at 4
+/// runnable, underloaded at 2 or fewer.
+fn controller(script: &Scripted, initial: u64) -> Controller {
+    Controller::with_signal(script.signal())
+        .threshold(2)
+        .min_slots(1)
+        .max_slots(6)
+        .initial_slots(initial)
+        .manual()
+        .build()
+        .unwrap()
+}
+
+fn hold(controller: &Controller, n: usize) -> Vec<SlotPermit> {
+    (0..n)
+        .map(|_| common::admit_now(controller.queue(), work()))
+        .collect()
+}
+
+fn total(controller: &Controller) -> u64 {
+    controller.queue().granter_snapshot().total
+}
+
+#[tokio::test(start_paused = true)]
+async fn overload_takes_one_slot_a_tick_down_to_the_minimum() {
+    let script = Scripted::default();
+    let controller = controller(&script, 3);
+    let held = hold(&controller, 3);
+    script.set(4);
+    assert_eq!(controller.step().adjustment, Adjustment::Decrease);
+    assert_eq!(total(&controller), 2);
+    // Three slots held, two allowed: the decrease has not taken effect.
+    assert_eq!(
+        controller.step().adjustment,
+        Adjustment::Hold(Hold::UsedAboveTotal)
+    );
+    drop(held);
+    let _one = hold(&controller, 1);
+    assert_eq!(controller.step().adjustment, Adjustment::Decrease);
+    assert_eq!(controller.step().adjustment, Adjustment::Hold(Hold::AtMin));
+    assert_eq!(total(&controller), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn underload_with_every_slot_used_grows_the_total_to_the_maximum() {
+    let script = Scripted::default();
+    let controller = controller(&script, 4);
+    let mut held = hold(&controller, 4);
+    script.set(2);
+    for expected_total in 5..=6 {
+        assert_eq!(controller.step().adjustment, Adjustment::Increase);
+        assert_eq!(total(&controller), expected_total);
+        held.extend(hold(&controller, 1));
+    }
+    assert_eq!(controller.step().adjustment, Adjustment::Hold(Hold::AtMax));
+    drop(held.pop());
+    assert_eq!(
+        controller.step().adjustment,
+        Adjustment::Hold(Hold::SlotsFree)
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_dead_band_holds_and_an_unadmitted_load_is_not_ours_to_shed() {
+    let script = Scripted::default();
+    let controller = controller(&script, 2);
+    let _held = hold(&controller, 2);
+    script.set(3);
+    assert_eq!(
+        controller.step().adjustment,
+        Adjustment::Hold(Hold::DeadBand)
+    );
+    drop(_held);
+    script.set(100);
+    assert_eq!(
+        controller.step().adjustment,
+        Adjustment::Hold(Hold::NoneUsed)
+    );
+    assert_eq!(total(&controller), 2);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_raised_total_grants_waiters_and_the_snapshot_tells_the_story() {
+    let script = Scripted::default();
+    let controller = controller(&script, 1);
+    let _held = hold(&controller, 1);
+    let mut waiter = common::enqueue(controller.queue(), work());
+    script.set(0);
+    let tick = controller.step();
+    assert_eq!(tick.adjustment, Adjustment::Increase);
+    assert_eq!((tick.slots_before.used, tick.slots_before.total), (1, 1));
+    assert!(common::try_settle(&mut waiter).unwrap().is_ok());
+
+    let snapshot = controller.snapshot();
+    assert_eq!(snapshot.samples, 1);
+    assert_eq!((snapshot.increases, snapshot.decreases), (1, 0));
+    assert_eq!(snapshot.load, Some(CpuLoad::new(0, 2)));
+    assert_eq!(snapshot.recent.len(), 1);
+    assert_eq!(snapshot.recent[0].total_before, 1);
+    assert_eq!(snapshot.queue.granter.total, 2);
+    assert_eq!(snapshot.mode, Mode::Active);
+    assert_eq!(snapshot.source, None);
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_idle_node_stops_enforcing_and_the_first_load_resumes_it() {
+    let script = Scripted::default();
+    let controller = controller(&script, 1);
+    let start = Instant::now();
+    // A quiet second: idle at the window boundary.
+    while Instant::now() - start < Duration::from_secs(1) {
+        tokio::time::advance(Duration::from_millis(1)).await;
+        controller.step();
+    }
+    assert_eq!(controller.snapshot().mode, Mode::Idle);
+    assert_eq!(controller.step().adjustment, Adjustment::Hold(Hold::Idle));
+
+    // Not enforcing: admissions beyond the total get in at once.
+    let held = hold(&controller, 3);
+    assert_eq!(controller.queue().granter_snapshot().used, 3);
+
+    // Load shows up: enforcing again, and the total is back in charge.
+    script.set(5);
+    let tick = controller.step();
+    assert_eq!(tick.mode, Mode::Active);
+    let mut waiter = common::enqueue(controller.queue(), work());
+    drop(held);
+    assert!(common::try_settle(&mut waiter).unwrap().is_ok());
+}
+
+#[tokio::test(start_paused = true)]
+async fn closing_fails_waiters_and_keeps_granted_permits() {
+    let script = Scripted::default();
+    let controller = controller(&script, 1);
+    let held = hold(&controller, 1);
+    let mut waiter = common::enqueue(controller.queue(), work());
+    controller.close();
+    assert_eq!(
+        common::try_settle(&mut waiter).unwrap().unwrap_err(),
+        AdmitError::Closed
+    );
+    assert_eq!(
+        controller.admit(work()).await.unwrap_err(),
+        AdmitError::Closed
+    );
+    drop(held);
+    assert_eq!(controller.queue().granter_snapshot().used, 0);
+}
+
+#[test]
+fn dropping_the_controller_stops_and_joins_its_sampler_thread() {
+    let samples = Arc::new(AtomicU64::new(0));
+    let counter = samples.clone();
+    let controller = Controller::with_signal(move || {
+        counter.fetch_add(1, Ordering::Relaxed);
+        CpuLoad::new(0, 1)
+    })
+    .build()
+    .unwrap();
+    let queue = controller.queue().clone();
+    drop(controller);
+    // The signal (and its clone of the counter) lived on the sampler's
+    // side; it is gone only if the thread has ended.
+    assert_eq!(Arc::strong_count(&samples), 1);
+    assert!(samples.load(Ordering::Relaxed) >= 1, "sampled at build");
+    assert!(queue.is_closed());
+}
+
+#[test]
+fn bad_settings_fail_at_build_naming_the_field() {
+    let cases: Vec<(&str, admission::cpu::ControllerBuilder)> = vec![
+        (
+            "threshold",
+            Controller::with_signal(|| CpuLoad::new(0, 1)).threshold(0),
+        ),
+        (
+            "min_slots",
+            Controller::with_signal(|| CpuLoad::new(0, 1)).min_slots(0),
+        ),
+        (
+            "max_slots",
+            Controller::with_signal(|| CpuLoad::new(0, 1))
+                .min_slots(5)
+                .max_slots(4),
+        ),
+        (
+            "initial_slots",
+            Controller::with_signal(|| CpuLoad::new(0, 1))
+                .max_slots(4)
+                .initial_slots(9),
+        ),
+        (
+            "period",
+            Controller::with_signal(|| CpuLoad::new(0, 1)).period(Duration::ZERO),
+        ),
+        (
+            "idle_period",
+            Controller::with_signal(|| CpuLoad::new(0, 1))
+                .period(Duration::from_millis(10))
+                .idle_period(Duration::from_millis(1)),
+        ),
+        (
+            "idle_below",
+            Controller::with_signal(|| CpuLoad::new(0, 1)).idle_below(f64::NAN),
+        ),
+    ];
+    for (field, builder) in cases {
+        let error = builder.manual().build().unwrap_err();
+        assert_eq!(error.field(), field, "{error}");
+    }
+}

@@ -1,0 +1,129 @@
+//! The CPU controller on a real two-worker runtime, with its own sampler
+//! thread and the runtime's own signal (run-queue depths under
+//! `tokio_unstable`, the scheduling-delay probe without). Assertions are on
+//! direction and bounds, never on how fast: each phase runs until the
+//! controller has moved the way it must, with a generous liveness guard.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use admission::cpu::{Controller, Mode};
+use admission::{Priority, TenantId, WorkInfo, WorkQueue};
+
+const GUARD: Duration = Duration::from_secs(60);
+
+fn spin(iterations: u64) {
+    let mut x = 0u64;
+    for i in 0..iterations {
+        x = std::hint::black_box(x.wrapping_mul(31).wrapping_add(i));
+    }
+}
+
+/// Iterations of `spin` that take about 50 µs here (debug or release): the
+/// chunk of computation between two awaits, and what the stable signal's
+/// probe assumes one poll costs.
+fn chunk_iterations() -> u64 {
+    let mut iterations = 1_000u64;
+    loop {
+        let start = Instant::now();
+        spin(iterations);
+        let took = start.elapsed();
+        if took >= Duration::from_millis(20) {
+            return (iterations as f64 * 50e-6 / took.as_secs_f64()).max(1.0) as u64;
+        }
+        iterations *= 2;
+    }
+}
+
+/// `clients` closed-loop handlers that either compute in chunks with a yield
+/// between them, or mostly wait (on a timer standing in for IO).
+fn start_load(
+    runtime: &tokio::runtime::Runtime,
+    queue: &WorkQueue,
+    clients: usize,
+    io_bound: bool,
+    chunk: u64,
+    stop: &Arc<AtomicBool>,
+) {
+    for _ in 0..clients {
+        let queue = queue.clone();
+        let stop = stop.clone();
+        runtime.spawn(async move {
+            while !stop.load(Ordering::Relaxed) {
+                let work = WorkInfo::new(TenantId::SYSTEM, Priority::NORMAL);
+                let Ok(permit) = queue.admit(work).await else {
+                    return;
+                };
+                for _ in 0..10 {
+                    if io_bound {
+                        tokio::time::sleep(Duration::from_millis(2)).await;
+                    } else {
+                        spin(chunk);
+                        tokio::task::yield_now().await;
+                    }
+                }
+                drop(permit);
+            }
+        });
+    }
+}
+
+/// Waits (checking every few milliseconds) until `condition` holds.
+fn eventually(what: &str, mut condition: impl FnMut() -> bool) {
+    let start = Instant::now();
+    while !condition() {
+        assert!(start.elapsed() < GUARD, "never happened: {what}");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+#[test]
+fn a_cpu_flood_shrinks_the_total_and_io_bound_work_grows_it_back() {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let controller = Controller::for_runtime(runtime.handle())
+        .min_slots(1)
+        .max_slots(64)
+        .initial_slots(32)
+        .build()
+        .unwrap();
+    let total = || controller.queue().granter_snapshot().total;
+    let chunk = chunk_iterations();
+
+    // Compute-bound flood: 32 slots of yielding handlers keep both run
+    // queues deep, so the controller must take slots away.
+    let compute = Arc::new(AtomicBool::new(false));
+    start_load(&runtime, controller.queue(), 64, false, chunk, &compute);
+    eventually("the total shrinks under a compute flood", || total() <= 24);
+    let shrunk = total();
+    assert!(shrunk >= 1);
+    compute.store(true, Ordering::Relaxed);
+
+    // The same demand, but handlers mostly wait: the run queues drain, every
+    // slot is in use, so the controller must give slots back.
+    let io = Arc::new(AtomicBool::new(false));
+    start_load(&runtime, controller.queue(), 64, true, chunk, &io);
+    eventually("the total grows back under IO-bound work", || {
+        total() >= shrunk + 8
+    });
+    assert!(total() <= 64, "never above max_slots");
+    io.store(true, Ordering::Relaxed);
+
+    let snapshot = controller.snapshot();
+    assert!(
+        snapshot.decreases >= 8 && snapshot.increases >= 8,
+        "{snapshot:?}"
+    );
+    assert!(snapshot.runtime.is_some_and(|r| r.workers == 2));
+
+    // With the load gone, the node goes idle and stops enforcing.
+    eventually("the controller goes idle", || {
+        controller.snapshot().mode == Mode::Idle
+    });
+    controller.close();
+    runtime.shutdown_timeout(Duration::from_secs(5));
+}
