@@ -46,6 +46,20 @@
 //!   refilled from a capacity model: the right currency for IO, where a
 //!   write's true cost lands later, when compactions rewrite its bytes.
 //!
+//! # The CPU signal
+//!
+//! How many slots a node can sustain depends on the work, so the
+//! [`cpu::Controller`] finds out: a dedicated OS thread samples tokio's
+//! run-queue depth per worker every millisecond (tasks that are ready but
+//! not running: the direct sign of CPU overload, unlike utilization) and
+//! moves the slot total one step at a time, down when runnable per worker
+//! reaches a threshold, up when it is at most half of it and every slot is
+//! in use, and not at all in between. When freed slots come back in a
+//! burst, only a few grants go out until their tasks have actually started
+//! running (grant pacing). When the node is idle, sampling slows down and
+//! admission stops enforcing. See [`cpu`] for the measurements behind the
+//! defaults and for what the stable-tokio fallback signal can and cannot see.
+//!
 //! # Requester and granter
 //!
 //! Two small interfaces in [`grant`] keep *who wants to run* apart from
@@ -101,6 +115,7 @@
 //! * [`queue`]: the [`WorkQueue`], the [`Admit`] future and [`SlotPermit`].
 //! * [`grant`]: the requester and granter interfaces and the
 //!   [`SlotGranter`].
+//! * [`cpu`]: the CPU signal, the AIAD slot adjuster and the [`cpu::Controller`].
 //! * [`observe`]: snapshots and wait-time histograms.
 //! * [`error`]: [`AdmitError`] and [`ConfigError`].
 //!
