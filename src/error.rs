@@ -31,6 +31,16 @@ pub enum AdmitError {
         /// How long the request waited before it was removed.
         waited: Duration,
     },
+    /// Early rejection: at the rate the queue has been draining, the work
+    /// ahead of the request would outlast its deadline, so it was refused at
+    /// once instead of failing later. Only with
+    /// [`WorkQueueBuilder::early_rejection`](crate::WorkQueueBuilder::early_rejection).
+    WouldMissDeadline {
+        /// The expected wait in the queue.
+        expected_wait: Duration,
+        /// Time left before the request's deadline.
+        remaining: Duration,
+    },
 }
 
 impl fmt::Display for AdmitError {
@@ -47,6 +57,13 @@ impl fmt::Display for AdmitError {
             AdmitError::DeadlineExceeded { waited } => write!(
                 f,
                 "deadline expired after waiting {waited:?} in the admission queue"
+            ),
+            AdmitError::WouldMissDeadline {
+                expected_wait,
+                remaining,
+            } => write!(
+                f,
+                "rejected early: the expected wait of {expected_wait:?} exceeds the {remaining:?} left before the deadline"
             ),
         }
     }

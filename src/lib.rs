@@ -141,7 +141,7 @@ pub mod work;
 pub use error::{AdmitError, ConfigError};
 pub use grant::SlotGranter;
 pub use observe::QueueSnapshot;
-pub use queue::{Admit, SlotPermit, WorkQueue, WorkQueueBuilder};
+pub use queue::{Admit, EpochLifo, SlotPermit, WorkQueue, WorkQueueBuilder};
 pub use work::{Priority, TenantId, TenantWeight, WorkInfo};
 
 /// The README's examples, compiled and run as doc tests.

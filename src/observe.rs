@@ -113,6 +113,9 @@ pub struct TenantSnapshot {
     pub weight: TenantWeight,
     /// Requests of this tenant waiting now.
     pub waiting: usize,
+    /// With epoch-LIFO: work of this tenant below this priority is served
+    /// newest-first (−128, the lowest priority, means none is).
+    pub lifo_below: i16,
 }
 
 /// A consistent copy of a queue's state, taken under its lock.

@@ -74,16 +74,34 @@ impl Seen {
     }
 }
 
-fn run(ops: Vec<Op>, grant_burst: Option<usize>) -> Result<(), TestCaseError> {
+/// Queue policies switched on for a run.
+#[derive(Clone, Copy, Debug)]
+struct Policies {
+    grant_burst: Option<usize>,
+    epoch_lifo: bool,
+    early_rejection: bool,
+}
+
+fn run(ops: Vec<Op>, policies: Policies) -> Result<(), TestCaseError> {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_time()
         .start_paused(true)
         .build()
         .unwrap();
     runtime.block_on(async move {
-        let mut builder = WorkQueue::builder().total_slots(2).max_waiters(6);
-        if let Some(burst) = grant_burst {
+        let mut builder = WorkQueue::builder()
+            .total_slots(2)
+            .max_waiters(6)
+            .early_rejection(policies.early_rejection);
+        if let Some(burst) = policies.grant_burst {
             builder = builder.grant_burst(burst);
+        }
+        if policies.epoch_lifo {
+            builder = builder.epoch_lifo(admission::EpochLifo {
+                epoch: Duration::from_millis(5),
+                closing_delta: Duration::from_millis(1),
+                lifo_delay: Duration::from_millis(4),
+            });
         }
         let queue = builder.build().unwrap();
         let mut waiting: Vec<Pending> = Vec::new();
@@ -196,7 +214,9 @@ proptest! {
     fn every_slot_comes_back_and_every_request_settles_once(
         ops in prop::collection::vec(op(), 1..80),
         grant_burst in prop::option::of(1..3usize),
+        epoch_lifo in any::<bool>(),
+        early_rejection in any::<bool>(),
     ) {
-        run(ops, grant_burst)?;
+        run(ops, Policies { grant_burst, epoch_lifo, early_rejection })?;
     }
 }

@@ -11,11 +11,15 @@
 //! released. The state machine itself is in `state.rs`.
 
 mod admit;
+mod epoch;
 mod order;
+mod pacing;
 mod permit;
 mod state;
+mod tenant;
 
 pub use admit::Admit;
+pub use epoch::EpochLifo;
 pub use permit::SlotPermit;
 
 use std::fmt;
@@ -268,6 +272,8 @@ pub struct WorkQueueBuilder {
     reset_period: Duration,
     grant_burst: Option<usize>,
     grant_burst_timeout: Duration,
+    epoch_lifo: Option<EpochLifo>,
+    early_rejection: bool,
 }
 
 impl Default for WorkQueueBuilder {
@@ -278,6 +284,8 @@ impl Default for WorkQueueBuilder {
             reset_period: Self::DEFAULT_RESET_PERIOD,
             grant_burst: None,
             grant_burst_timeout: Self::DEFAULT_GRANT_BURST_TIMEOUT,
+            epoch_lifo: None,
+            early_rejection: false,
         }
     }
 }
@@ -334,6 +342,25 @@ impl WorkQueueBuilder {
         self
     }
 
+    /// Turns on epoch-LIFO: per tenant, priorities whose queueing delay has
+    /// grown past `settings.lifo_delay` are served newest-first (by epoch)
+    /// until it falls back, so that under sustained overload fresh requests
+    /// still finish within their deadlines. Off by default. See [`EpochLifo`].
+    pub fn epoch_lifo(mut self, settings: EpochLifo) -> Self {
+        self.epoch_lifo = Some(settings);
+        self
+    }
+
+    /// Turns on early rejection: a request with a deadline is refused at once
+    /// with [`AdmitError::WouldMissDeadline`](crate::AdmitError::WouldMissDeadline)
+    /// when the requests of its priority or higher already waiting, at the
+    /// rate admitted work has recently been completing, would outlast its
+    /// deadline. Off by default.
+    pub fn early_rejection(mut self, on: bool) -> Self {
+        self.early_rejection = on;
+        self
+    }
+
     /// A slot queue.
     pub fn build(self) -> Result<WorkQueue<SlotGranter>, ConfigError> {
         let granter = SlotGranter::new(self.total_slots)?;
@@ -370,11 +397,16 @@ impl WorkQueueBuilder {
                 "must be longer than zero",
             ));
         }
+        if let Some(settings) = &self.epoch_lifo {
+            settings.validate()?;
+        }
         let limits = Limits {
             max_waiters: self.max_waiters,
             reset_period: self.reset_period,
             grant_burst: self.grant_burst,
             grant_burst_timeout: self.grant_burst_timeout,
+            epoch_lifo: self.epoch_lifo,
+            early_rejection: self.early_rejection,
         };
         let locked = Locked {
             queue: QueueState::new(limits),

@@ -36,13 +36,44 @@ impl PartialOrd for TenantOrder {
     }
 }
 
-/// Orders one tenant's waiting work: higher priority first, then older
-/// create time, then arrival (the sequence number makes keys unique).
+/// Orders one tenant's waiting work: higher priority first; within a
+/// priority, work marked LIFO (newest first) ahead of work marked FIFO
+/// (oldest first), as upstream biases mixed marks towards LIFO; then arrival
+/// (the sequence number makes keys unique).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub(super) struct WaiterKey {
     pub(super) priority: Reverse<Priority>,
+    pub(super) recency: Recency,
+    pub(super) seq: u64,
+}
+
+/// How create times order within a priority. The variant order is the
+/// service order: `Newest` keys sort before `Oldest` keys.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub(super) enum Recency {
+    /// LIFO-marked: the most recently created first.
+    Newest(Reverse<Instant>),
+    /// FIFO-marked: the oldest first.
+    Oldest(Instant),
+}
+
+/// Orders LIFO-marked work whose epoch has not closed yet: oldest epoch
+/// first, then priority, then create time, then arrival.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub(super) struct OpenKey {
+    pub(super) epoch: u64,
+    pub(super) priority: Reverse<Priority>,
     pub(super) create_time: Instant,
     pub(super) seq: u64,
+}
+
+/// Where a waiting request sits in its tenant's queue.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Place {
+    /// Eligible now, in priority and recency order.
+    Ready(WaiterKey),
+    /// LIFO-marked, waiting for its epoch to close.
+    Open(OpenKey),
 }
 
 #[cfg(test)]
@@ -81,7 +112,7 @@ mod tests {
         let later = t0 + std::time::Duration::from_millis(1);
         let key = |priority: i8, create_time, seq| WaiterKey {
             priority: Reverse(Priority::new(priority)),
-            create_time,
+            recency: Recency::Oldest(create_time),
             seq,
         };
         let mut keys = vec![
@@ -102,5 +133,26 @@ mod tests {
                 key(-5, t0, 1)
             ]
         );
+    }
+
+    #[test]
+    fn lifo_marked_work_goes_newest_first_and_ahead_of_fifo_work_of_its_priority() {
+        let t0 = Instant::now();
+        let at = |ms| t0 + std::time::Duration::from_millis(ms);
+        let key = |priority: i8, recency, seq| WaiterKey {
+            priority: Reverse(Priority::new(priority)),
+            recency,
+            seq,
+        };
+        let mut keys = [
+            key(0, Recency::Oldest(at(1)), 0),
+            key(0, Recency::Newest(Reverse(at(2))), 1),
+            key(0, Recency::Newest(Reverse(at(5))), 2),
+            key(9, Recency::Oldest(at(9)), 3),
+            key(0, Recency::Oldest(at(0)), 4),
+        ];
+        keys.sort();
+        let seqs: Vec<u64> = keys.iter().map(|k| k.seq).collect();
+        assert_eq!(seqs, [3, 2, 1, 4, 0]);
     }
 }

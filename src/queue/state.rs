@@ -6,12 +6,14 @@
 //! (see `queue/mod.rs`), together with the granter's own state, so the
 //! granter is only ever consulted with that mutex held.
 //! Waiters live in a slab; the slab key is the waiter's identity and is held
-//! by its `Admit` future. Two B-trees give the order:
+//! by its `Admit` future. B-trees give the order:
 //!
 //! * `tenant_order`: every tenant with at least one *waiting* request, keyed
 //!   by [`TenantOrder`] (least `used / weight` first).
-//! * `Tenant::waiting`: that tenant's waiting requests, keyed by
-//!   [`WaiterKey`] (priority, create time, arrival).
+//! * each tenant's ready set, keyed by [`WaiterKey`] (priority, then create
+//!   time oldest-first, or newest-first for LIFO-marked work, then arrival),
+//!   and its open-epoch set for LIFO-marked work whose epoch has not closed
+//!   (see `epoch.rs`; empty unless epoch-LIFO is on).
 //!
 //! A tenant's key embeds its `used`, so `used` or `weight` only ever changes
 //! through [`QueueState::update_tenant`], which takes the key out of the tree
@@ -38,15 +40,10 @@
 //! `waiting > 0`, the granter refused the last `try_get` (every path that
 //! returns capacity runs the grant loop before releasing the lock).
 //!
-//! **Grant pacing** (upstream's grant chain). With a burst limit set, the
-//! grant loop stops once that many grants are *outstanding*: made, but not
-//! yet observed by their futures. A future observing its grant is the sign
-//! that its task actually got a worker; until then, handing out more slots
-//! would only pile tasks into a run queue that is not draining. Each grant
-//! remembers the pacing epoch it was made in; `maintain` starts a new epoch
-//! (forgetting the outstanding count) if no grant has been observed for the
-//! pacing timeout while the limit held, so a future that is never polled
-//! again cannot stall the queue.
+//! **Grant pacing** (`pacing.rs`) bounds grants made but not yet observed;
+//! **epoch-LIFO** (`epoch.rs`) decides per tenant which priorities are served
+//! newest-first; **early rejection** fails a request at once when the queue
+//! ahead of it, at the recent completion rate, would outlast its deadline.
 //!
 //! **Fairness memory.** A tenant's `used` rises when it is admitted and falls
 //! when the work completes. Every `reset_period` all `used` are zeroed and
@@ -57,7 +54,7 @@
 //! order, never subtracted twice.
 
 use std::cmp::Reverse;
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 use std::task::Waker;
 use std::time::Duration;
 
@@ -65,7 +62,10 @@ use rustc_hash::FxHashMap;
 use slab::Slab;
 use tokio::time::Instant;
 
-use super::order::{TenantOrder, WaiterKey};
+use super::epoch::EpochLifo;
+use super::order::{OpenKey, Place, Recency, TenantOrder, WaiterKey};
+use super::pacing::Pacing;
+use super::tenant::Tenant;
 use crate::error::AdmitError;
 use crate::grant::{Granter, Grants};
 use crate::observe::{PrioritySnapshot, PriorityStats, Settled, TenantSnapshot};
@@ -77,22 +77,8 @@ const SLOT: u64 = 1;
 /// Tenant records below this count are never garbage-collected early.
 const MIN_GC_THRESHOLD: usize = 1024;
 
-#[derive(Debug)]
-struct Tenant {
-    weight: TenantWeight,
-    used: u64,
-    waiting: BTreeMap<WaiterKey, usize>,
-}
-
-impl Tenant {
-    fn order(&self, id: TenantId) -> TenantOrder {
-        TenantOrder {
-            used: self.used,
-            weight: self.weight.get(),
-            id,
-        }
-    }
-}
+/// The shortest window over which the completion rate is measured.
+const RATE_WINDOW: Duration = Duration::from_millis(10);
 
 #[derive(Debug)]
 enum WaiterState {
@@ -105,7 +91,8 @@ enum WaiterState {
 #[derive(Debug)]
 struct Waiter {
     tenant: TenantId,
-    key: WaiterKey,
+    priority: Priority,
+    place: Place,
     deadline: Option<Instant>,
     enqueued_at: Instant,
     state: WaiterState,
@@ -166,61 +153,33 @@ pub(crate) struct Limits {
     pub(crate) reset_period: Duration,
     pub(crate) grant_burst: Option<usize>,
     pub(crate) grant_burst_timeout: Duration,
+    pub(crate) epoch_lifo: Option<EpochLifo>,
+    pub(crate) early_rejection: bool,
 }
 
-/// Outstanding grants, for pacing; see the implementation notes.
+/// The rate at which admitted work completes (and so the rate at which the
+/// queue drains), smoothed over windows of at least [`RATE_WINDOW`].
 #[derive(Debug)]
-struct Pacing {
-    burst: Option<usize>,
-    timeout: Duration,
-    outstanding: usize,
-    epoch: u64,
-    observed: u64,
-    /// When the limit was first seen holding, and `observed` at that moment.
-    stalled: Option<(Instant, u64)>,
+struct CompletionRate {
+    since: Instant,
+    completions: u64,
+    per_sec: f64,
 }
 
-impl Pacing {
-    fn is_full(&self) -> bool {
-        self.burst.is_some_and(|burst| self.outstanding >= burst)
-    }
-
-    /// A grant was made; returns the epoch to remember it by.
-    fn granted(&mut self) -> u64 {
-        self.outstanding += 1;
-        self.epoch
-    }
-
-    /// A grant made in `epoch` was observed, or abandoned by a cancel.
-    fn settled(&mut self, epoch: u64) {
-        self.observed += 1;
-        if epoch == self.epoch {
-            self.outstanding -= 1;
+impl CompletionRate {
+    fn update(&mut self, now: Instant) {
+        let elapsed = now.saturating_duration_since(self.since);
+        if elapsed < RATE_WINDOW {
+            return;
         }
-    }
-
-    /// Starts a new epoch if the limit has held with no progress for the
-    /// timeout. Returns whether it did (and grants may resume).
-    fn unstick(&mut self, now: Instant) -> bool {
-        if !self.is_full() {
-            self.stalled = None;
-            return false;
-        }
-        match self.stalled {
-            Some((since, observed)) if observed == self.observed => {
-                if now.saturating_duration_since(since) < self.timeout {
-                    return false;
-                }
-                self.epoch += 1;
-                self.outstanding = 0;
-                self.stalled = None;
-                true
-            }
-            _ => {
-                self.stalled = Some((now, self.observed));
-                false
-            }
-        }
+        let observed = self.completions as f64 / elapsed.as_secs_f64();
+        self.per_sec = if self.per_sec == 0.0 {
+            observed
+        } else {
+            0.5 * self.per_sec + 0.5 * observed
+        };
+        self.since = now;
+        self.completions = 0;
     }
 }
 
@@ -230,6 +189,8 @@ pub(crate) struct QueueState {
     closed: bool,
     waiters: Slab<Waiter>,
     waiting: usize,
+    /// Waiting requests per priority byte, for early rejection.
+    waiting_at: Box<[u32; 256]>,
     tenants: FxHashMap<TenantId, Tenant>,
     tenant_order: BTreeSet<TenantOrder>,
     weights: FxHashMap<TenantId, TenantWeight>,
@@ -238,30 +199,36 @@ pub(crate) struct QueueState {
     last_reset: Instant,
     gc_threshold: usize,
     pacing: Pacing,
+    /// Epoch-LIFO's time origin, and how many epochs have closed.
+    origin: Instant,
+    closed_epochs: u64,
+    completion_rate: CompletionRate,
     stats: PriorityStats,
 }
 
 impl QueueState {
     pub(crate) fn new(limits: Limits) -> Self {
+        let now = Instant::now();
         QueueState {
             limits,
             closed: false,
             waiters: Slab::new(),
             waiting: 0,
+            waiting_at: Box::new([0; 256]),
             tenants: FxHashMap::default(),
             tenant_order: BTreeSet::new(),
             weights: FxHashMap::default(),
             next_seq: 0,
             generation: 0,
-            last_reset: Instant::now(),
+            last_reset: now,
             gc_threshold: MIN_GC_THRESHOLD,
-            pacing: Pacing {
-                burst: limits.grant_burst,
-                timeout: limits.grant_burst_timeout,
-                outstanding: 0,
-                epoch: 0,
-                observed: 0,
-                stalled: None,
+            pacing: Pacing::new(limits.grant_burst, limits.grant_burst_timeout),
+            origin: now,
+            closed_epochs: 0,
+            completion_rate: CompletionRate {
+                since: now,
+                completions: 0,
+                per_sec: 0.0,
             },
             stats: PriorityStats::new(),
         }
@@ -287,6 +254,9 @@ impl QueueState {
         if self.closed {
             return self.reject(work, AdmitError::Closed);
         }
+        if self.limits.epoch_lifo.is_some() {
+            self.with_tenant(work.tenant(), |t| t.states.requested(priority));
+        }
         if work.is_bypass() {
             grants.took_without_permission(SLOT);
             return self.admit_at_once(work);
@@ -311,6 +281,11 @@ impl QueueState {
         }
         let now = now.unwrap_or_else(Instant::now);
         self.maybe_reset(now);
+        self.close_epochs(now);
+        self.completion_rate.update(now);
+        if let Some(error) = self.doomed(work, now) {
+            return self.reject(work, error);
+        }
         Attempt::Queued {
             key: self.enqueue(work, now),
         }
@@ -319,10 +294,16 @@ impl QueueState {
     /// Admission without waiting (fast path or bypass): charged, counted
     /// with a zero wait.
     fn admit_at_once(&mut self, work: &WorkInfo) -> Attempt {
-        self.charge(work.tenant(), SLOT);
+        let priority = work.priority();
+        let epoch_lifo = self.limits.epoch_lifo.is_some();
+        self.with_tenant(work.tenant(), |t| {
+            t.used = t.used.saturating_add(SLOT);
+            if epoch_lifo {
+                t.states.admitted_at_once(priority);
+            }
+        });
         let waited = Duration::ZERO;
-        self.stats
-            .settled(work.priority(), Settled::Admitted { waited });
+        self.stats.settled(priority, Settled::Admitted { waited });
         Attempt::Admitted {
             generation: self.generation,
         }
@@ -340,27 +321,77 @@ impl QueueState {
         Attempt::Rejected(error)
     }
 
+    /// With early rejection on: the error for a request that, at the recent
+    /// completion rate, would still be waiting when its deadline passes.
+    /// Everything of its priority or higher is counted as ahead of it (an
+    /// upper bound across tenants), plus the one completion that frees its
+    /// own slot.
+    fn doomed(&self, work: &WorkInfo, now: Instant) -> Option<AdmitError> {
+        let deadline = work.deadline()?;
+        if !self.limits.early_rejection || self.completion_rate.per_sec <= 0.0 {
+            return None;
+        }
+        let from = usize::from(work.priority().get() as u8 ^ 0x80);
+        let ahead: u64 = self.waiting_at[from..].iter().map(|&n| u64::from(n)).sum();
+        let expected = Duration::from_secs_f64((ahead + 1) as f64 / self.completion_rate.per_sec);
+        let remaining = deadline.saturating_duration_since(now);
+        (expected > remaining).then_some(AdmitError::WouldMissDeadline {
+            expected_wait: expected,
+            remaining,
+        })
+    }
+
     fn enqueue(&mut self, work: &WorkInfo, now: Instant) -> usize {
         let seq = self.next_seq;
         self.next_seq += 1;
-        let key = WaiterKey {
-            priority: Reverse(work.priority()),
-            create_time: work.create_time(),
-            seq,
-        };
         let tenant_id = work.tenant();
+        let priority = work.priority();
+        let create_time = work.create_time();
+        let lifo = self
+            .tenants
+            .get(&tenant_id)
+            .is_some_and(|tenant| tenant.is_lifo(priority));
+        let place = match self.limits.epoch_lifo {
+            Some(settings) if lifo => {
+                let epoch = settings.epoch_of(self.origin, create_time);
+                if epoch < self.closed_epochs {
+                    Place::Ready(WaiterKey {
+                        priority: Reverse(priority),
+                        recency: Recency::Newest(Reverse(create_time)),
+                        seq,
+                    })
+                } else {
+                    Place::Open(OpenKey {
+                        epoch,
+                        priority: Reverse(priority),
+                        create_time,
+                        seq,
+                    })
+                }
+            }
+            _ => Place::Ready(WaiterKey {
+                priority: Reverse(priority),
+                recency: Recency::Oldest(create_time),
+                seq,
+            }),
+        };
         let slab_key = self.waiters.insert(Waiter {
             tenant: tenant_id,
-            key,
+            priority,
+            place,
             deadline: work.deadline(),
             enqueued_at: now,
             state: WaiterState::Waiting { waker: None },
         });
-        self.with_tenant(tenant_id, |tenant| {
-            tenant.waiting.insert(key, slab_key);
-        });
+        self.with_tenant(tenant_id, |tenant| tenant.insert(place, slab_key));
         self.waiting += 1;
+        self.waiting_at[Self::priority_index(priority)] += 1;
         slab_key
+    }
+
+    fn priority_index(priority: Priority) -> usize {
+        // Offset so that index order is priority order.
+        usize::from(priority.get() as u8 ^ 0x80)
     }
 
     /// Hands capacity to waiters in order for as long as the granter allows,
@@ -373,22 +404,20 @@ impl QueueState {
     ) -> u64 {
         let mut granted = 0;
         let mut now = None;
+        let epoch_lifo = self.limits.epoch_lifo.is_some();
         while let Some(&first) = self.tenant_order.first() {
             if self.pacing.is_full() {
                 break;
             }
-            let Some((_, &slab_key)) = self
-                .tenants
-                .get(&first.id)
-                .and_then(|tenant| tenant.waiting.first_key_value())
-            else {
+            let Some(slab_key) = self.tenants.get(&first.id).and_then(Tenant::first) else {
                 debug_assert!(false, "a tenant in tenant_order has no waiting work");
                 self.tenant_order.remove(&first);
                 continue;
             };
-            if let Some(deadline) = self.waiters[slab_key].deadline {
+            let deadline = self.waiters[slab_key].deadline;
+            if deadline.is_some() || epoch_lifo {
                 let at = *now.get_or_insert_with(Instant::now);
-                if deadline <= at {
+                if deadline.is_some_and(|deadline| deadline <= at) {
                     // Never hand a slot to work that can no longer use it.
                     self.expire(slab_key, at, wakes);
                     continue;
@@ -398,7 +427,15 @@ impl QueueState {
                 break;
             }
             self.unlink(slab_key);
-            self.charge(first.id, SLOT);
+            let waiter = &self.waiters[slab_key];
+            let (priority, enqueued_at) = (waiter.priority, waiter.enqueued_at);
+            self.with_tenant(first.id, |t| {
+                t.used = t.used.saturating_add(SLOT);
+                if let Some(now) = now.filter(|_| epoch_lifo) {
+                    t.states
+                        .waited(priority, now.saturating_duration_since(enqueued_at), true);
+                }
+            });
             let generation = self.generation;
             let pacing_epoch = self.pacing.granted();
             let waiter = &mut self.waiters[slab_key];
@@ -462,7 +499,6 @@ impl QueueState {
         wakes: &mut WakeList,
     ) -> Observed {
         let waiter = self.waiters.remove(slab_key);
-        let priority = waiter.key.priority.0;
         let observed = match waiter.state {
             WaiterState::Waiting { .. } => unreachable!("settle is only called on settled waiters"),
             WaiterState::Granted {
@@ -470,7 +506,7 @@ impl QueueState {
                 pacing_epoch,
             } => {
                 self.pacing.settled(pacing_epoch);
-                if self.pacing.burst.is_some() {
+                if self.pacing.is_enabled() {
                     self.grant_waiting(grants, wakes);
                 }
                 Observed::Admitted {
@@ -487,7 +523,7 @@ impl QueueState {
             Observed::Admitted { waited, .. } => Settled::Admitted { waited },
             _ => Settled::Errored,
         };
-        self.stats.settled(priority, outcome);
+        self.stats.settled(waiter.priority, outcome);
         observed
     }
 
@@ -501,9 +537,15 @@ impl QueueState {
     ) {
         if matches!(self.waiters[slab_key].state, WaiterState::Waiting { .. }) {
             self.unlink(slab_key);
+            if self.limits.epoch_lifo.is_some() {
+                let waiter = &self.waiters[slab_key];
+                let (tenant, priority) = (waiter.tenant, waiter.priority);
+                let waited = Instant::now().saturating_duration_since(waiter.enqueued_at);
+                self.with_tenant(tenant, |t| t.states.waited(priority, waited, false));
+            }
         }
         let waiter = self.waiters.remove(slab_key);
-        self.stats.settled(waiter.key.priority.0, Settled::Errored);
+        self.stats.settled(waiter.priority, Settled::Errored);
         if let WaiterState::Granted {
             generation,
             pacing_epoch,
@@ -525,6 +567,7 @@ impl QueueState {
         wakes: &mut WakeList,
     ) {
         grants.return_grant(SLOT);
+        self.completion_rate.completions += 1;
         // A permit from before the last reset was already forgotten; its
         // tenant record may even be gone.
         if generation == self.generation && self.tenants.contains_key(&tenant) {
@@ -543,14 +586,16 @@ impl QueueState {
             }
         }
         for tenant in self.tenants.values_mut() {
-            tenant.waiting.clear();
+            tenant.clear();
         }
         self.tenant_order.clear();
         self.waiting = 0;
+        self.waiting_at.fill(0);
     }
 
-    /// Periodic upkeep: the usage reset if it is due, and a new pacing epoch
-    /// if grants have been stuck behind unobserved ones for too long.
+    /// Periodic upkeep: the usage reset if it is due, closing due epochs,
+    /// the completion rate, and a new pacing epoch if grants have been stuck
+    /// behind unobserved ones for too long.
     pub(crate) fn maintain<G: Granter>(
         &mut self,
         now: Instant,
@@ -558,6 +603,8 @@ impl QueueState {
         wakes: &mut WakeList,
     ) {
         self.maybe_reset(now);
+        self.close_epochs(now);
+        self.completion_rate.update(now);
         if self.pacing.unstick(now) {
             self.grant_waiting(grants, wakes);
         }
@@ -574,7 +621,7 @@ impl QueueState {
     fn reset(&mut self, now: Instant) {
         self.last_reset = now;
         self.generation += 1;
-        self.tenants.retain(|_, tenant| !tenant.waiting.is_empty());
+        self.tenants.retain(|_, tenant| tenant.has_waiters());
         for tenant in self.tenants.values_mut() {
             tenant.used = 0;
         }
@@ -584,6 +631,48 @@ impl QueueState {
             .map(|(&id, tenant)| tenant.order(id))
             .collect();
         self.gc_threshold = MIN_GC_THRESHOLD.max(2 * self.tenants.len());
+    }
+
+    /// Closes every epoch whose closing time has passed: each tenant gets its
+    /// next LIFO threshold, and LIFO-marked work of closed epochs becomes
+    /// eligible. After an idle stretch of several epochs, the epochs after
+    /// the first saw nothing, so thresholds return to all-FIFO in one step
+    /// rather than one epoch at a time.
+    fn close_epochs(&mut self, now: Instant) {
+        let Some(settings) = self.limits.epoch_lifo else {
+            return;
+        };
+        let mut due = 0u64;
+        while let Some(at) = settings.closes_at(self.origin, self.closed_epochs + due) {
+            if at > now || due == 2 {
+                break;
+            }
+            due += 1;
+        }
+        if due == 0 {
+            return;
+        }
+        let elapsed = now.saturating_duration_since(self.origin);
+        let closed_by = u64::try_from(
+            elapsed.saturating_sub(settings.closing_delta).as_nanos() / settings.epoch.as_nanos(),
+        )
+        .unwrap_or(u64::MAX);
+        self.closed_epochs = closed_by.max(self.closed_epochs + due);
+        let last_closed = self.closed_epochs - 1;
+        let mut moved = Vec::new();
+        for tenant in self.tenants.values_mut() {
+            let mut threshold = tenant
+                .states
+                .next_threshold(tenant.lifo_threshold, &settings);
+            if due > 1 {
+                threshold = tenant.states.next_threshold(threshold, &settings);
+            }
+            tenant.lifo_threshold = threshold;
+            moved.extend(tenant.close_epochs(last_closed));
+        }
+        for (slab_key, place) in moved {
+            self.waiters[slab_key].place = place;
+        }
     }
 
     /// Sets (or with `None`, clears back to the default) one tenant's weight.
@@ -622,14 +711,8 @@ impl QueueState {
     }
 
     pub(crate) fn priority_snapshot(&self) -> Vec<PrioritySnapshot> {
-        let mut waiting_at: FxHashMap<Priority, usize> = FxHashMap::default();
-        for (_, waiter) in self.waiters.iter() {
-            if matches!(waiter.state, WaiterState::Waiting { .. }) {
-                *waiting_at.entry(waiter.key.priority.0).or_default() += 1;
-            }
-        }
         self.stats
-            .snapshot(|priority| waiting_at.get(&priority).copied().unwrap_or(0))
+            .snapshot(|priority| self.waiting_at[Self::priority_index(priority)] as usize)
     }
 
     pub(crate) fn tenant_snapshot(&self) -> Vec<TenantSnapshot> {
@@ -640,24 +723,24 @@ impl QueueState {
                 tenant: id,
                 used: tenant.used,
                 weight: tenant.weight,
-                waiting: tenant.waiting.len(),
+                waiting: tenant.waiting(),
+                lifo_below: tenant.lifo_threshold,
             })
             .collect();
         out.sort_by_key(|t| t.tenant);
         out
     }
 
-    /// Takes a waiting request out of its tenant's tree (and its tenant out
+    /// Takes a waiting request out of its tenant's set (and its tenant out
     /// of `tenant_order` if that was its last one).
     fn unlink(&mut self, slab_key: usize) {
-        let (tenant, key) = {
+        let (tenant, place, priority) = {
             let waiter = &self.waiters[slab_key];
-            (waiter.tenant, waiter.key)
+            (waiter.tenant, waiter.place, waiter.priority)
         };
-        self.update_tenant(tenant, |t| {
-            t.waiting.remove(&key);
-        });
+        self.update_tenant(tenant, |t| t.remove(&place));
         self.waiting -= 1;
+        self.waiting_at[Self::priority_index(priority)] -= 1;
     }
 
     fn expire(&mut self, slab_key: usize, now: Instant, wakes: &mut WakeList) {
@@ -669,17 +752,17 @@ impl QueueState {
         {
             wakes.push(waker);
         }
+        let (tenant, priority) = (waiter.tenant, waiter.priority);
         tracing::debug!(
             target: "admission",
-            tenant = %waiter.tenant,
-            priority = %waiter.key.priority.0,
+            tenant = %tenant,
+            priority = %priority,
             waited_us = waited.as_micros() as u64,
             "admission deadline expired while waiting"
         );
-    }
-
-    fn charge(&mut self, tenant: TenantId, amount: u64) {
-        self.with_tenant(tenant, |t| t.used = t.used.saturating_add(amount));
+        if self.limits.epoch_lifo.is_some() {
+            self.with_tenant(tenant, |t| t.states.waited(priority, waited, false));
+        }
     }
 
     /// Applies `change` to `tenant`'s record, creating the record if needed.
@@ -689,25 +772,17 @@ impl QueueState {
     fn with_tenant(&mut self, tenant: TenantId, change: impl FnOnce(&mut Tenant)) {
         if !self.tenants.contains_key(&tenant) {
             if self.tenants.len() >= self.gc_threshold {
-                self.tenants
-                    .retain(|_, t| t.used > 0 || !t.waiting.is_empty());
+                self.tenants.retain(|_, t| t.used > 0 || t.has_waiters());
                 self.gc_threshold = MIN_GC_THRESHOLD.max(2 * self.tenants.len());
             }
             let weight = self.weights.get(&tenant).copied().unwrap_or_default();
-            self.tenants.insert(
-                tenant,
-                Tenant {
-                    weight,
-                    used: 0,
-                    waiting: BTreeMap::new(),
-                },
-            );
+            self.tenants.insert(tenant, Tenant::new(weight));
         }
         self.update_tenant(tenant, change);
     }
 
-    /// The only way to change a tracked tenant's `used`, `weight` or
-    /// `waiting`: keeps its `tenant_order` key in step.
+    /// The only way to change a tracked tenant's `used`, `weight` or waiting
+    /// work: keeps its `tenant_order` key in step.
     fn update_tenant(&mut self, id: TenantId, change: impl FnOnce(&mut Tenant)) {
         let Some(tenant) = self.tenants.get_mut(&id) else {
             debug_assert!(false, "update of an untracked tenant");
@@ -716,9 +791,9 @@ impl QueueState {
         // Tenants with nothing waiting are not in the order (the fast path's
         // case), and a change that leaves the key alone (one more waiter of
         // an already waiting tenant) needs no tree update.
-        let before = (!tenant.waiting.is_empty()).then(|| tenant.order(id));
+        let before = tenant.has_waiters().then(|| tenant.order(id));
         change(tenant);
-        let after = (!tenant.waiting.is_empty()).then(|| tenant.order(id));
+        let after = tenant.has_waiters().then(|| tenant.order(id));
         if before != after {
             if let Some(before) = before {
                 self.tenant_order.remove(&before);

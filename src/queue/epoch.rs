@@ -1,0 +1,293 @@
+//! Epoch-LIFO: serving newest-first a priority that has fallen behind.
+//!
+//! Under sustained overload with deadlines, FIFO is the worst order: by the
+//! time an old request reaches the front its deadline has nearly passed,
+//! so the queue spends its capacity on work that completes too late while
+//! fresh work ages behind it. Serving newest-first keeps some requests fresh
+//! enough to finish in time. Plain LIFO starves, so upstream (CockroachDB)
+//! switches per tenant and per priority, by *epoch*:
+//!
+//! * Time is cut into epochs of `epoch` length from the queue's creation.
+//!   Epoch `e` closes at `(e + 1) · epoch + closing_delta`.
+//! * Each tenant has a threshold: work below it is LIFO-marked when it
+//!   enqueues. A LIFO-marked request whose epoch is still open waits in a
+//!   separate set that is served only when nothing else of the tenant waits;
+//!   once its epoch closes it joins the others, ordered newest-first within
+//!   its priority (and ahead of FIFO-marked work of the same priority).
+//! * At each epoch close the threshold is recomputed from what the epoch saw
+//!   per priority (the longest queueing delay, including that of requests
+//!   cancelled or expired while waiting, and how many were admitted):
+//!   a priority whose delay exceeded `lifo_delay` switches to LIFO with every
+//!   priority below it; a priority already LIFO stays LIFO while its delay
+//!   exceeds a tenth of the epoch, or while it was requested and nothing at
+//!   it was admitted (hysteresis); otherwise it returns to FIFO.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use crate::error::ConfigError;
+use crate::work::Priority;
+
+/// The threshold meaning "nothing is LIFO": no priority is below it.
+pub(crate) const ALL_FIFO: i16 = i8::MIN as i16;
+
+/// Epoch-LIFO settings; see [`WorkQueueBuilder::epoch_lifo`](crate::WorkQueueBuilder::epoch_lifo).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct EpochLifo {
+    /// Length of an epoch (upstream: 100 ms).
+    pub epoch: Duration,
+    /// How long after its end an epoch closes (upstream: 5 ms).
+    pub closing_delta: Duration,
+    /// Queueing delay in an epoch above which a priority switches to LIFO
+    /// (upstream: 105 ms, an epoch plus the delta).
+    pub lifo_delay: Duration,
+}
+
+impl EpochLifo {
+    /// Upstream's defaults: 100 ms epochs closing 5 ms late, LIFO above
+    /// 105 ms of queueing.
+    pub const UPSTREAM: EpochLifo = EpochLifo {
+        epoch: Duration::from_millis(100),
+        closing_delta: Duration::from_millis(5),
+        lifo_delay: Duration::from_millis(105),
+    };
+
+    /// Settings scaled to a deadline: epochs of a fifth of it, closing a
+    /// twentieth of an epoch late, switching to LIFO when a priority queued
+    /// longer than half the deadline.
+    pub fn for_deadline(deadline: Duration) -> Self {
+        let epoch = deadline / 5;
+        EpochLifo {
+            epoch,
+            closing_delta: epoch / 20,
+            lifo_delay: deadline / 2,
+        }
+    }
+
+    pub(crate) fn validate(&self) -> Result<(), ConfigError> {
+        let shortest = Duration::from_micros(100);
+        if self.epoch < shortest || self.epoch > Duration::from_secs(3600) {
+            return Err(ConfigError::new(
+                "epoch_lifo.epoch",
+                format!("{:?} is outside the accepted range 100µs..=1h", self.epoch),
+            ));
+        }
+        if self.closing_delta >= self.epoch {
+            return Err(ConfigError::new(
+                "epoch_lifo.closing_delta",
+                format!(
+                    "{:?} must be shorter than the epoch {:?}",
+                    self.closing_delta, self.epoch
+                ),
+            ));
+        }
+        if self.lifo_delay.is_zero() {
+            return Err(ConfigError::new(
+                "epoch_lifo.lifo_delay",
+                "must be longer than zero",
+            ));
+        }
+        Ok(())
+    }
+
+    /// The epoch a request created at `create_time` belongs to.
+    pub(crate) fn epoch_of(&self, origin: Instant, create_time: Instant) -> u64 {
+        let since = create_time.saturating_duration_since(origin);
+        u64::try_from(since.as_nanos() / self.epoch.as_nanos()).unwrap_or(u64::MAX)
+    }
+
+    /// When epoch `epoch` closes.
+    pub(crate) fn closes_at(&self, origin: Instant, epoch: u64) -> Option<Instant> {
+        let end = self
+            .epoch
+            .checked_mul(u32::try_from(epoch.checked_add(1)?).ok()?)?;
+        origin.checked_add(end)?.checked_add(self.closing_delta)
+    }
+}
+
+/// What one tenant's queue saw at one priority during the current epoch.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+struct Seen {
+    max_delay: Duration,
+    admitted: u64,
+}
+
+/// Per-priority observations of one tenant for the current epoch.
+#[derive(Debug, Default)]
+pub(crate) struct PriorityStates {
+    seen: BTreeMap<Priority, Seen>,
+    lowest_requested: Option<Priority>,
+}
+
+impl PriorityStates {
+    /// A request asked for admission at `priority`.
+    pub(crate) fn requested(&mut self, priority: Priority) {
+        self.lowest_requested = Some(self.lowest_requested.map_or(priority, |p| p.min(priority)));
+    }
+
+    /// A request at `priority` left the queue after `delay`: admitted, or
+    /// cancelled or expired (its delay still counts, as a lower bound).
+    pub(crate) fn waited(&mut self, priority: Priority, delay: Duration, admitted: bool) {
+        let seen = self.seen.entry(priority).or_default();
+        seen.max_delay = seen.max_delay.max(delay);
+        if admitted {
+            seen.admitted += 1;
+        }
+    }
+
+    /// A request at `priority` was admitted without waiting.
+    pub(crate) fn admitted_at_once(&mut self, priority: Priority) {
+        self.waited(priority, Duration::ZERO, true);
+    }
+
+    /// The threshold for the next epoch, given the current one; forgets the
+    /// epoch's observations.
+    pub(crate) fn next_threshold(&mut self, current: i16, settings: &EpochLifo) -> i16 {
+        // A priority that was requested but never left the queue still
+        // counts: as requested, with nothing admitted.
+        if let Some(lowest) = self.lowest_requested {
+            self.seen.entry(lowest).or_default();
+        }
+        let mut threshold = ALL_FIFO;
+        for (&priority, seen) in &self.seen {
+            let p = i16::from(priority.get());
+            if seen.max_delay > settings.lifo_delay {
+                threshold = p + 1;
+            } else if p < current {
+                let still_slow = seen.max_delay > settings.epoch / 10;
+                let starved = seen.admitted == 0
+                    && self
+                        .lowest_requested
+                        .is_some_and(|lowest| priority >= lowest);
+                if still_slow || starved {
+                    threshold = p + 1;
+                }
+            }
+        }
+        self.seen.clear();
+        self.lowest_requested = None;
+        threshold
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ms(n: u64) -> Duration {
+        Duration::from_millis(n)
+    }
+
+    fn p(value: i8) -> Priority {
+        Priority::new(value)
+    }
+
+    /// One epoch of a table: its name, what it saw as (priority, delay in
+    /// ms, admitted), and the threshold expected after it closes.
+    type EpochRow = (&'static str, &'static [(i8, u64, bool)], i16);
+
+    /// Upstream's priority_states scenario, epoch by epoch.
+    #[test]
+    fn the_threshold_switches_on_delay_and_back_with_hysteresis() {
+        let settings = EpochLifo::UPSTREAM;
+        let mut states = PriorityStates::default();
+        let rows: &[EpochRow] = &[
+            // name, (priority, delay ms, admitted) seen in the epoch, threshold after
+            (
+                "the lowest priority waited 106 ms: it goes LIFO",
+                &[(127, 10, true), (-128, 106, true), (0, 20, true)],
+                -127,
+            ),
+            (
+                "still 11 ms at the LIFO priority: stays LIFO",
+                &[(-128, 11, true)],
+                -127,
+            ),
+            (
+                "10 ms is not above a tenth of the epoch: back to FIFO",
+                &[(-128, 10, true)],
+                ALL_FIFO,
+            ),
+            (
+                "a cancelled request that waited 120 ms counts",
+                &[(0, 120, false)],
+                1,
+            ),
+            (
+                "requested, nothing admitted: stays LIFO",
+                &[(0, 0, false)],
+                1,
+            ),
+            (
+                "requested and admitted fast: back to FIFO",
+                &[(0, 1, true)],
+                ALL_FIFO,
+            ),
+            (
+                "a slow priority takes every lower one with it",
+                &[(-50, 1, true), (50, 200, true), (100, 1, true)],
+                51,
+            ),
+        ];
+        let mut current = ALL_FIFO;
+        for &(name, seen, expected) in rows {
+            for &(priority, delay, admitted) in seen {
+                states.requested(p(priority));
+                states.waited(p(priority), ms(delay), admitted);
+            }
+            current = states.next_threshold(current, &settings);
+            assert_eq!(current, expected, "{name}");
+        }
+    }
+
+    #[test]
+    fn a_requested_priority_with_no_sample_counts_as_starved() {
+        let settings = EpochLifo::UPSTREAM;
+        let mut states = PriorityStates::default();
+        states.requested(p(0));
+        assert_eq!(states.next_threshold(1, &settings), 1, "still LIFO");
+        // A lower priority admitted quickly, nothing asked at 0: FIFO again.
+        states.requested(p(-10));
+        states.waited(p(-10), ms(1), true);
+        assert_eq!(states.next_threshold(1, &settings), ALL_FIFO);
+    }
+
+    #[test]
+    fn an_epoch_with_nothing_seen_is_fifo() {
+        let mut states = PriorityStates::default();
+        assert_eq!(states.next_threshold(10, &EpochLifo::UPSTREAM), ALL_FIFO);
+    }
+
+    #[test]
+    fn epochs_are_cut_from_the_origin_and_close_a_delta_late() {
+        let settings = EpochLifo::UPSTREAM;
+        let origin = Instant::now();
+        assert_eq!(settings.epoch_of(origin, origin), 0);
+        assert_eq!(settings.epoch_of(origin, origin + ms(99)), 0);
+        assert_eq!(settings.epoch_of(origin, origin + ms(250)), 2);
+        assert_eq!(settings.closes_at(origin, 0), Some(origin + ms(105)));
+        assert_eq!(settings.closes_at(origin, 3), Some(origin + ms(405)));
+        assert_eq!(settings.closes_at(origin, u64::MAX), None);
+    }
+
+    #[test]
+    fn settings_are_validated_naming_the_field() {
+        let mut bad = EpochLifo::UPSTREAM;
+        bad.closing_delta = ms(100);
+        assert_eq!(
+            bad.validate().unwrap_err().field(),
+            "epoch_lifo.closing_delta"
+        );
+        bad = EpochLifo::UPSTREAM;
+        bad.epoch = Duration::ZERO;
+        assert_eq!(bad.validate().unwrap_err().field(), "epoch_lifo.epoch");
+        let scaled = EpochLifo::for_deadline(ms(5));
+        assert!(scaled.validate().is_ok());
+        assert_eq!(
+            (scaled.epoch, scaled.lifo_delay),
+            (ms(1), Duration::from_micros(2500))
+        );
+    }
+}

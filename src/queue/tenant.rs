@@ -1,0 +1,102 @@
+//! One tenant's record: its fair-share standing and its waiting work.
+
+use std::cmp::Reverse;
+use std::collections::BTreeMap;
+
+use super::epoch::{PriorityStates, ALL_FIFO};
+use super::order::{OpenKey, Place, Recency, TenantOrder, WaiterKey};
+use crate::work::{Priority, TenantId, TenantWeight};
+
+#[derive(Debug)]
+pub(super) struct Tenant {
+    pub(super) weight: TenantWeight,
+    /// Capacity charged since the last reset and not yet returned.
+    pub(super) used: u64,
+    /// Work below this priority is LIFO-marked when it enqueues.
+    pub(super) lifo_threshold: i16,
+    /// What the current epoch saw, for the next threshold.
+    pub(super) states: PriorityStates,
+    /// Waiting work that may be granted now, in service order.
+    ready: BTreeMap<WaiterKey, usize>,
+    /// LIFO-marked work whose epoch is still open.
+    open: BTreeMap<OpenKey, usize>,
+}
+
+impl Tenant {
+    pub(super) fn new(weight: TenantWeight) -> Self {
+        Tenant {
+            weight,
+            used: 0,
+            lifo_threshold: ALL_FIFO,
+            states: PriorityStates::default(),
+            ready: BTreeMap::new(),
+            open: BTreeMap::new(),
+        }
+    }
+
+    pub(super) fn order(&self, id: TenantId) -> TenantOrder {
+        TenantOrder {
+            used: self.used,
+            weight: self.weight.get(),
+            id,
+        }
+    }
+
+    pub(super) fn has_waiters(&self) -> bool {
+        !self.ready.is_empty() || !self.open.is_empty()
+    }
+
+    pub(super) fn waiting(&self) -> usize {
+        self.ready.len() + self.open.len()
+    }
+
+    pub(super) fn is_lifo(&self, priority: Priority) -> bool {
+        i16::from(priority.get()) < self.lifo_threshold
+    }
+
+    /// The slab key of the request to grant next: ready work first; open
+    /// epochs only when nothing else of the tenant waits.
+    pub(super) fn first(&self) -> Option<usize> {
+        let ready = self.ready.first_key_value().map(|(_, &slab_key)| slab_key);
+        ready.or_else(|| self.open.first_key_value().map(|(_, &slab_key)| slab_key))
+    }
+
+    pub(super) fn insert(&mut self, place: Place, slab_key: usize) {
+        match place {
+            Place::Ready(key) => self.ready.insert(key, slab_key),
+            Place::Open(key) => self.open.insert(key, slab_key),
+        };
+    }
+
+    pub(super) fn remove(&mut self, place: &Place) {
+        match place {
+            Place::Ready(key) => self.ready.remove(key),
+            Place::Open(key) => self.open.remove(key),
+        };
+    }
+
+    pub(super) fn clear(&mut self) {
+        self.ready.clear();
+        self.open.clear();
+    }
+
+    /// Moves LIFO-marked work of epochs up to `closed` into the ready set.
+    /// Returns each moved request's slab key and new place.
+    pub(super) fn close_epochs(&mut self, closed: u64) -> Vec<(usize, Place)> {
+        let mut moved = Vec::new();
+        while let Some(entry) = self.open.first_entry() {
+            if entry.key().epoch > closed {
+                break;
+            }
+            let (key, slab_key) = entry.remove_entry();
+            let ready = WaiterKey {
+                priority: key.priority,
+                recency: Recency::Newest(Reverse(key.create_time)),
+                seq: key.seq,
+            };
+            self.ready.insert(ready, slab_key);
+            moved.push((slab_key, Place::Ready(ready)));
+        }
+        moved
+    }
+}

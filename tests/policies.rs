@@ -1,0 +1,208 @@
+//! Queue policies for overload: epoch-LIFO and early rejection, under a
+//! paused clock.
+
+mod common;
+
+use std::time::Duration;
+
+use admission::{AdmitError, EpochLifo, Priority, SlotPermit, TenantId, WorkInfo, WorkQueue};
+use common::*;
+use tokio::time::Instant;
+
+fn ms(n: u64) -> Duration {
+    Duration::from_millis(n)
+}
+
+async fn advance_to(t0: Instant, at: Duration, queue: &WorkQueue) {
+    let now = Instant::now();
+    tokio::time::advance((t0 + at).saturating_duration_since(now)).await;
+    queue.maintain();
+}
+
+fn lifo_below(queue: &WorkQueue) -> i16 {
+    queue
+        .snapshot()
+        .tenant(TenantId::new(1))
+        .unwrap()
+        .lifo_below
+}
+
+/// Upstream's epoch-LIFO scenario (100 ms epochs closing 5 ms late, LIFO
+/// past 105 ms of queueing), step by step.
+#[tokio::test(start_paused = true)]
+async fn a_priority_that_fell_behind_is_served_newest_first_by_epoch_and_recovers() {
+    let t0 = Instant::now();
+    let queue = WorkQueue::builder()
+        .total_slots(1)
+        .epoch_lifo(EpochLifo::UPSTREAM)
+        .build()
+        .unwrap();
+    let held = admit_now(&queue, work(1, 0, t0, 0));
+
+    // A normal-priority request waits 205 ms before it is granted.
+    let mut slow = vec![("slow", enqueue(&queue, work(1, 0, t0, 0)))];
+    advance_to(t0, ms(205), &queue).await;
+    drop(held);
+    let held = granted(&mut slow).pop().unwrap().1;
+    assert_eq!(
+        lifo_below(&queue),
+        -128,
+        "the epoch that saw it has not closed"
+    );
+
+    // Epoch 2 (200..300 ms) closes at 305 ms: priority 0 goes LIFO.
+    advance_to(t0, ms(305), &queue).await;
+    assert_eq!(lifo_below(&queue), 1);
+
+    // New work, all at 306 ms: two normal-priority requests created in
+    // closed epochs, one in the open epoch 3, and one high-priority request.
+    advance_to(t0, ms(306), &queue).await;
+    let mut waiters = vec![
+        ("p0 ct50", enqueue(&queue, work(1, 0, t0, 50))),
+        (
+            "p0 ct306 (open epoch)",
+            enqueue(&queue, work(1, 0, t0, 306)),
+        ),
+        ("p0 ct250", enqueue(&queue, work(1, 0, t0, 250))),
+        ("p127 ct306", enqueue(&queue, work(1, 127, t0, 306))),
+    ];
+    let mut order = Vec::new();
+    let mut held = Some(held);
+    while !waiters.is_empty() {
+        drop(held.take());
+        let mut next = granted(&mut waiters);
+        assert_eq!(next.len(), 1);
+        let (name, permit) = next.pop().unwrap();
+        order.push(name);
+        held = Some(permit);
+    }
+    // High priority is FIFO and first; then the closed epochs newest-first;
+    // the open epoch only when nothing else of the tenant waits.
+    assert_eq!(
+        order,
+        ["p127 ct306", "p0 ct250", "p0 ct50", "p0 ct306 (open epoch)"]
+    );
+
+    // The last grant (306 ms) waited under a millisecond: at the close of
+    // epoch 3 (405 ms) priority 0 falls back to FIFO.
+    advance_to(t0, ms(405), &queue).await;
+    assert_eq!(lifo_below(&queue), -128);
+    drop(held);
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_open_epoch_waits_until_it_closes_when_older_work_is_ready() {
+    let t0 = Instant::now();
+    let settings = EpochLifo {
+        epoch: ms(10),
+        closing_delta: ms(1),
+        lifo_delay: ms(5),
+    };
+    let queue = WorkQueue::builder()
+        .total_slots(1)
+        .epoch_lifo(settings)
+        .build()
+        .unwrap();
+    let held = admit_now(&queue, work(1, 0, t0, 0));
+    let mut late = vec![("late", enqueue(&queue, work(1, 0, t0, 0)))];
+    advance_to(t0, ms(9), &queue).await;
+    drop(held);
+    let held = granted(&mut late).pop().unwrap().1;
+    // Epoch 0 closes at 11 ms with a 9 ms delay seen: LIFO from then on.
+    advance_to(t0, ms(11), &queue).await;
+    assert_eq!(lifo_below(&queue), 1);
+
+    // At 15 ms, work created in epoch 1 (open until 21 ms) and in epoch 0.
+    advance_to(t0, ms(15), &queue).await;
+    let mut waiters = vec![
+        ("epoch 1", enqueue(&queue, work(1, 0, t0, 12))),
+        ("epoch 0", enqueue(&queue, work(1, 0, t0, 8))),
+    ];
+    drop(held);
+    let first = granted(&mut waiters);
+    assert_eq!(names(&first), ["epoch 0"]);
+    drop(first);
+    assert_eq!(names(&granted(&mut waiters)), ["epoch 1"]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn epoch_lifo_is_off_by_default_and_validated_when_on() {
+    let queue = WorkQueue::new(1).unwrap();
+    let _held = admit_now(&queue, work(1, 0, Instant::now(), 0));
+    let _waiting = enqueue(&queue, work(1, 0, Instant::now(), 0));
+    tokio::time::advance(Duration::from_secs(2)).await;
+    queue.maintain();
+    assert_eq!(lifo_below(&queue), -128);
+
+    let bad = EpochLifo {
+        closing_delta: ms(200),
+        ..EpochLifo::UPSTREAM
+    };
+    let error = WorkQueue::builder().epoch_lifo(bad).build().unwrap_err();
+    assert_eq!(error.field(), "epoch_lifo.closing_delta");
+}
+
+/// A queue that has completed work at 1,000 per second, its only slot held
+/// (the permit is returned) and `waiting` normal-priority requests queued.
+async fn draining_at_a_thousand_per_second(
+    early: bool,
+    waiting: usize,
+) -> (WorkQueue, SlotPermit, Vec<Pending>) {
+    let t0 = Instant::now();
+    let queue = WorkQueue::builder()
+        .total_slots(1)
+        .early_rejection(early)
+        .build()
+        .unwrap();
+    for i in 0..10 {
+        drop(admit_now(&queue, work(1, 0, t0, i)));
+    }
+    tokio::time::advance(ms(10)).await;
+    queue.maintain();
+    let held = admit_now(&queue, work(1, 0, t0, 10));
+    let queued = (0..waiting)
+        .map(|i| enqueue(&queue, work(2, 0, t0, 11 + i as u64)))
+        .collect();
+    (queue, held, queued)
+}
+
+fn with_timeout(priority: i8, timeout: Duration) -> WorkInfo {
+    WorkInfo::builder()
+        .tenant(TenantId::new(3))
+        .priority(Priority::new(priority))
+        .timeout(timeout)
+        .build()
+}
+
+#[tokio::test(start_paused = true)]
+async fn early_rejection_refuses_work_the_queue_ahead_would_outlast() {
+    let (queue, _held, _queued) = draining_at_a_thousand_per_second(true, 4).await;
+    // Four ahead plus its own slot: about 5 ms at 1,000 completions a second.
+    let error = queue.admit(with_timeout(0, ms(3))).await.unwrap_err();
+    match error {
+        AdmitError::WouldMissDeadline {
+            expected_wait,
+            remaining,
+        } => {
+            assert_eq!(expected_wait, ms(5));
+            assert_eq!(remaining, ms(3));
+        }
+        other => panic!("expected an early rejection, got {other:?}"),
+    }
+    assert_eq!(queue.waiting(), 4);
+
+    // Enough time left: it queues.
+    let mut patient = tokio_test::task::spawn(queue.admit(with_timeout(0, ms(10))));
+    assert!(patient.poll().is_pending());
+    // Higher priority has nobody ahead of it: it queues too.
+    let mut urgent = tokio_test::task::spawn(queue.admit(with_timeout(50, ms(3))));
+    assert!(urgent.poll().is_pending());
+    assert_eq!(queue.waiting(), 6);
+}
+
+#[tokio::test(start_paused = true)]
+async fn without_early_rejection_the_same_request_waits() {
+    let (queue, _held, _queued) = draining_at_a_thousand_per_second(false, 4).await;
+    let mut doomed = tokio_test::task::spawn(queue.admit(with_timeout(0, ms(3))));
+    assert!(doomed.poll().is_pending());
+}
