@@ -356,7 +356,7 @@ impl Core {
 pub struct ControllerBuilder {
     signal: SignalChoice,
     threshold: u32,
-    min_slots: u64,
+    min_slots: Option<u64>,
     max_slots: u64,
     initial_slots: Option<u64>,
     period: Duration,
@@ -370,8 +370,6 @@ impl ControllerBuilder {
     /// Default overload threshold, in runnable tasks per worker; see the
     /// [module documentation](super) for how it was chosen.
     pub const DEFAULT_THRESHOLD: u32 = 1;
-    /// Default smallest total.
-    pub const DEFAULT_MIN_SLOTS: u64 = 1;
     /// Default largest total.
     pub const DEFAULT_MAX_SLOTS: u64 = 10_000;
     /// Default sampling period while active.
@@ -385,7 +383,7 @@ impl ControllerBuilder {
         ControllerBuilder {
             signal,
             threshold: Self::DEFAULT_THRESHOLD,
-            min_slots: Self::DEFAULT_MIN_SLOTS,
+            min_slots: None,
             max_slots: Self::DEFAULT_MAX_SLOTS,
             initial_slots: None,
             period: Self::DEFAULT_PERIOD,
@@ -403,9 +401,13 @@ impl ControllerBuilder {
         self
     }
 
-    /// The smallest total (at least 1).
+    /// The smallest total (at least 1). Default: one slot per worker
+    /// (capped by `max_slots`): with fewer, a worker would sit idle while
+    /// admitted work waits, and a run-queue signal full of requests that
+    /// are only passing through to wait for admission would otherwise push
+    /// the total there.
     pub fn min_slots(mut self, min: u64) -> Self {
-        self.min_slots = min;
+        self.min_slots = Some(min);
         self
     }
 
@@ -482,16 +484,19 @@ impl ControllerBuilder {
             SignalChoice::Custom(signal) => (signal, None, None),
         };
         let workers = signal.sample().workers.max(1);
+        let min_slots = self
+            .min_slots
+            .unwrap_or_else(|| u64::from(workers).min(self.max_slots));
         let initial = self
             .initial_slots
             .unwrap_or(u64::from(workers))
-            .clamp(self.min_slots, self.max_slots);
+            .clamp(min_slots, self.max_slots);
         if let Some(asked) = self.initial_slots {
             if asked != initial {
                 return Err(ConfigError::out_of_range(
                     "initial_slots",
                     asked,
-                    self.min_slots,
+                    min_slots,
                     self.max_slots,
                 ));
             }
@@ -510,7 +515,7 @@ impl ControllerBuilder {
         });
         let core = Arc::new(Core {
             queue,
-            adjuster: SlotAdjuster::new(self.threshold, self.min_slots, self.max_slots),
+            adjuster: SlotAdjuster::new(self.threshold, min_slots, self.max_slots),
             period: self.period,
             idle_period: self.idle_period,
             started: now,
@@ -553,17 +558,18 @@ impl ControllerBuilder {
                 1024,
             ));
         }
-        if self.min_slots == 0 {
+        if self.min_slots == Some(0) {
             return Err(ConfigError::new(
                 "min_slots",
                 "0 would let the controller shut the node off; use at least 1",
             ));
         }
-        if self.max_slots < self.min_slots || self.max_slots > SlotGranter::MAX_TOTAL {
+        let min_slots = self.min_slots.unwrap_or(1);
+        if self.max_slots < min_slots || self.max_slots > SlotGranter::MAX_TOTAL {
             return Err(ConfigError::out_of_range(
                 "max_slots",
                 self.max_slots,
-                self.min_slots,
+                min_slots,
                 SlotGranter::MAX_TOTAL,
             ));
         }

@@ -1,0 +1,292 @@
+//! One run: a fresh two-worker runtime, one system, one schedule.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use admission::{Priority, TenantId, TenantWeight};
+
+use crate::load::{
+    generate, schedule, Delivery, Dispatch, Handler, HandlerEnv, Outcomes, Planned, Service,
+    Stream, WorkUnits,
+};
+use crate::stats::{self, Outcome, Percentiles, Record};
+use crate::systems::{Request, Sut, System};
+
+/// Worker threads of the runtime under test.
+pub const WORKERS: usize = 2;
+
+/// What every run of a suite shares: the machine's calibration.
+#[derive(Clone, Debug)]
+pub struct Bench {
+    pub units: WorkUnits,
+    pub mean_service: Duration,
+    /// Requests per second the runtime completes in a closed loop.
+    pub capacity: f64,
+    /// Latency at a tenth of capacity, no admission control.
+    pub unloaded: Percentiles,
+    pub slo: Duration,
+    pub warmup: Duration,
+    pub measure: Duration,
+    pub seed: u64,
+    /// How service times are drawn in every run.
+    pub service: Service,
+    /// How handlers spend their time, unless a scenario says otherwise.
+    pub handler: Handler,
+}
+
+/// A class of requests.
+#[derive(Clone, Copy, Debug)]
+pub struct Class {
+    pub name: &'static str,
+    pub priority: Priority,
+}
+
+/// A closed-loop background job (bulk work) running beside the open load.
+#[derive(Clone, Copy, Debug)]
+pub struct Background {
+    pub workers: usize,
+    pub chunk: Duration,
+    pub priority: Priority,
+    pub tenant: TenantId,
+}
+
+/// What to run.
+#[derive(Clone, Debug)]
+pub struct RunSpec {
+    pub classes: Vec<Class>,
+    pub streams: Vec<Stream>,
+    /// The scenario's own handler kind; `None` takes the bench's.
+    pub handler: Option<Handler>,
+    pub dispatch: Dispatch,
+    pub weights: Vec<(TenantId, TenantWeight)>,
+    pub background: Option<Background>,
+    /// Length of the run, warm-up included (defaults to the bench's).
+    pub length: Option<Duration>,
+}
+
+impl RunSpec {
+    pub fn new(classes: Vec<Class>, streams: Vec<Stream>) -> Self {
+        RunSpec {
+            classes,
+            streams,
+            handler: None,
+            dispatch: Dispatch::Remote,
+            weights: Vec::new(),
+            background: None,
+            length: None,
+        }
+    }
+}
+
+/// What a run produced.
+#[derive(Debug)]
+pub struct RunResult {
+    pub records: Vec<Record>,
+    pub delivery: Delivery,
+    pub length: Duration,
+    pub warmup: Duration,
+    /// The slot total every 10 ms, for systems that have one.
+    pub slot_totals: Vec<(Duration, u64)>,
+    /// Background chunks completed after the warm-up.
+    pub background_done: u64,
+}
+
+impl RunResult {
+    /// Records sent after the warm-up.
+    pub fn measured(&self) -> Vec<Record> {
+        self.records
+            .iter()
+            .copied()
+            .filter(|r| r.intended >= self.warmup)
+            .collect()
+    }
+
+    pub fn measured_len(&self) -> Duration {
+        self.length.saturating_sub(self.warmup)
+    }
+
+    pub fn generator_late_p99_us(&self) -> f64 {
+        stats::percentiles_of(&self.delivery.lateness).p99_ms * 1000.0
+    }
+
+    /// The load actually sent matched the schedule within 2%.
+    pub fn valid(&self) -> bool {
+        (1.0 - self.delivery.delivered_frac).abs() <= 0.02
+    }
+}
+
+pub fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(WORKERS)
+        .enable_all()
+        .build()
+        .expect("a tokio runtime")
+}
+
+/// Closed-loop capacity: requests per second with `4 × workers` clients
+/// and no admission control, for `length`.
+pub fn calibrate_capacity(
+    units: WorkUnits,
+    mean_service: Duration,
+    length: Duration,
+    seed: u64,
+) -> f64 {
+    let runtime = runtime();
+    let env = HandlerEnv::new(units, Handler::Chunked);
+    let done = Arc::new(AtomicU64::new(0));
+    let stop = Arc::new(AtomicBool::new(false));
+    let services: Arc<Vec<Planned>> = Arc::new(schedule(
+        &[Stream {
+            class: 0,
+            tenant: 0,
+            steps: vec![(Duration::ZERO, 100_000.0)],
+        }],
+        Duration::from_millis(200),
+        mean_service,
+        Service::Exponential,
+        seed,
+    ));
+    for client in 0..4 * WORKERS {
+        let (env, done, stop, services) =
+            (env.clone(), done.clone(), stop.clone(), services.clone());
+        runtime.spawn(async move {
+            let mut i = client;
+            while !stop.load(Ordering::Relaxed) {
+                env.serve(services[i % services.len()].service).await;
+                done.fetch_add(1, Ordering::Relaxed);
+                i += 4 * WORKERS;
+            }
+        });
+    }
+    std::thread::sleep(Duration::from_millis(200));
+    let before = done.load(Ordering::Relaxed);
+    let start = Instant::now();
+    std::thread::sleep(length);
+    let rate = (done.load(Ordering::Relaxed) - before) as f64 / start.elapsed().as_secs_f64();
+    stop.store(true, Ordering::Relaxed);
+    runtime.shutdown_timeout(Duration::from_secs(1));
+    rate
+}
+
+/// Runs `spec` against `system` and collects every request's outcome.
+pub fn run(bench: &Bench, system: System, spec: &RunSpec) -> RunResult {
+    let runtime = runtime();
+    let env = HandlerEnv::new(bench.units, spec.handler.unwrap_or(bench.handler));
+    let sut = Sut::build(
+        system,
+        runtime.handle(),
+        env.clone(),
+        bench.slo,
+        &spec.weights,
+    );
+    let length = spec.length.unwrap_or(bench.warmup + bench.measure);
+    let plan = Arc::new(schedule(
+        &spec.streams,
+        length,
+        bench.mean_service,
+        bench.service,
+        bench.seed,
+    ));
+    let outcomes = Outcomes::new(plan.len());
+    let start = Instant::now() + Duration::from_millis(20);
+    let end = start + length;
+    let classes: Arc<Vec<Class>> = Arc::new(spec.classes.clone());
+
+    let background_done = Arc::new(AtomicU64::new(0));
+    let stop_background = Arc::new(AtomicBool::new(false));
+    if let Some(job) = spec.background {
+        for _ in 0..job.workers {
+            let (sut, done, stop) = (
+                sut.clone(),
+                background_done.clone(),
+                stop_background.clone(),
+            );
+            let warm = start + bench.warmup;
+            runtime.spawn(async move {
+                while !stop.load(Ordering::Relaxed) {
+                    let now = Instant::now();
+                    let request = Request {
+                        priority: job.priority,
+                        tenant: job.tenant,
+                        service: job.chunk,
+                        intended: now,
+                        // Bulk work has no deadline worth the name.
+                        deadline: now + Duration::from_secs(3600),
+                    };
+                    let served = sut.serve(request).await;
+                    if matches!(served, Outcome::Completed { .. }) && Instant::now() >= warm {
+                        done.fetch_add(1, Ordering::Relaxed);
+                    }
+                    if !matches!(served, Outcome::Completed { .. }) {
+                        // Refused: back off a little rather than spin.
+                        tokio::time::sleep(Duration::from_millis(1)).await;
+                    }
+                }
+            });
+        }
+    }
+
+    let serve = {
+        let (sut, plan, outcomes, classes) =
+            (sut.clone(), plan.clone(), outcomes.clone(), classes.clone());
+        let slo = bench.slo;
+        move |index: usize, intended: Instant| {
+            let (sut, plan, outcomes, classes) =
+                (sut.clone(), plan.clone(), outcomes.clone(), classes.clone());
+            async move {
+                let planned = plan[index];
+                let request = Request {
+                    priority: classes[planned.class].priority,
+                    tenant: TenantId::new(planned.tenant as u64 + 1),
+                    service: planned.service,
+                    intended,
+                    deadline: intended + slo,
+                };
+                let outcome = sut.serve(request).await;
+                outcomes.record(index, outcome);
+            }
+        }
+    };
+    let generator = match spec.dispatch {
+        Dispatch::Remote => {
+            let handle = runtime.handle().clone();
+            generate(plan.clone(), start, end, move |index, intended| {
+                drop(handle.spawn(serve(index, intended)));
+            })
+        }
+        Dispatch::Local => {
+            let (sender, mut receiver) = tokio::sync::mpsc::unbounded_channel::<(usize, Instant)>();
+            runtime.spawn(async move {
+                while let Some((index, intended)) = receiver.recv().await {
+                    drop(tokio::spawn(serve(index, intended)));
+                }
+            });
+            generate(plan.clone(), start, end, move |index, intended| {
+                let _ = sender.send((index, intended));
+            })
+        }
+    };
+
+    let mut slot_totals = Vec::new();
+    while Instant::now() < end {
+        std::thread::sleep(Duration::from_millis(10));
+        if let Some(total) = sut.slot_total() {
+            slot_totals.push((Instant::now().saturating_duration_since(start), total));
+        }
+    }
+    let records = outcomes.records(&plan);
+    let background_done = background_done.load(Ordering::Relaxed);
+    stop_background.store(true, Ordering::Relaxed);
+    let delivery = generator.join().expect("the generator finishes");
+    sut.close();
+    runtime.shutdown_timeout(Duration::from_millis(200));
+    RunResult {
+        records,
+        delivery,
+        length,
+        warmup: bench.warmup,
+        slot_totals,
+        background_done,
+    }
+}

@@ -1,0 +1,543 @@
+//! The scenarios: which load, which systems, which figures.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::time::Duration;
+
+use admission::{Priority, TenantId, TenantWeight};
+use serde_json::json;
+
+use crate::load::{Dispatch, Handler, Stream};
+use crate::report::{plot_p99_over_time, Series, SummaryRow};
+use crate::runner::{run, Background, Bench, Class, RunResult, RunSpec, WORKERS};
+use crate::stats::{self, Outcome, Record};
+use crate::systems::System;
+
+/// The scenarios by name, in the order `all` runs them.
+pub const NAMES: [&str; 10] = [
+    "w2", "w1", "w3a", "w3b", "w3c", "w4", "w5", "w8", "w9", "w2-local",
+];
+
+const HIGH: Class = Class {
+    name: "high",
+    priority: Priority::USER_HIGH,
+};
+const NORMAL: Class = Class {
+    name: "normal",
+    priority: Priority::NORMAL,
+};
+const LOW: Class = Class {
+    name: "low",
+    priority: Priority::USER_LOW,
+};
+
+fn steady(class: usize, tenant: usize, per_sec: f64) -> Stream {
+    Stream {
+        class,
+        tenant,
+        steps: vec![(Duration::ZERO, per_sec)],
+    }
+}
+
+fn is_rejected(outcome: &Outcome) -> bool {
+    matches!(outcome, Outcome::Rejected { .. })
+}
+
+fn is_expired(outcome: &Outcome) -> bool {
+    matches!(outcome, Outcome::Expired { .. })
+}
+
+/// The common figures of one run.
+fn row(
+    bench: &Bench,
+    scenario: &str,
+    system: System,
+    offered_x: f64,
+    classes: &[Class],
+    result: &RunResult,
+) -> SummaryRow {
+    let measured = result.measured();
+    let latency_ms: BTreeMap<String, stats::Percentiles> = classes
+        .iter()
+        .enumerate()
+        .map(|(index, class)| {
+            (
+                class.name.to_string(),
+                stats::latency_of_class(&measured, index, result.length),
+            )
+        })
+        .collect();
+    let mut extra = BTreeMap::new();
+    extra.insert(
+        "expired_frac".into(),
+        json!(stats::fraction(&measured, is_expired)),
+    );
+    extra.insert("capacity_per_sec".into(), json!(bench.capacity));
+    extra.insert("slo_ms".into(), json!(bench.slo.as_secs_f64() * 1e3));
+    if let Some(&(_, last)) = result.slot_totals.last() {
+        let mean = result
+            .slot_totals
+            .iter()
+            .map(|&(_, t)| t as f64)
+            .sum::<f64>()
+            / result.slot_totals.len() as f64;
+        extra.insert("slot_total_mean".into(), json!(mean));
+        extra.insert("slot_total_last".into(), json!(last));
+    }
+    SummaryRow {
+        scenario: scenario.into(),
+        system: system.name(),
+        offered_x,
+        goodput_frac: stats::goodput_per_sec(&measured, bench.slo, result.measured_len())
+            / bench.capacity,
+        rejected_frac: stats::fraction(&measured, is_rejected),
+        latency_ms,
+        jain: None,
+        converge_ms: None,
+        generator_late_p99_us: result.generator_late_p99_us(),
+        valid: result.valid(),
+        extra,
+    }
+}
+
+/// p99 over time of one class, in windows, for the plots.
+fn p99_series(bench: &Bench, result: &RunResult, class: usize, width: Duration) -> Vec<(f64, f64)> {
+    stats::windows(
+        &result.records,
+        width,
+        result.length,
+        bench.slo,
+        bench.capacity,
+        Some(class),
+    )
+    .into_iter()
+    .filter(|w| w.samples > 0)
+    .map(|w| (w.start.as_secs_f64(), w.p99_ms))
+    .collect()
+}
+
+fn plot(dir: &Path, scenario: &str, class: &str, series: Vec<Series>) {
+    let path = dir.join(format!("{scenario}-{class}-p99.svg"));
+    if let Err(error) = plot_p99_over_time(
+        &path,
+        &format!("{scenario}: {class} p99 over time"),
+        &series,
+    ) {
+        eprintln!("could not draw {}: {error}", path.display());
+    }
+}
+
+/// Runs every system on one spec, returning rows and per-class plot series.
+fn compare(
+    bench: &Bench,
+    scenario: &str,
+    systems: &[System],
+    spec: &RunSpec,
+    offered_x: f64,
+    mut extra: impl FnMut(&System, &RunResult, &mut SummaryRow),
+) -> (Vec<SummaryRow>, Vec<Vec<Series>>) {
+    let mut rows = Vec::new();
+    let mut series: Vec<Vec<Series>> = vec![Vec::new(); spec.classes.len()];
+    for &system in systems {
+        eprintln!("  {scenario}: {} ...", system.name());
+        let result = run(bench, system, spec);
+        let mut summary = row(bench, scenario, system, offered_x, &spec.classes, &result);
+        extra(&system, &result, &mut summary);
+        for (class, lines) in series.iter_mut().enumerate() {
+            lines.push(Series {
+                system: system.name(),
+                points: p99_series(bench, &result, class, Duration::from_millis(100)),
+            });
+        }
+        rows.push(summary);
+    }
+    (rows, series)
+}
+
+fn plot_all(dir: &Path, scenario: &str, classes: &[Class], series: Vec<Vec<Series>>) {
+    for (class, lines) in classes.iter().zip(series) {
+        plot(dir, scenario, class.name, lines);
+    }
+}
+
+/// W2, the headline: three priority classes at 0.3, 0.7 and 2.0 × C
+/// (3x in total), every system; plus the high class alone at its rate, for
+/// the "high p99 under load vs alone" figure.
+pub fn w2(
+    bench: &Bench,
+    dir: &Path,
+    systems: &[System],
+    dispatch: Dispatch,
+    name: &str,
+) -> Vec<SummaryRow> {
+    let c = bench.capacity;
+    let classes = vec![HIGH, NORMAL, LOW];
+    let mut spec = RunSpec::new(
+        classes.clone(),
+        vec![
+            steady(0, 0, 0.3 * c),
+            steady(1, 0, 0.7 * c),
+            steady(2, 0, 2.0 * c),
+        ],
+    );
+    spec.dispatch = dispatch;
+    let mut alone_spec = RunSpec::new(vec![HIGH], vec![steady(0, 0, 0.3 * c)]);
+    alone_spec.dispatch = dispatch;
+    eprintln!("  {name}: high class alone ...");
+    let alone = run(bench, System::admission(), &alone_spec);
+    let alone_p99 = stats::latency_of_class(&alone.measured(), 0, alone.length).p99_ms;
+    let (rows, series) = compare(bench, name, systems, &spec, 3.0, |_, result, summary| {
+        let measured = result.measured();
+        let high: Vec<Record> = measured.iter().copied().filter(|r| r.class == 0).collect();
+        let high_p99 = summary.latency_ms["high"].p99_ms;
+        summary
+            .extra
+            .insert("high_alone_p99_ms".into(), json!(alone_p99));
+        summary.extra.insert(
+            "high_p99_vs_alone".into(),
+            json!(high_p99 / alone_p99.max(1e-9)),
+        );
+        summary.extra.insert(
+            "high_not_served_frac".into(),
+            json!(stats::fraction(&high, |o| is_rejected(o) || is_expired(o))),
+        );
+    });
+    plot_all(dir, name, &classes, series);
+    rows
+}
+
+/// W1: one class, offered at 0.5x to 4x C.
+pub fn w1(bench: &Bench, dir: &Path, quick: bool) -> Vec<SummaryRow> {
+    let loads: &[f64] = if quick {
+        &[0.5, 2.0, 4.0]
+    } else {
+        &[0.5, 1.0, 1.5, 2.0, 3.0, 4.0]
+    };
+    let systems = [
+        System::NoAdmission,
+        System::SemaphoreWait { limit: WORKERS },
+        System::TowerShed { limit: WORKERS },
+        System::admission(),
+    ];
+    let mut rows = Vec::new();
+    let mut series = Vec::new();
+    for &x in loads {
+        let spec = RunSpec::new(vec![NORMAL], vec![steady(0, 0, x * bench.capacity)]);
+        let (mut found, _) = compare(bench, &format!("w1@{x}x"), &systems, &spec, x, |_, _, _| {});
+        for row in &mut found {
+            row.scenario = "w1".into();
+        }
+        rows.extend(found);
+    }
+    for &system in &systems {
+        let points = rows
+            .iter()
+            .filter(|r| r.system == system.name())
+            .map(|r| (r.offered_x, r.goodput_frac * 100.0))
+            .collect();
+        series.push(Series {
+            system: system.name(),
+            points,
+        });
+    }
+    // The sweep's plot is goodput (% of C) against offered load (x C).
+    let path = dir.join("w1-goodput.svg");
+    if let Err(error) = plot_p99_over_time(
+        &path,
+        "w1: goodput (% of C, y) by offered load (x C, x)",
+        &series,
+    ) {
+        eprintln!("could not draw {}: {error}", path.display());
+    }
+    rows
+}
+
+/// Per-tenant figures: completions within the SLO per second, by tenant.
+fn tenant_goodput(result: &RunResult, slo: Duration, tenants: usize) -> Vec<f64> {
+    let measured = result.measured();
+    let seconds = result.measured_len().as_secs_f64().max(1e-9);
+    (0..tenants)
+        .map(|tenant| {
+            measured
+                .iter()
+                .filter(|r| r.tenant == tenant)
+                .filter(|r| matches!(r.outcome, Outcome::Completed { latency } if latency <= slo))
+                .count() as f64
+                / seconds
+        })
+        .collect()
+}
+
+fn tenant_systems() -> Vec<System> {
+    vec![
+        System::NoAdmission,
+        System::SemaphoreWait { limit: WORKERS },
+        System::admission(),
+    ]
+}
+
+/// W3a: four equal-weight tenants demanding 1:2:4:8, 2x C in total.
+pub fn w3a(bench: &Bench, dir: &Path) -> Vec<SummaryRow> {
+    let c = bench.capacity;
+    let demand: Vec<f64> = [1.0, 2.0, 4.0, 8.0]
+        .iter()
+        .map(|d| 2.0 * c * d / 15.0)
+        .collect();
+    let streams = (0..4).map(|t| steady(0, t, demand[t])).collect();
+    let spec = RunSpec::new(vec![NORMAL], streams);
+    let fair = stats::weighted_max_min(&demand, &[1.0; 4], c);
+    let (rows, series) = compare(
+        bench,
+        "w3a",
+        &tenant_systems(),
+        &spec,
+        2.0,
+        |_, result, summary| {
+            let got = tenant_goodput(result, bench.slo, 4);
+            summary.jain = Some(stats::jain(&got, &fair));
+            summary
+                .extra
+                .insert("tenant_goodput_per_sec".into(), json!(got));
+            summary
+                .extra
+                .insert("tenant_fair_share_per_sec".into(), json!(fair));
+        },
+    );
+    plot_all(dir, "w3a", &[NORMAL], series);
+    rows
+}
+
+/// W3b: weights 1:1:2:4, every tenant backlogged (each offers 2x C / 4).
+pub fn w3b(bench: &Bench, dir: &Path) -> Vec<SummaryRow> {
+    let c = bench.capacity;
+    let weights = [1u32, 1, 2, 4];
+    let streams = (0..4).map(|t| steady(0, t, 0.5 * c)).collect();
+    let mut spec = RunSpec::new(vec![NORMAL], streams);
+    spec.weights = weights
+        .iter()
+        .enumerate()
+        .map(|(t, &w)| {
+            (
+                TenantId::new(t as u64 + 1),
+                TenantWeight::new(w).expect("valid weight"),
+            )
+        })
+        .collect();
+    let weights_f: Vec<f64> = weights.iter().map(|&w| f64::from(w)).collect();
+    let fair = stats::weighted_max_min(&[0.5 * c; 4], &weights_f, c);
+    let (rows, series) = compare(
+        bench,
+        "w3b",
+        &tenant_systems(),
+        &spec,
+        2.0,
+        |_, result, summary| {
+            let got = tenant_goodput(result, bench.slo, 4);
+            let total: f64 = got.iter().sum();
+            let shares: Vec<f64> = got.iter().map(|g| g / total.max(1e-9)).collect();
+            let worst = shares
+                .iter()
+                .zip(&weights_f)
+                .map(|(share, w)| (share - w / 8.0).abs() / (w / 8.0))
+                .fold(0.0, f64::max);
+            summary.jain = Some(stats::jain(&got, &fair));
+            summary.extra.insert("tenant_share".into(), json!(shares));
+            summary
+                .extra
+                .insert("worst_share_error".into(), json!(worst));
+        },
+    );
+    plot_all(dir, "w3b", &[NORMAL], series);
+    rows
+}
+
+/// W3c: a noisy neighbour at 5x its fair share, three others at 0.5x.
+pub fn w3c(bench: &Bench, dir: &Path) -> Vec<SummaryRow> {
+    let c = bench.capacity;
+    let fair = c / 4.0;
+    let demand = [5.0 * fair, 0.5 * fair, 0.5 * fair, 0.5 * fair];
+    let streams = (0..4).map(|t| steady(0, t, demand[t])).collect();
+    let spec = RunSpec::new(vec![NORMAL], streams);
+    let offered = demand.iter().sum::<f64>() / c;
+    let (rows, series) = compare(
+        bench,
+        "w3c",
+        &tenant_systems(),
+        &spec,
+        offered,
+        |_, result, summary| {
+            let got = tenant_goodput(result, bench.slo, 4);
+            let victims = (1..4).map(|t| got[t] / demand[t]).fold(f64::MAX, f64::min);
+            summary
+                .extra
+                .insert("victim_min_demand_frac".into(), json!(victims));
+            summary
+                .extra
+                .insert("tenant_goodput_per_sec".into(), json!(got));
+        },
+    );
+    plot_all(dir, "w3c", &[NORMAL], series);
+    rows
+}
+
+/// W4: 0.7x C, then a 3x spike, then 0.7x again; statistics in 10 ms
+/// windows for convergence, overshoot and recovery.
+pub fn w4(bench: &Bench, dir: &Path, quick: bool) -> Vec<SummaryRow> {
+    let c = bench.capacity;
+    let phase = if quick {
+        Duration::from_secs(1)
+    } else {
+        Duration::from_secs(3)
+    };
+    let (spike_start, spike_end) = (phase, 2 * phase);
+    let steps = |share: f64| {
+        vec![
+            (Duration::ZERO, 0.7 * c * share),
+            (spike_start, 3.0 * c * share),
+            (spike_end, 0.7 * c * share),
+        ]
+    };
+    let classes = vec![HIGH, NORMAL];
+    let mut spec = RunSpec::new(
+        classes.clone(),
+        vec![
+            Stream {
+                class: 0,
+                tenant: 0,
+                steps: steps(0.3),
+            },
+            Stream {
+                class: 1,
+                tenant: 0,
+                steps: steps(0.7),
+            },
+        ],
+    );
+    spec.length = Some(3 * phase);
+    let systems = [
+        System::NoAdmission,
+        System::SemaphoreWait { limit: WORKERS },
+        System::admission(),
+        System::Admission {
+            name: "admission-fixed",
+            fixed_slots: Some(WORKERS as u64),
+            epoch_lifo: true,
+            early_rejection: true,
+        },
+    ];
+    let window = Duration::from_millis(10);
+    let (rows, series) = compare(bench, "w4", &systems, &spec, 3.0, |_, result, summary| {
+        let windows = stats::windows(
+            &result.records,
+            window,
+            result.length,
+            bench.slo,
+            c,
+            Some(0),
+        );
+        let before: Vec<Record> = result
+            .records
+            .iter()
+            .copied()
+            .filter(|r| r.class == 0 && r.intended >= phase / 2 && r.intended < spike_start)
+            .collect();
+        let baseline = stats::latency_of_class(&before, 0, result.length).p99_ms;
+        let found = stats::convergence(&windows, spike_start, spike_end, baseline);
+        summary.converge_ms = found.converge_ms;
+        summary
+            .extra
+            .insert("baseline_high_p99_ms".into(), json!(baseline));
+        summary.extra.insert(
+            "overshoot_high_p99_ms".into(),
+            json!(found.overshoot_p99_ms),
+        );
+        summary
+            .extra
+            .insert("recovery_ms".into(), json!(found.recovery_ms));
+    });
+    plot_all(dir, "w4", &classes, series);
+    rows
+}
+
+/// W5: a latency-sensitive foreground at 0.5x C beside a bulk job of eight
+/// closed-loop workers with 5 ms chunks (elastic priority) that alone
+/// would saturate the CPU.
+pub fn w5(bench: &Bench, dir: &Path) -> Vec<SummaryRow> {
+    let c = bench.capacity;
+    let classes = vec![NORMAL];
+    let foreground = vec![steady(0, 0, 0.5 * c)];
+    let alone = run(
+        bench,
+        System::admission(),
+        &RunSpec::new(classes.clone(), foreground.clone()),
+    );
+    let alone_p99 = stats::latency_of_class(&alone.measured(), 0, alone.length).p99_ms;
+    let mut spec = RunSpec::new(classes.clone(), foreground);
+    let chunk = Duration::from_millis(5);
+    spec.background = Some(Background {
+        workers: 8,
+        chunk,
+        priority: Priority::BULK_NORMAL,
+        tenant: TenantId::new(99),
+    });
+    let systems = [
+        System::NoAdmission,
+        System::SemaphoreWait { limit: WORKERS },
+        System::admission(),
+    ];
+    let (rows, series) = compare(bench, "w5", &systems, &spec, 0.5, |_, result, summary| {
+        let p99 = summary.latency_ms["normal"].p99_ms;
+        let bulk_per_sec = result.background_done as f64 / result.measured_len().as_secs_f64();
+        // Leftover CPU: half the capacity, in seconds of work per second.
+        let leftover = 0.5 * c * bench.mean_service.as_secs_f64();
+        summary
+            .extra
+            .insert("foreground_alone_p99_ms".into(), json!(alone_p99));
+        summary.extra.insert(
+            "foreground_p99_vs_alone".into(),
+            json!(p99 / alone_p99.max(1e-9)),
+        );
+        summary.extra.insert(
+            "bulk_share_of_leftover".into(),
+            json!(bulk_per_sec * chunk.as_secs_f64() / leftover),
+        );
+    });
+    plot_all(dir, "w5", &classes, series);
+    rows
+}
+
+/// W8 and W9: the W2 mix with handlers whose bottleneck is not the CPU
+/// (a shared async mutex) or that wait on IO between chunks.
+pub fn w2_variant(bench: &Bench, dir: &Path, name: &str, handler: Handler) -> Vec<SummaryRow> {
+    let c = bench.capacity;
+    let classes = vec![HIGH, NORMAL, LOW];
+    let mut spec = RunSpec::new(
+        classes.clone(),
+        vec![
+            steady(0, 0, 0.3 * c),
+            steady(1, 0, 0.7 * c),
+            steady(2, 0, 2.0 * c),
+        ],
+    );
+    spec.handler = Some(handler);
+    let systems = [
+        System::NoAdmission,
+        System::SemaphoreWait { limit: WORKERS },
+        System::admission(),
+        System::Admission {
+            name: "admission-fixed",
+            fixed_slots: Some(WORKERS as u64),
+            epoch_lifo: true,
+            early_rejection: true,
+        },
+        System::Admission {
+            name: "admission-fixed-32",
+            fixed_slots: Some(32),
+            epoch_lifo: true,
+            early_rejection: true,
+        },
+    ];
+    let (rows, series) = compare(bench, name, &systems, &spec, 3.0, |_, _, _| {});
+    plot_all(dir, name, &classes, series);
+    rows
+}

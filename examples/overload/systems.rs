@@ -1,0 +1,247 @@
+//! The systems compared, all serving the same requests on the same runtime.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use admission::cpu::Controller;
+use admission::{AdmitError, EpochLifo, Priority, SlotGranter, TenantId, WorkInfo, WorkQueue};
+use tokio::runtime::Handle;
+use tokio::sync::Semaphore;
+use tower::limit::ConcurrencyLimit;
+use tower::load_shed::LoadShed;
+use tower::util::BoxCloneSyncService;
+use tower::{service_fn, ServiceExt};
+
+use crate::load::HandlerEnv;
+use crate::stats::Outcome;
+
+/// A system under test, as configured for a run.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum System {
+    /// Every request runs at once.
+    NoAdmission,
+    /// `tokio::sync::Semaphore` with a fixed limit; requests wait in FIFO.
+    SemaphoreWait { limit: usize },
+    /// `tokio::sync::Semaphore` with a fixed limit; `try_acquire` or reject.
+    SemaphoreTry { limit: usize },
+    /// tower `ConcurrencyLimit` behind `LoadShed`.
+    TowerShed { limit: usize },
+    /// This crate: the CPU controller (or a fixed total), deadlines carried
+    /// as admission deadlines, with the overload policies as configured.
+    Admission {
+        name: &'static str,
+        fixed_slots: Option<u64>,
+        epoch_lifo: bool,
+        early_rejection: bool,
+    },
+}
+
+impl System {
+    /// The systems of the headline comparison, in table order.
+    pub fn all(workers: usize) -> Vec<System> {
+        vec![
+            System::NoAdmission,
+            System::SemaphoreWait { limit: workers },
+            System::SemaphoreTry { limit: workers },
+            System::TowerShed { limit: workers },
+            System::admission(),
+            System::Admission {
+                name: "admission-fixed",
+                fixed_slots: Some(workers as u64),
+                epoch_lifo: true,
+                early_rejection: true,
+            },
+            System::Admission {
+                name: "admission-fifo",
+                fixed_slots: None,
+                epoch_lifo: false,
+                early_rejection: true,
+            },
+        ]
+    }
+
+    /// This crate with the defaults the suite settled on.
+    pub fn admission() -> System {
+        System::Admission {
+            name: "admission",
+            fixed_slots: None,
+            epoch_lifo: true,
+            early_rejection: true,
+        }
+    }
+
+    pub fn name(&self) -> String {
+        match self {
+            System::NoAdmission => "no-admission".into(),
+            System::SemaphoreWait { limit } => format!("semaphore-wait({limit})"),
+            System::SemaphoreTry { limit } => format!("semaphore-try({limit})"),
+            System::TowerShed { limit } => format!("tower-shed({limit})"),
+            System::Admission { name, .. } => (*name).into(),
+        }
+    }
+}
+
+/// What a request carries into the system.
+#[derive(Clone, Copy, Debug)]
+pub struct Request {
+    pub priority: Priority,
+    pub tenant: TenantId,
+    pub service: Duration,
+    pub intended: Instant,
+    pub deadline: Instant,
+}
+
+type Shed = BoxCloneSyncService<Duration, (), tower::BoxError>;
+
+/// A system built on a runtime, ready to serve.
+pub struct Sut {
+    kind: Kind,
+    handler: HandlerEnv,
+}
+
+enum Kind {
+    Direct,
+    Wait(Arc<Semaphore>),
+    Try(Arc<Semaphore>),
+    Shed(Shed),
+    Admission {
+        queue: WorkQueue<SlotGranter>,
+        // Kept alive for the run: dropping it stops the sampler.
+        _controller: Option<Controller>,
+    },
+}
+
+impl Sut {
+    pub fn build(
+        system: System,
+        runtime: &Handle,
+        handler: HandlerEnv,
+        slo: Duration,
+        weights: &[(TenantId, admission::TenantWeight)],
+    ) -> Arc<Sut> {
+        let kind = match system {
+            System::NoAdmission => Kind::Direct,
+            System::SemaphoreWait { limit } => Kind::Wait(Arc::new(Semaphore::new(limit))),
+            System::SemaphoreTry { limit } => Kind::Try(Arc::new(Semaphore::new(limit))),
+            System::TowerShed { limit } => {
+                let env = handler.clone();
+                let inner = service_fn(move |service: Duration| {
+                    let env = env.clone();
+                    async move {
+                        env.serve(service).await;
+                        Ok::<(), Infallible>(())
+                    }
+                });
+                Kind::Shed(BoxCloneSyncService::new(LoadShed::new(
+                    ConcurrencyLimit::new(inner, limit),
+                )))
+            }
+            System::Admission {
+                fixed_slots,
+                epoch_lifo,
+                early_rejection,
+                ..
+            } => {
+                let mut builder = WorkQueue::builder()
+                    .max_waiters(100_000)
+                    .early_rejection(early_rejection);
+                if epoch_lifo {
+                    builder = builder.epoch_lifo(EpochLifo::for_deadline(slo));
+                }
+                let (queue, controller) = match fixed_slots {
+                    Some(total) => (
+                        builder.total_slots(total).build().expect("valid settings"),
+                        None,
+                    ),
+                    None => {
+                        let controller = Controller::for_runtime(runtime)
+                            .queue(builder)
+                            .build()
+                            .expect("valid settings");
+                        (controller.queue().clone(), Some(controller))
+                    }
+                };
+                queue.set_tenant_weights(weights.iter().copied());
+                Kind::Admission {
+                    queue,
+                    _controller: controller,
+                }
+            }
+        };
+        Arc::new(Sut { kind, handler })
+    }
+
+    /// Serves one request to its outcome; latency from its intended time.
+    pub async fn serve(&self, request: Request) -> Outcome {
+        let since = |instant: Instant| instant.saturating_duration_since(request.intended);
+        match &self.kind {
+            Kind::Direct => {
+                self.handler.serve(request.service).await;
+            }
+            Kind::Wait(semaphore) => {
+                let _permit = semaphore.acquire().await.expect("never closed");
+                self.handler.serve(request.service).await;
+            }
+            Kind::Try(semaphore) => match semaphore.try_acquire() {
+                Ok(_permit) => self.handler.serve(request.service).await,
+                Err(_) => {
+                    return Outcome::Rejected {
+                        latency: since(Instant::now()),
+                    }
+                }
+            },
+            Kind::Shed(service) => {
+                if service.clone().oneshot(request.service).await.is_err() {
+                    return Outcome::Rejected {
+                        latency: since(Instant::now()),
+                    };
+                }
+            }
+            Kind::Admission { queue, .. } => {
+                let work = WorkInfo::builder()
+                    .tenant(request.tenant)
+                    .priority(request.priority)
+                    .create_time(tokio::time::Instant::from_std(request.intended))
+                    .deadline(tokio::time::Instant::from_std(request.deadline))
+                    .build();
+                match queue.admit(work).await {
+                    Ok(permit) => {
+                        self.handler.serve(request.service).await;
+                        drop(permit);
+                    }
+                    Err(AdmitError::DeadlineExceeded { .. } | AdmitError::DeadlinePassed) => {
+                        return Outcome::Expired {
+                            latency: since(Instant::now()),
+                        }
+                    }
+                    Err(_) => {
+                        return Outcome::Rejected {
+                            latency: since(Instant::now()),
+                        }
+                    }
+                }
+            }
+        }
+        Outcome::Completed {
+            latency: since(Instant::now()),
+        }
+    }
+
+    /// The slot total now, for systems that have one.
+    pub fn slot_total(&self) -> Option<u64> {
+        match &self.kind {
+            Kind::Admission { queue, .. } => Some(queue.granter_snapshot().total),
+            _ => None,
+        }
+    }
+
+    /// Closes what can be closed, so that the run's waiters finish.
+    pub fn close(&self) {
+        match &self.kind {
+            Kind::Wait(semaphore) | Kind::Try(semaphore) => semaphore.close(),
+            Kind::Admission { queue, .. } => queue.close(),
+            Kind::Direct | Kind::Shed(_) => {}
+        }
+    }
+}
