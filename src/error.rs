@@ -31,13 +31,15 @@ pub enum AdmitError {
         /// How long the request waited before it was removed.
         waited: Duration,
     },
-    /// Early rejection: at the rate the queue has been draining, the work
-    /// ahead of the request would outlast its deadline, so it was refused at
-    /// once instead of failing later. Only with
+    /// Early rejection: at the rate the queue has been draining and the time
+    /// work typically holds a slot, the request would not complete before
+    /// its deadline, so it was refused (at once, or while waiting) instead of
+    /// failing later or finishing late. Only with
     /// [`WorkQueueBuilder::early_rejection`](crate::WorkQueueBuilder::early_rejection).
     WouldMissDeadline {
-        /// The expected wait in the queue.
-        expected_wait: Duration,
+        /// The expected time until the work would complete: the wait for a
+        /// slot (zero once the request is next in line) plus the typical hold.
+        expected: Duration,
         /// Time left before the request's deadline.
         remaining: Duration,
     },
@@ -59,11 +61,11 @@ impl fmt::Display for AdmitError {
                 "deadline expired after waiting {waited:?} in the admission queue"
             ),
             AdmitError::WouldMissDeadline {
-                expected_wait,
+                expected,
                 remaining,
             } => write!(
                 f,
-                "rejected early: the expected wait of {expected_wait:?} exceeds the {remaining:?} left before the deadline"
+                "rejected early: expected to complete in {expected:?}, but only {remaining:?} is left before the deadline"
             ),
         }
     }

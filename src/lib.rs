@@ -46,6 +46,19 @@
 //!   refilled from a capacity model: the right currency for IO, where a
 //!   write's true cost lands later, when compactions rewrite its bytes.
 //!
+//! # Under overload
+//!
+//! Ordering alone does not save a saturated node: work that waits past its
+//! deadline is wasted capacity. Every request may carry a deadline; the queue
+//! never grants a slot to expired work and removes it as soon as its deadline
+//! passes. Two optional policies turn ordering into goodput:
+//! **early rejection** fails a request at once when the work ahead of it
+//! would outlast its deadline, and **epoch-LIFO** (after CockroachDB) serves a
+//! priority that has fallen behind newest-first, by epoch, until it catches
+//! up. `cargo run --release --example overload` measures them against the
+//! alternatives (tokio's semaphore, tower's concurrency limit with load
+//! shedding, nothing at all).
+//!
 //! # The CPU signal
 //!
 //! How many slots a node can sustain depends on the work, so the
@@ -141,7 +154,7 @@ pub mod work;
 pub use error::{AdmitError, ConfigError};
 pub use grant::SlotGranter;
 pub use observe::QueueSnapshot;
-pub use queue::{Admit, EpochLifo, SlotPermit, WorkQueue, WorkQueueBuilder};
+pub use queue::{Admit, EpochLifo, SlotPermit, Usage, WorkQueue, WorkQueueBuilder};
 pub use work::{Priority, TenantId, TenantWeight, WorkInfo};
 
 /// The README's examples, compiled and run as doc tests.

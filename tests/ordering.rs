@@ -174,3 +174,20 @@ async fn usage_resets_each_period_and_idle_tenants_are_dropped() {
     drop(held);
     assert_eq!(queue.snapshot().granter.used, 0);
 }
+
+#[tokio::test(start_paused = true)]
+async fn counting_grants_shares_even_one_slot_by_weight() {
+    // One slot, two tenants 1:3: counting slots held, the heavier tenant
+    // would win every tie and take everything; counting grants since the
+    // reset, it gets three of every four.
+    let queue = WorkQueue::builder()
+        .total_slots(1)
+        .usage(admission::Usage::Granted)
+        .reset_period(Duration::from_secs(3600))
+        .build()
+        .unwrap();
+    queue.set_tenant_weight(TenantId::new(2), TenantWeight::new(3).unwrap());
+    let counts = shares_under_backlog(&queue, &[1, 2], 4_000);
+    let share = counts[1] as f64 / (counts[0] + counts[1]) as f64;
+    assert!((share - 0.75).abs() < 0.01, "{counts:?}");
+}

@@ -5,7 +5,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use admission::cpu::Controller;
-use admission::{AdmitError, EpochLifo, Priority, SlotGranter, TenantId, WorkInfo, WorkQueue};
+use admission::{
+    AdmitError, EpochLifo, Priority, SlotGranter, TenantId, Usage, WorkInfo, WorkQueue,
+};
 use tokio::runtime::Handle;
 use tokio::sync::Semaphore;
 use tower::limit::ConcurrencyLimit;
@@ -143,8 +145,12 @@ impl Sut {
                 early_rejection,
                 ..
             } => {
+                // Tenants are admitted in proportion to their weights over
+                // each reset period: with two slots, counting slots held
+                // would ignore the weights (see `Usage`).
                 let mut builder = WorkQueue::builder()
                     .max_waiters(100_000)
+                    .usage(Usage::Granted)
                     .early_rejection(early_rejection);
                 if epoch_lifo {
                     builder = builder.epoch_lifo(EpochLifo::for_deadline(slo));

@@ -90,11 +90,11 @@ impl<G: Granter> Future for Admit<G> {
             let attempt = shared.with_state(|queue, grants, _| queue.attempt(work, grants));
             let tenant = work.tenant();
             match attempt {
-                Attempt::Admitted { generation } => {
+                Attempt::Admitted { charge } => {
                     coop.made_progress();
                     *this.phase = Phase::Done;
                     let shared = this.shared.take().expect("checked above");
-                    return Poll::Ready(Ok(SlotPermit::new(shared, tenant, generation)));
+                    return Poll::Ready(Ok(SlotPermit::new(shared, tenant, charge)));
                 }
                 Attempt::Rejected(error) => {
                     coop.made_progress();
@@ -135,11 +135,11 @@ impl<G: Granter> Future for Admit<G> {
         });
         let result = match observed {
             Observed::Pending => return Poll::Pending,
-            Observed::Admitted { generation, waited } => {
+            Observed::Admitted { charge, waited } => {
                 span.record("outcome", "admitted");
                 span.record("wait_us", waited.as_micros() as u64);
                 let shared = this.shared.take().expect("checked above");
-                Ok(SlotPermit::new(shared, tenant, generation))
+                Ok(SlotPermit::new(shared, tenant, charge))
             }
             Observed::Failed(error) => {
                 span.record("outcome", tracing::field::display(&error));

@@ -27,12 +27,27 @@ use std::time::Duration;
 
 use rustc_hash::FxHashMap;
 
-use self::state::{Limits, QueueState, WakeList};
+use self::state::{Charge, Limits, QueueState, WakeList};
 use crate::error::ConfigError;
 use crate::grant::{Granter, Grants, Requester, SlotGranter, SlotSnapshot};
 use crate::observe::QueueSnapshot;
 use crate::sync::{Arc, Mutex};
 use crate::work::{TenantId, TenantWeight, WorkInfo};
+
+/// How a tenant's usage, which orders tenants, is counted.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Usage {
+    /// Slots held now: charged at admission, returned at completion. Shares
+    /// follow the weights only while the slot total is large next to the
+    /// number of waiting tenants (with 2 slots and 4 tenants, whoever holds
+    /// nothing goes next, whatever its weight).
+    #[default]
+    Held,
+    /// Slots granted since the last reset: charged at admission and kept
+    /// until the periodic reset, so that over each reset period tenants are
+    /// admitted in proportion to their weights however few slots there are.
+    Granted,
+}
 
 /// How many tenants get their new weight per lock acquisition when the whole
 /// weight table is replaced.
@@ -76,8 +91,8 @@ impl<G: Granter> Shared<G> {
         f(&mut self.locked.lock().queue)
     }
 
-    fn release(&self, tenant: TenantId, generation: u64) {
-        self.with_state(|state, granter, wakes| state.release(tenant, generation, granter, wakes));
+    fn release(&self, tenant: TenantId, charge: Charge) {
+        self.with_state(|state, granter, wakes| state.release(tenant, charge, granter, wakes));
     }
 }
 
@@ -274,6 +289,7 @@ pub struct WorkQueueBuilder {
     grant_burst_timeout: Duration,
     epoch_lifo: Option<EpochLifo>,
     early_rejection: bool,
+    usage: Usage,
 }
 
 impl Default for WorkQueueBuilder {
@@ -286,6 +302,7 @@ impl Default for WorkQueueBuilder {
             grant_burst_timeout: Self::DEFAULT_GRANT_BURST_TIMEOUT,
             epoch_lifo: None,
             early_rejection: false,
+            usage: Usage::Held,
         }
     }
 }
@@ -351,13 +368,23 @@ impl WorkQueueBuilder {
         self
     }
 
-    /// Turns on early rejection: a request with a deadline is refused at once
-    /// with [`AdmitError::WouldMissDeadline`](crate::AdmitError::WouldMissDeadline)
-    /// when the requests of its priority or higher already waiting, at the
-    /// rate admitted work has recently been completing, would outlast its
-    /// deadline. Off by default.
+    /// Turns on early rejection: a request with a deadline is refused with
+    /// [`AdmitError::WouldMissDeadline`](crate::AdmitError::WouldMissDeadline)
+    /// when it could not complete in time: at once, when the requests of its
+    /// priority or higher already waiting (at the rate admitted work has
+    /// recently been completing) plus the time work typically holds a slot
+    /// would outlast its deadline; and while it waits, when less time is left
+    /// than work typically holds a slot. The queue then times how long each
+    /// slot is held (two clock reads per admission). Off by default.
     pub fn early_rejection(mut self, on: bool) -> Self {
         self.early_rejection = on;
+        self
+    }
+
+    /// How tenant usage is counted for the fair-share order (default
+    /// [`Usage::Held`]); see [`Usage`].
+    pub fn usage(mut self, usage: Usage) -> Self {
+        self.usage = usage;
         self
     }
 
@@ -407,6 +434,7 @@ impl WorkQueueBuilder {
             grant_burst_timeout: self.grant_burst_timeout,
             epoch_lifo: self.epoch_lifo,
             early_rejection: self.early_rejection,
+            usage: self.usage,
         };
         let locked = Locked {
             queue: QueueState::new(limits),

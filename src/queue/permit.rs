@@ -2,6 +2,7 @@
 
 use std::fmt;
 
+use super::state::Charge;
 use super::Shared;
 use crate::grant::{Granter, SlotGranter};
 use crate::sync::Arc;
@@ -17,15 +18,15 @@ use crate::work::TenantId;
 pub struct SlotPermit<G: Granter = SlotGranter> {
     shared: Arc<Shared<G>>,
     tenant: TenantId,
-    generation: u64,
+    charge: Charge,
 }
 
 impl<G: Granter> SlotPermit<G> {
-    pub(super) fn new(shared: Arc<Shared<G>>, tenant: TenantId, generation: u64) -> Self {
+    pub(super) fn new(shared: Arc<Shared<G>>, tenant: TenantId, charge: Charge) -> Self {
         SlotPermit {
             shared,
             tenant,
-            generation,
+            charge,
         }
     }
 
@@ -41,7 +42,7 @@ impl<G: Granter> SlotPermit<G> {
 
 impl<G: Granter> Drop for SlotPermit<G> {
     fn drop(&mut self) {
-        self.shared.release(self.tenant, self.generation);
+        self.shared.release(self.tenant, self.charge);
     }
 }
 

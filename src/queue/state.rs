@@ -45,8 +45,8 @@
 //! newest-first; **early rejection** fails a request at once when the queue
 //! ahead of it, at the recent completion rate, would outlast its deadline.
 //!
-//! **Fairness memory.** A tenant's `used` rises when it is admitted and falls
-//! when the work completes. Every `reset_period` all `used` are zeroed and
+//! **Fairness memory.** A tenant's `used` rises when it is admitted and (with
+//! [`Usage::Held`], the default) falls when the work completes. Every `reset_period` all `used` are zeroed and
 //! idle tenants are dropped (CockroachDB's one-second reset). To keep the
 //! arithmetic exact across a reset, a permit remembers the `generation` in
 //! which it was charged and only un-charges its tenant if no reset happened
@@ -54,7 +54,7 @@
 //! order, never subtracted twice.
 
 use std::cmp::Reverse;
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::task::Waker;
 use std::time::Duration;
 
@@ -66,6 +66,7 @@ use super::epoch::EpochLifo;
 use super::order::{OpenKey, Place, Recency, TenantOrder, WaiterKey};
 use super::pacing::Pacing;
 use super::tenant::Tenant;
+use super::Usage;
 use crate::error::AdmitError;
 use crate::grant::{Granter, Grants};
 use crate::observe::{PrioritySnapshot, PriorityStats, Settled, TenantSnapshot};
@@ -82,9 +83,18 @@ const RATE_WINDOW: Duration = Duration::from_millis(10);
 
 #[derive(Debug)]
 enum WaiterState {
-    Waiting { waker: Option<Waker> },
-    Granted { generation: u64, pacing_epoch: u64 },
-    Expired { waited: Duration },
+    Waiting {
+        waker: Option<Waker>,
+    },
+    Granted {
+        charge: Charge,
+        pacing_epoch: u64,
+    },
+    Expired {
+        waited: Duration,
+    },
+    /// Refused while waiting by early rejection.
+    Refused(AdmitError),
     Closed,
 }
 
@@ -98,11 +108,23 @@ struct Waiter {
     state: WaiterState,
 }
 
+/// What a permit carries back to the queue when its work completes.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Charge {
+    /// The reset generation its tenant was charged in.
+    generation: u64,
+    /// The admitted work's priority.
+    priority: Priority,
+    /// When the slot was granted, if the queue times slot holds (for early
+    /// rejection's expected service time).
+    admitted_at: Option<Instant>,
+}
+
 /// What a first attempt at admission came to.
 #[derive(Debug)]
 pub(crate) enum Attempt {
-    /// Admitted at once (fast path or bypass), charged in `generation`.
-    Admitted { generation: u64 },
+    /// Admitted at once (fast path or bypass).
+    Admitted { charge: Charge },
     /// Enqueued under this slab key.
     Queued { key: usize },
     /// Failed without queueing.
@@ -113,7 +135,7 @@ pub(crate) enum Attempt {
 #[derive(Debug)]
 pub(crate) enum Observed {
     Pending,
-    Admitted { generation: u64, waited: Duration },
+    Admitted { charge: Charge, waited: Duration },
     Failed(AdmitError),
 }
 
@@ -155,18 +177,34 @@ pub(crate) struct Limits {
     pub(crate) grant_burst_timeout: Duration,
     pub(crate) epoch_lifo: Option<EpochLifo>,
     pub(crate) early_rejection: bool,
+    pub(crate) usage: Usage,
 }
 
-/// The rate at which admitted work completes (and so the rate at which the
-/// queue drains), smoothed over windows of at least [`RATE_WINDOW`].
+/// How fast the queue drains, for early rejection: the rate at which
+/// admitted work completes, smoothed over windows of at least
+/// [`RATE_WINDOW`], and how long admitted work of each priority holds its
+/// slot (an EWMA per priority: bulk work that holds slots for milliseconds
+/// says nothing about how long a short user request will).
 #[derive(Debug)]
-struct CompletionRate {
+struct Drain {
     since: Instant,
     completions: u64,
     per_sec: f64,
+    hold: BTreeMap<Priority, Duration>,
 }
 
-impl CompletionRate {
+impl Drain {
+    fn held(&mut self, priority: Priority, held: Duration) {
+        self.hold
+            .entry(priority)
+            .and_modify(|hold| *hold = hold.mul_f64(0.9) + held.mul_f64(0.1))
+            .or_insert(held);
+    }
+
+    fn hold(&self, priority: Priority) -> Option<Duration> {
+        self.hold.get(&priority).copied()
+    }
+
     fn update(&mut self, now: Instant) {
         let elapsed = now.saturating_duration_since(self.since);
         if elapsed < RATE_WINDOW {
@@ -202,7 +240,7 @@ pub(crate) struct QueueState {
     /// Epoch-LIFO's time origin, and how many epochs have closed.
     origin: Instant,
     closed_epochs: u64,
-    completion_rate: CompletionRate,
+    drain: Drain,
     stats: PriorityStats,
 }
 
@@ -225,10 +263,11 @@ impl QueueState {
             pacing: Pacing::new(limits.grant_burst, limits.grant_burst_timeout),
             origin: now,
             closed_epochs: 0,
-            completion_rate: CompletionRate {
+            drain: Drain {
                 since: now,
                 completions: 0,
                 per_sec: 0.0,
+                hold: BTreeMap::new(),
             },
             stats: PriorityStats::new(),
         }
@@ -282,7 +321,7 @@ impl QueueState {
         let now = now.unwrap_or_else(Instant::now);
         self.maybe_reset(now);
         self.close_epochs(now);
-        self.completion_rate.update(now);
+        self.drain.update(now);
         if let Some(error) = self.doomed(work, now) {
             return self.reject(work, error);
         }
@@ -305,7 +344,20 @@ impl QueueState {
         let waited = Duration::ZERO;
         self.stats.settled(priority, Settled::Admitted { waited });
         Attempt::Admitted {
+            charge: self.charge_now(priority, None),
+        }
+    }
+
+    /// The charge of a slot granted now; the clock is read only when slot
+    /// holds are timed.
+    fn charge_now(&self, priority: Priority, now: Option<Instant>) -> Charge {
+        Charge {
             generation: self.generation,
+            priority,
+            admitted_at: self
+                .limits
+                .early_rejection
+                .then(|| now.unwrap_or_else(Instant::now)),
         }
     }
 
@@ -322,21 +374,43 @@ impl QueueState {
     }
 
     /// With early rejection on: the error for a request that, at the recent
-    /// completion rate, would still be waiting when its deadline passes.
-    /// Everything of its priority or higher is counted as ahead of it (an
-    /// upper bound across tenants), plus the one completion that frees its
-    /// own slot.
+    /// completion rate, would not complete before its deadline.
+    ///
+    /// The wait is estimated in grants: the waiting requests of its own
+    /// tenant at its priority or higher (served before it), plus one grant
+    /// for each other tenant ahead of its tenant in the fair-share order
+    /// (each is served before it is), plus the grant of its own slot; at
+    /// the completion rate, plus the time work typically holds a slot. The
+    /// backlog of a heavier tenant does not count against a lighter one,
+    /// which is served first.
     fn doomed(&self, work: &WorkInfo, now: Instant) -> Option<AdmitError> {
         let deadline = work.deadline()?;
-        if !self.limits.early_rejection || self.completion_rate.per_sec <= 0.0 {
+        if !self.limits.early_rejection || self.drain.per_sec <= 0.0 {
             return None;
         }
-        let from = usize::from(work.priority().get() as u8 ^ 0x80);
-        let ahead: u64 = self.waiting_at[from..].iter().map(|&n| u64::from(n)).sum();
-        let expected = Duration::from_secs_f64((ahead + 1) as f64 / self.completion_rate.per_sec);
+        let id = work.tenant();
+        let (own, order) = match self.tenants.get(&id) {
+            Some(tenant) => (
+                tenant.waiting_at_or_above(work.priority()),
+                tenant.order(id),
+            ),
+            None => {
+                let weight = self.weights.get(&id).copied().unwrap_or_default();
+                (0, Tenant::new(weight).order(id))
+            }
+        };
+        let tenants_ahead = self
+            .tenant_order
+            .iter()
+            .take_while(|&&other| other < order)
+            .filter(|other| other.id != id)
+            .count() as u64;
+        let grants = own + tenants_ahead + 1;
+        let wait = Duration::from_secs_f64(grants as f64 / self.drain.per_sec);
+        let expected = wait + self.drain.hold(work.priority()).unwrap_or_default();
         let remaining = deadline.saturating_duration_since(now);
         (expected > remaining).then_some(AdmitError::WouldMissDeadline {
-            expected_wait: expected,
+            expected,
             remaining,
         })
     }
@@ -415,12 +489,32 @@ impl QueueState {
                 continue;
             };
             let deadline = self.waiters[slab_key].deadline;
-            if deadline.is_some() || epoch_lifo {
+            if deadline.is_some() || epoch_lifo || self.limits.early_rejection {
                 let at = *now.get_or_insert_with(Instant::now);
-                if deadline.is_some_and(|deadline| deadline <= at) {
+                if let Some(deadline) = deadline {
                     // Never hand a slot to work that can no longer use it.
-                    self.expire(slab_key, at, wakes);
-                    continue;
+                    if deadline <= at {
+                        self.expire(slab_key, at, wakes);
+                        continue;
+                    }
+                    // Nor, with early rejection, to work that would not
+                    // finish in time even if it started now.
+                    let remaining = deadline.saturating_duration_since(at);
+                    let priority = self.waiters[slab_key].priority;
+                    let hold = self
+                        .drain
+                        .hold(priority)
+                        .filter(|_| self.limits.early_rejection);
+                    if let Some(hold) = hold {
+                        if hold > remaining {
+                            let error = AdmitError::WouldMissDeadline {
+                                expected: hold,
+                                remaining,
+                            };
+                            self.fail_waiting(slab_key, at, WaiterState::Refused(error), wakes);
+                            continue;
+                        }
+                    }
                 }
             }
             if !grants.try_get(SLOT) {
@@ -436,13 +530,13 @@ impl QueueState {
                         .waited(priority, now.saturating_duration_since(enqueued_at), true);
                 }
             });
-            let generation = self.generation;
+            let charge = self.charge_now(priority, now);
             let pacing_epoch = self.pacing.granted();
             let waiter = &mut self.waiters[slab_key];
             if let WaiterState::Waiting { waker } = std::mem::replace(
                 &mut waiter.state,
                 WaiterState::Granted {
-                    generation,
+                    charge,
                     pacing_epoch,
                 },
             ) {
@@ -502,7 +596,7 @@ impl QueueState {
         let observed = match waiter.state {
             WaiterState::Waiting { .. } => unreachable!("settle is only called on settled waiters"),
             WaiterState::Granted {
-                generation,
+                charge,
                 pacing_epoch,
             } => {
                 self.pacing.settled(pacing_epoch);
@@ -510,13 +604,14 @@ impl QueueState {
                     self.grant_waiting(grants, wakes);
                 }
                 Observed::Admitted {
-                    generation,
+                    charge,
                     waited: Instant::now().saturating_duration_since(waiter.enqueued_at),
                 }
             }
             WaiterState::Expired { waited } => {
                 Observed::Failed(AdmitError::DeadlineExceeded { waited })
             }
+            WaiterState::Refused(error) => Observed::Failed(error),
             WaiterState::Closed => Observed::Failed(AdmitError::Closed),
         };
         let outcome = match observed {
@@ -547,12 +642,17 @@ impl QueueState {
         let waiter = self.waiters.remove(slab_key);
         self.stats.settled(waiter.priority, Settled::Errored);
         if let WaiterState::Granted {
-            generation,
+            charge,
             pacing_epoch,
         } = waiter.state
         {
             self.pacing.settled(pacing_epoch);
-            self.release(waiter.tenant, generation, grants, wakes);
+            // The slot was never used: no hold time to learn from.
+            let unused = Charge {
+                admitted_at: None,
+                ..charge
+            };
+            self.release(waiter.tenant, unused, grants, wakes);
         }
     }
 
@@ -562,15 +662,23 @@ impl QueueState {
     pub(crate) fn release<G: Granter>(
         &mut self,
         tenant: TenantId,
-        generation: u64,
+        charge: Charge,
         grants: &mut Grants<'_, G>,
         wakes: &mut WakeList,
     ) {
         grants.return_grant(SLOT);
-        self.completion_rate.completions += 1;
+        self.drain.completions += 1;
+        if let Some(admitted_at) = charge.admitted_at {
+            let held = Instant::now().saturating_duration_since(admitted_at);
+            self.drain.held(charge.priority, held);
+        }
         // A permit from before the last reset was already forgotten; its
-        // tenant record may even be gone.
-        if generation == self.generation && self.tenants.contains_key(&tenant) {
+        // tenant record may even be gone. Counting grants, nothing is
+        // returned before the reset.
+        if self.limits.usage == Usage::Held
+            && charge.generation == self.generation
+            && self.tenants.contains_key(&tenant)
+        {
             self.update_tenant(tenant, |t| t.used = t.used.saturating_sub(SLOT));
         }
         self.grant_waiting(grants, wakes);
@@ -604,7 +712,7 @@ impl QueueState {
     ) {
         self.maybe_reset(now);
         self.close_epochs(now);
-        self.completion_rate.update(now);
+        self.drain.update(now);
         if self.pacing.unstick(now) {
             self.grant_waiting(grants, wakes);
         }
@@ -744,12 +852,29 @@ impl QueueState {
     }
 
     fn expire(&mut self, slab_key: usize, now: Instant, wakes: &mut WakeList) {
+        let waited = now.saturating_duration_since(self.waiters[slab_key].enqueued_at);
+        self.fail_waiting(slab_key, now, WaiterState::Expired { waited }, wakes);
+    }
+
+    /// Takes a waiting request out of the queue into a failed state, and
+    /// wakes it to see the error.
+    fn fail_waiting(
+        &mut self,
+        slab_key: usize,
+        now: Instant,
+        failed: WaiterState,
+        wakes: &mut WakeList,
+    ) {
         self.unlink(slab_key);
         let waiter = &mut self.waiters[slab_key];
         let waited = now.saturating_duration_since(waiter.enqueued_at);
-        if let WaiterState::Waiting { waker } =
-            std::mem::replace(&mut waiter.state, WaiterState::Expired { waited })
-        {
+        let reason = match &failed {
+            WaiterState::Refused(_) => {
+                "admission refused while waiting: it would miss its deadline"
+            }
+            _ => "admission deadline expired while waiting",
+        };
+        if let WaiterState::Waiting { waker } = std::mem::replace(&mut waiter.state, failed) {
             wakes.push(waker);
         }
         let (tenant, priority) = (waiter.tenant, waiter.priority);
@@ -758,7 +883,7 @@ impl QueueState {
             tenant = %tenant,
             priority = %priority,
             waited_us = waited.as_micros() as u64,
-            "admission deadline expired while waiting"
+            "{reason}"
         );
         if self.limits.epoch_lifo.is_some() {
             self.with_tenant(tenant, |t| t.states.waited(priority, waited, false));

@@ -20,6 +20,8 @@ pub(super) struct Tenant {
     ready: BTreeMap<WaiterKey, usize>,
     /// LIFO-marked work whose epoch is still open.
     open: BTreeMap<OpenKey, usize>,
+    /// Waiting requests per priority, in both sets.
+    waiting_at: BTreeMap<Priority, u32>,
 }
 
 impl Tenant {
@@ -31,6 +33,7 @@ impl Tenant {
             states: PriorityStates::default(),
             ready: BTreeMap::new(),
             open: BTreeMap::new(),
+            waiting_at: BTreeMap::new(),
         }
     }
 
@@ -62,22 +65,47 @@ impl Tenant {
     }
 
     pub(super) fn insert(&mut self, place: Place, slab_key: usize) {
-        match place {
-            Place::Ready(key) => self.ready.insert(key, slab_key),
-            Place::Open(key) => self.open.insert(key, slab_key),
+        let priority = match place {
+            Place::Ready(key) => {
+                self.ready.insert(key, slab_key);
+                key.priority.0
+            }
+            Place::Open(key) => {
+                self.open.insert(key, slab_key);
+                key.priority.0
+            }
         };
+        *self.waiting_at.entry(priority).or_default() += 1;
     }
 
     pub(super) fn remove(&mut self, place: &Place) {
-        match place {
-            Place::Ready(key) => self.ready.remove(key),
-            Place::Open(key) => self.open.remove(key),
+        let (removed, priority) = match place {
+            Place::Ready(key) => (self.ready.remove(key).is_some(), key.priority.0),
+            Place::Open(key) => (self.open.remove(key).is_some(), key.priority.0),
         };
+        if removed {
+            if let Some(count) = self.waiting_at.get_mut(&priority) {
+                *count -= 1;
+                if *count == 0 {
+                    self.waiting_at.remove(&priority);
+                }
+            }
+        }
+    }
+
+    /// Requests of this tenant waiting at `priority` or higher: ahead of a
+    /// new request at `priority`, whatever their create times.
+    pub(super) fn waiting_at_or_above(&self, priority: Priority) -> u64 {
+        self.waiting_at
+            .range(priority..)
+            .map(|(_, &count)| u64::from(count))
+            .sum()
     }
 
     pub(super) fn clear(&mut self) {
         self.ready.clear();
         self.open.clear();
+        self.waiting_at.clear();
     }
 
     /// Moves LIFO-marked work of epochs up to `closed` into the ready set.
