@@ -80,6 +80,7 @@ struct Policies {
     grant_burst: Option<usize>,
     epoch_lifo: bool,
     early_rejection: bool,
+    elastic_share: bool,
 }
 
 fn run(ops: Vec<Op>, policies: Policies) -> Result<(), TestCaseError> {
@@ -95,6 +96,9 @@ fn run(ops: Vec<Op>, policies: Policies) -> Result<(), TestCaseError> {
             .early_rejection(policies.early_rejection);
         if let Some(burst) = policies.grant_burst {
             builder = builder.grant_burst(burst);
+        }
+        if policies.elastic_share {
+            builder = builder.elastic_share(0.5);
         }
         if policies.epoch_lifo {
             builder = builder.epoch_lifo(admission::EpochLifo {
@@ -216,7 +220,8 @@ proptest! {
         grant_burst in prop::option::of(1..3usize),
         epoch_lifo in any::<bool>(),
         early_rejection in any::<bool>(),
+        elastic_share in any::<bool>(),
     ) {
-        run(ops, Policies { grant_burst, epoch_lifo, early_rejection })?;
+        run(ops, Policies { grant_burst, epoch_lifo, early_rejection, elastic_share })?;
     }
 }

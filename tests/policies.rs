@@ -252,3 +252,42 @@ async fn without_early_rejection_the_same_request_waits() {
     let mut doomed = tokio_test::task::spawn(queue.admit(with_timeout(0, ms(3))));
     assert!(doomed.poll().is_pending());
 }
+
+fn elastic(tenant: u64, t0: Instant, created_ms: u64) -> WorkInfo {
+    work(tenant, Priority::BULK_NORMAL.get(), t0, created_ms)
+}
+
+#[tokio::test(start_paused = true)]
+async fn elastic_work_holds_at_most_its_share_and_regular_work_gets_the_rest() {
+    let t0 = Instant::now();
+    let queue = WorkQueue::builder()
+        .total_slots(4)
+        .elastic_share(0.5)
+        .build()
+        .unwrap();
+    // Two elastic slots of four, then elastic work waits with slots free.
+    let bulk: Vec<_> = (0..2)
+        .map(|i| admit_now(&queue, elastic(1, t0, i)))
+        .collect();
+    let mut bulk_waiting = vec![("bulk", enqueue(&queue, elastic(1, t0, 2)))];
+    assert_eq!(queue.snapshot().granter.used, 2);
+
+    // Regular work of the same or another tenant gets the free slots at
+    // once, past the capped elastic waiter.
+    let regular = admit_now(&queue, work(1, 0, t0, 3));
+    let other = admit_now(&queue, work(2, 0, t0, 4));
+    assert_eq!(queue.snapshot().granter.used, 4);
+    drop((regular, other));
+    assert!(granted(&mut bulk_waiting).is_empty(), "still at its share");
+
+    // An elastic slot comes back: the waiting bulk work takes it.
+    drop(bulk);
+    assert_eq!(names(&granted(&mut bulk_waiting)), ["bulk"]);
+}
+
+#[test]
+fn the_elastic_share_is_validated() {
+    let error = WorkQueue::builder().elastic_share(0.0).build().unwrap_err();
+    assert_eq!(error.field(), "elastic_share");
+    assert!(WorkQueue::builder().elastic_share(1.5).build().is_err());
+}

@@ -148,9 +148,12 @@ impl Sut {
                 // Tenants are admitted in proportion to their weights over
                 // each reset period: with two slots, counting slots held
                 // would ignore the weights (see `Usage`).
+                // Bulk work may hold at most half the slots, so that it
+                // never holds them all when user work arrives.
                 let mut builder = WorkQueue::builder()
                     .max_waiters(100_000)
                     .usage(Usage::Granted)
+                    .elastic_share(0.5)
                     .early_rejection(early_rejection);
                 if epoch_lifo {
                     builder = builder.epoch_lifo(EpochLifo::for_deadline(slo));

@@ -109,6 +109,14 @@ pub trait Granter: Debug + Send + Sync + 'static {
 
     /// The granter's current state, for snapshots and metrics.
     fn snapshot(&self, state: &Self::State) -> Self::Snapshot;
+
+    /// The total capacity, for queue policies that reserve a share of it
+    /// (the elastic share). `None`, the default, when there is no such
+    /// total; those policies then do not apply.
+    fn capacity(&self, state: &Self::State) -> Option<u64> {
+        let _ = state;
+        None
+    }
 }
 
 /// Holds waiting work and hands capacity to it in order.

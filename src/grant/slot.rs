@@ -141,6 +141,10 @@ impl Granter for SlotGranter {
             total: self.total(),
         }
     }
+
+    fn capacity(&self, _state: &SlotState) -> Option<u64> {
+        Some(self.total())
+    }
 }
 
 #[cfg(test)]

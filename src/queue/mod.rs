@@ -290,6 +290,7 @@ pub struct WorkQueueBuilder {
     epoch_lifo: Option<EpochLifo>,
     early_rejection: bool,
     usage: Usage,
+    elastic_share: Option<f64>,
 }
 
 impl Default for WorkQueueBuilder {
@@ -303,6 +304,7 @@ impl Default for WorkQueueBuilder {
             epoch_lifo: None,
             early_rejection: false,
             usage: Usage::Held,
+            elastic_share: None,
         }
     }
 }
@@ -388,6 +390,18 @@ impl WorkQueueBuilder {
         self
     }
 
+    /// Caps elastic work (priority below zero: bulk and background jobs) at
+    /// `share` of the granter's capacity (at least one slot), so that it
+    /// never holds every slot when regular work arrives: with slots held
+    /// for the length of a bulk chunk, regular work would otherwise wait
+    /// behind them however high its priority. Elastic waiters beyond the cap
+    /// wait even while slots are free; other tenants' regular work is
+    /// granted past them. Between 0 (exclusive) and 1. Off by default.
+    pub fn elastic_share(mut self, share: f64) -> Self {
+        self.elastic_share = Some(share);
+        self
+    }
+
     /// A slot queue.
     pub fn build(self) -> Result<WorkQueue<SlotGranter>, ConfigError> {
         let granter = SlotGranter::new(self.total_slots)?;
@@ -427,6 +441,14 @@ impl WorkQueueBuilder {
         if let Some(settings) = &self.epoch_lifo {
             settings.validate()?;
         }
+        if let Some(share) = self.elastic_share {
+            if !(share > 0.0 && share <= 1.0) {
+                return Err(ConfigError::new(
+                    "elastic_share",
+                    format!("{share} is outside the accepted range (0, 1]"),
+                ));
+            }
+        }
         let limits = Limits {
             max_waiters: self.max_waiters,
             reset_period: self.reset_period,
@@ -435,6 +457,7 @@ impl WorkQueueBuilder {
             epoch_lifo: self.epoch_lifo,
             early_rejection: self.early_rejection,
             usage: self.usage,
+            elastic_share: self.elastic_share,
         };
         let locked = Locked {
             queue: QueueState::new(limits),

@@ -178,6 +178,7 @@ pub(crate) struct Limits {
     pub(crate) epoch_lifo: Option<EpochLifo>,
     pub(crate) early_rejection: bool,
     pub(crate) usage: Usage,
+    pub(crate) elastic_share: Option<f64>,
 }
 
 /// How fast the queue drains, for early rejection: the rate at which
@@ -241,6 +242,8 @@ pub(crate) struct QueueState {
     origin: Instant,
     closed_epochs: u64,
     drain: Drain,
+    /// Slots held by elastic (below-zero priority) work.
+    elastic_held: u64,
     stats: PriorityStats,
 }
 
@@ -269,6 +272,7 @@ impl QueueState {
                 per_sec: 0.0,
                 hold: BTreeMap::new(),
             },
+            elastic_held: 0,
             stats: PriorityStats::new(),
         }
     }
@@ -309,9 +313,14 @@ impl QueueState {
                 return self.reject(work, AdmitError::DeadlinePassed);
             }
         }
-        // Only when nobody waits: otherwise a newcomer would overtake the
-        // queue's order whenever capacity happened to be free.
-        if self.waiting == 0 && grants.try_get(SLOT) {
+        // Only when no waiter could be granted: otherwise a newcomer would
+        // overtake the queue's order whenever capacity happened to be free.
+        // (Elastic work held back by its share does not count: the capacity
+        // it may not take is free for others.)
+        let elastic_full = self.elastic_held >= self.elastic_limit(grants);
+        let nobody_grantable = self.waiting == 0 || self.next_grantee(elastic_full).is_none();
+        let elastic_blocked = priority.is_elastic() && elastic_full;
+        if nobody_grantable && !elastic_blocked && grants.try_get(SLOT) {
             return self.admit_at_once(work);
         }
         if self.waiting >= self.limits.max_waiters {
@@ -334,6 +343,9 @@ impl QueueState {
     /// with a zero wait.
     fn admit_at_once(&mut self, work: &WorkInfo) -> Attempt {
         let priority = work.priority();
+        if priority.is_elastic() {
+            self.elastic_held += SLOT;
+        }
         let epoch_lifo = self.limits.epoch_lifo.is_some();
         self.with_tenant(work.tenant(), |t| {
             t.used = t.used.saturating_add(SLOT);
@@ -346,6 +358,30 @@ impl QueueState {
         Attempt::Admitted {
             charge: self.charge_now(priority, None),
         }
+    }
+
+    /// How many slots elastic work may hold: its share of the granter's
+    /// capacity, at least one; unlimited without an elastic share or a
+    /// capacity to take it of.
+    fn elastic_limit<G: Granter>(&self, grants: &Grants<'_, G>) -> u64 {
+        let (Some(share), Some(capacity)) = (
+            self.limits.elastic_share,
+            grants.granter.capacity(grants.state),
+        ) else {
+            return u64::MAX;
+        };
+        ((capacity as f64 * share).floor() as u64).max(1)
+    }
+
+    /// The first tenant in fair-share order whose next request may be
+    /// granted now, and that request: a tenant whose next request is
+    /// elastic is passed over while elastic work holds its share.
+    fn next_grantee(&self, elastic_full: bool) -> Option<(TenantOrder, usize)> {
+        self.tenant_order.iter().find_map(|&order| {
+            let slab_key = self.tenants.get(&order.id).and_then(Tenant::first)?;
+            let blocked = elastic_full && self.waiters[slab_key].priority.is_elastic();
+            (!blocked).then_some((order, slab_key))
+        })
     }
 
     /// The charge of a slot granted now; the clock is read only when slot
@@ -479,14 +515,14 @@ impl QueueState {
         let mut granted = 0;
         let mut now = None;
         let epoch_lifo = self.limits.epoch_lifo.is_some();
-        while let Some(&first) = self.tenant_order.first() {
+        let elastic_limit = self.elastic_limit(grants);
+        loop {
             if self.pacing.is_full() {
                 break;
             }
-            let Some(slab_key) = self.tenants.get(&first.id).and_then(Tenant::first) else {
-                debug_assert!(false, "a tenant in tenant_order has no waiting work");
-                self.tenant_order.remove(&first);
-                continue;
+            let elastic_full = self.elastic_held >= elastic_limit;
+            let Some((first, slab_key)) = self.next_grantee(elastic_full) else {
+                break;
             };
             let deadline = self.waiters[slab_key].deadline;
             if deadline.is_some() || epoch_lifo || self.limits.early_rejection {
@@ -530,6 +566,9 @@ impl QueueState {
                         .waited(priority, now.saturating_duration_since(enqueued_at), true);
                 }
             });
+            if priority.is_elastic() {
+                self.elastic_held += SLOT;
+            }
             let charge = self.charge_now(priority, now);
             let pacing_epoch = self.pacing.granted();
             let waiter = &mut self.waiters[slab_key];
@@ -668,6 +707,9 @@ impl QueueState {
     ) {
         grants.return_grant(SLOT);
         self.drain.completions += 1;
+        if charge.priority.is_elastic() {
+            self.elastic_held = self.elastic_held.saturating_sub(SLOT);
+        }
         if let Some(admitted_at) = charge.admitted_at {
             let held = Instant::now().saturating_duration_since(admitted_at);
             self.drain.held(charge.priority, held);
