@@ -317,8 +317,10 @@ impl QueueState {
         // overtake the queue's order whenever capacity happened to be free.
         // (Elastic work held back by its share does not count: the capacity
         // it may not take is free for others.)
-        let elastic_full = self.elastic_held >= self.elastic_limit(grants);
-        let nobody_grantable = self.waiting == 0 || self.next_grantee(elastic_full).is_none();
+        let elastic_full =
+            self.limits.elastic_share.is_some() && self.elastic_held >= self.elastic_limit(grants);
+        let nobody_grantable =
+            self.waiting == 0 || (elastic_full && self.next_grantee(elastic_full).is_none());
         let elastic_blocked = priority.is_elastic() && elastic_full;
         if nobody_grantable && !elastic_blocked && grants.try_get(SLOT) {
             return self.admit_at_once(work);
@@ -364,10 +366,10 @@ impl QueueState {
     /// capacity, at least one; unlimited without an elastic share or a
     /// capacity to take it of.
     fn elastic_limit<G: Granter>(&self, grants: &Grants<'_, G>) -> u64 {
-        let (Some(share), Some(capacity)) = (
-            self.limits.elastic_share,
-            grants.granter.capacity(grants.state),
-        ) else {
+        let Some(share) = self.limits.elastic_share else {
+            return u64::MAX;
+        };
+        let Some(capacity) = grants.granter.capacity(grants.state) else {
             return u64::MAX;
         };
         ((capacity as f64 * share).floor() as u64).max(1)
@@ -512,6 +514,10 @@ impl QueueState {
         grants: &mut Grants<'_, G>,
         wakes: &mut WakeList,
     ) -> u64 {
+        if self.waiting == 0 {
+            // Every release runs this: keep the uncontended case free.
+            return 0;
+        }
         let mut granted = 0;
         let mut now = None;
         let epoch_lifo = self.limits.epoch_lifo.is_some();
