@@ -51,11 +51,11 @@
 //! Ordering alone does not save a saturated node: work that waits past its
 //! deadline is wasted capacity. Every request may carry a deadline; the queue
 //! never grants a slot to expired work and removes it as soon as its deadline
-//! passes. Two optional policies turn ordering into goodput:
+//! passes. Optional policies turn ordering into goodput:
 //! **early rejection** fails a request at once when the work ahead of it
-//! would outlast its deadline, and **epoch-LIFO** (after CockroachDB) serves a
+//! would outlast its deadline, **epoch-LIFO** (after CockroachDB) serves a
 //! priority that has fallen behind newest-first, by epoch, until it catches
-//! up. `cargo run --release --example overload` measures them against the
+//! up, and an **elastic share** keeps bulk work from holding every slot. `cargo run --release --example overload` measures them against the
 //! alternatives (tokio's semaphore, tower's concurrency limit with load
 //! shedding, nothing at all).
 //!
