@@ -220,35 +220,20 @@ pub fn w1(bench: &Bench, dir: &Path, quick: bool) -> Vec<SummaryRow> {
         System::admission(),
     ];
     let mut rows = Vec::new();
-    let mut series = Vec::new();
+    let mut heaviest = Vec::new();
     for &x in loads {
         let spec = RunSpec::new(vec![NORMAL], vec![steady(0, 0, x * bench.capacity)]);
-        let (mut found, _) = compare(bench, &format!("w1@{x}x"), &systems, &spec, x, |_, _, _| {});
+        let (mut found, series) =
+            compare(bench, &format!("w1@{x}x"), &systems, &spec, x, |_, _, _| {});
         for row in &mut found {
             row.scenario = "w1".into();
         }
         rows.extend(found);
+        heaviest = series;
     }
-    for &system in &systems {
-        let points = rows
-            .iter()
-            .filter(|r| r.system == system.name())
-            .map(|r| (r.offered_x, r.goodput_frac * 100.0))
-            .collect();
-        series.push(Series {
-            system: system.name(),
-            points,
-        });
-    }
-    // The sweep's plot is goodput (% of C) against offered load (x C).
-    let path = dir.join("w1-goodput.svg");
-    if let Err(error) = plot_p99_over_time(
-        &path,
-        "w1: goodput (% of C, y) by offered load (x C, x)",
-        &series,
-    ) {
-        eprintln!("could not draw {}: {error}", path.display());
-    }
+    // The plot shows the heaviest load of the sweep.
+    let top = loads.last().copied().unwrap_or_default();
+    plot_all(dir, &format!("w1-{top}x"), &[NORMAL], heaviest);
     rows
 }
 
