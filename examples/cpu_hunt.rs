@@ -119,6 +119,15 @@ fn runtime() -> tokio::runtime::Runtime {
         .expect("a tokio runtime")
 }
 
+fn controller(runtime: &tokio::runtime::Runtime, threshold: u32) -> Arc<Controller> {
+    Arc::new(
+        Controller::for_runtime(runtime.handle())
+            .threshold(threshold)
+            .build()
+            .expect("valid settings"),
+    )
+}
+
 fn percentile(sorted: &[u32], q: f64) -> f64 {
     if sorted.is_empty() {
         return 0.0;
@@ -131,12 +140,7 @@ fn percentile(sorted: &[u32], q: f64) -> f64 {
 /// p99 ms, mean total).
 fn flood(threshold: u32, spin_per_chunk: u64, seconds: u64) -> (f64, f64, f64, f64) {
     let runtime = runtime();
-    let controller = Arc::new(
-        Controller::for_runtime(runtime.handle())
-            .threshold(threshold)
-            .build()
-            .expect("valid settings"),
-    );
+    let controller = controller(&runtime, threshold);
     let counters = Arc::new(Counters::default());
     let stop = Arc::new(AtomicBool::new(false));
     let latencies = Arc::new(Mutex::new(Vec::new()));
@@ -195,12 +199,7 @@ fn sweep(spin_per_chunk: u64) {
 
 fn phased(threshold: u32, spin_per_chunk: u64) {
     let runtime = runtime();
-    let controller = Arc::new(
-        Controller::for_runtime(runtime.handle())
-            .threshold(threshold)
-            .build()
-            .expect("valid settings"),
-    );
+    let controller = controller(&runtime, threshold);
     println!(
         "threshold {threshold}, signal: {}; every 100 ms:",
         RuntimeSignal::source()

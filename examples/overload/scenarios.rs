@@ -403,12 +403,7 @@ pub fn w4(bench: &Bench, dir: &Path, quick: bool) -> Vec<SummaryRow> {
         System::NoAdmission,
         System::SemaphoreWait { limit: WORKERS },
         System::admission(),
-        System::Admission {
-            name: "admission-fixed",
-            fixed_slots: Some(WORKERS as u64),
-            epoch_lifo: true,
-            early_rejection: true,
-        },
+        System::admission_fixed("admission-fixed", WORKERS as u64),
     ];
     let window = Duration::from_millis(10);
     let (rows, series) = compare(bench, "w4", &systems, &spec, 3.0, |_, result, summary| {
@@ -511,18 +506,8 @@ pub fn w2_variant(bench: &Bench, dir: &Path, name: &str, handler: Handler) -> Ve
         System::NoAdmission,
         System::SemaphoreWait { limit: WORKERS },
         System::admission(),
-        System::Admission {
-            name: "admission-fixed",
-            fixed_slots: Some(WORKERS as u64),
-            epoch_lifo: true,
-            early_rejection: true,
-        },
-        System::Admission {
-            name: "admission-fixed-32",
-            fixed_slots: Some(32),
-            epoch_lifo: true,
-            early_rejection: true,
-        },
+        System::admission_fixed("admission-fixed", WORKERS as u64),
+        System::admission_fixed("admission-fixed-32", 32),
     ];
     let (rows, series) = compare(bench, name, &systems, &spec, 3.0, |_, _, _| {});
     plot_all(dir, name, &classes, series);

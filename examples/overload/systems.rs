@@ -48,12 +48,7 @@ impl System {
             System::SemaphoreTry { limit: workers },
             System::TowerShed { limit: workers },
             System::admission(),
-            System::Admission {
-                name: "admission-fixed",
-                fixed_slots: Some(workers as u64),
-                epoch_lifo: true,
-                early_rejection: true,
-            },
+            System::admission_fixed("admission-fixed", workers as u64),
             System::Admission {
                 name: "admission-fifo",
                 fixed_slots: None,
@@ -68,6 +63,17 @@ impl System {
         System::Admission {
             name: "admission",
             fixed_slots: None,
+            epoch_lifo: true,
+            early_rejection: true,
+        }
+    }
+
+    /// This crate with a fixed slot total instead of the controller, to
+    /// separate adaptivity from ordering.
+    pub fn admission_fixed(name: &'static str, slots: u64) -> System {
+        System::Admission {
+            name,
+            fixed_slots: Some(slots),
             epoch_lifo: true,
             early_rejection: true,
         }
