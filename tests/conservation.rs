@@ -212,7 +212,8 @@ fn run(ops: Vec<Op>, policies: Policies) -> Result<(), TestCaseError> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+    // 256 cases by default; PROPTEST_CASES raises it for a longer search.
+    #![proptest_config(ProptestConfig::default())]
 
     #[test]
     fn every_slot_comes_back_and_every_request_settles_once(
