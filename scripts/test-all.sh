@@ -32,22 +32,22 @@ cargo fmt --all -- --check
 stable() { RUSTFLAGS="" CARGO_TARGET_DIR=target/stable "$@"; }
 
 step "clippy with tokio_unstable (all targets, warnings are errors)"
-cargo clippy --locked --workspace --all-targets -- -D warnings
+cargo clippy --locked --workspace --all-targets --all-features -- -D warnings
 
 step "clippy on stable tokio"
-stable cargo clippy --locked --workspace --all-targets -- -D warnings
+stable cargo clippy --locked --workspace --all-targets --all-features -- -D warnings
 
 step "unit, integration and bench-smoke tests, with tokio_unstable"
-tests cargo test --locked --workspace --all-targets
+tests cargo test --locked --workspace --all-targets --all-features
 
 step "unit, integration and bench-smoke tests, on stable tokio"
-tests stable cargo test --locked --workspace --all-targets
+tests stable cargo test --locked --workspace --all-targets --all-features
 
 step "doc tests"
-tests cargo test --locked --workspace --doc
+tests cargo test --locked --workspace --doc --all-features
 
 step "rustdoc (broken links are errors)"
-RUSTDOCFLAGS="-D warnings" cargo doc --locked --no-deps --workspace
+RUSTDOCFLAGS="-D warnings" cargo doc --locked --no-deps --workspace --all-features
 
 # loom models: a separate target directory, because --cfg loom rebuilds every
 # dependency. LOOM_MAX_PREEMPTIONS may be raised for a deeper (slower) search.

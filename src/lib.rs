@@ -131,6 +131,7 @@
 //! * [`cpu`]: the CPU signal, the AIAD slot adjuster and the [`cpu::Controller`].
 //! * [`observe`]: snapshots and wait-time histograms.
 //! * [`error`]: [`AdmitError`] and [`ConfigError`].
+//! * `tower` (feature `tower`): `AdmissionLayer`, admission as tower middleware.
 //!
 //! `docs/ARCHITECTURE.md` in the repository draws the modules and the path of
 //! one request through them.
@@ -149,6 +150,8 @@ pub mod grant;
 pub mod observe;
 pub mod queue;
 mod sync;
+#[cfg(feature = "tower")]
+pub mod tower;
 pub mod work;
 
 pub use error::{AdmitError, ConfigError};

@@ -1,0 +1,34 @@
+//! The middleware's error: refused by admission, or failed inside.
+
+use std::error::Error;
+use std::fmt;
+
+use crate::AdmitError;
+
+/// Why a request through [`AdmissionService`](super::AdmissionService)
+/// failed.
+#[derive(Debug)]
+pub enum AdmissionError<E> {
+    /// Admission refused the request; the inner service never saw it.
+    Rejected(AdmitError),
+    /// The inner service failed (it had been admitted).
+    Inner(E),
+}
+
+impl<E: fmt::Display> fmt::Display for AdmissionError<E> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            AdmissionError::Rejected(error) => write!(f, "not admitted: {error}"),
+            AdmissionError::Inner(error) => write!(f, "{error}"),
+        }
+    }
+}
+
+impl<E: Error + 'static> Error for AdmissionError<E> {
+    fn source(&self) -> Option<&(dyn Error + 'static)> {
+        match self {
+            AdmissionError::Rejected(error) => Some(error),
+            AdmissionError::Inner(error) => Some(error),
+        }
+    }
+}

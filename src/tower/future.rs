@@ -1,0 +1,94 @@
+//! The response future: admission first, then the inner call, holding the
+//! slot until the inner future completes.
+
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{ready, Context, Poll};
+
+use pin_project::pin_project;
+use tower_service::Service;
+
+use super::error::AdmissionError;
+use crate::queue::{Admit, SlotPermit};
+
+/// The future returned by [`AdmissionService`](super::AdmissionService).
+///
+/// Dropping it at any point loses nothing: while it waits, the admission
+/// request leaves the queue; while the inner call runs, the slot is returned.
+#[pin_project]
+pub struct ResponseFuture<S: Service<Req>, Req> {
+    #[pin]
+    state: State<S, Req>,
+}
+
+#[pin_project(project = StateProj)]
+enum State<S: Service<Req>, Req> {
+    Admitting {
+        #[pin]
+        admit: Admit,
+        call: Option<(S, Req)>,
+    },
+    Running {
+        #[pin]
+        response: S::Future,
+        // Held until the inner future completes, then dropped with it.
+        permit: Option<SlotPermit>,
+    },
+}
+
+impl<S: Service<Req>, Req> ResponseFuture<S, Req> {
+    pub(super) fn new(admit: Admit, inner: S, request: Req) -> Self {
+        ResponseFuture {
+            state: State::Admitting {
+                admit,
+                call: Some((inner, request)),
+            },
+        }
+    }
+}
+
+impl<S: Service<Req>, Req> Future for ResponseFuture<S, Req> {
+    type Output = Result<S::Response, AdmissionError<S::Error>>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let mut this = self.project();
+        loop {
+            match this.state.as_mut().project() {
+                StateProj::Admitting { admit, call } => {
+                    let permit = match ready!(admit.poll(cx)) {
+                        Ok(permit) => permit,
+                        Err(error) => return Poll::Ready(Err(AdmissionError::Rejected(error))),
+                    };
+                    let Some((mut inner, request)) = call.take() else {
+                        unreachable!("the call is taken once, when admission completes");
+                    };
+                    let response = inner.call(request);
+                    this.state.set(State::Running {
+                        response,
+                        permit: Some(permit),
+                    });
+                }
+                StateProj::Running { response, permit } => {
+                    let output = ready!(response.poll(cx));
+                    // The work is done: the slot goes to the next waiter now,
+                    // not when the caller gets around to dropping us.
+                    drop(permit.take());
+                    return Poll::Ready(output.map_err(AdmissionError::Inner));
+                }
+            }
+        }
+    }
+}
+
+impl<S: Service<Req>, Req> fmt::Debug for ResponseFuture<S, Req> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let state = match &self.state {
+            State::Admitting { .. } => "admitting",
+            State::Running { .. } => "running",
+        };
+        f.debug_struct("ResponseFuture")
+            .field("state", &state)
+            .finish()
+    }
+}

@@ -1,0 +1,37 @@
+//! Admission as tower middleware (feature `tower`).
+//!
+//! [`AdmissionLayer`] wraps a service so that every request is classified
+//! into a [`WorkInfo`](crate::WorkInfo) (tenant, priority, deadline), waits
+//! for admission in a [`WorkQueue`](crate::WorkQueue), and only then reaches
+//! the inner service. The slot is held until the response future completes
+//! and returned on every path: success, error, or the response future being
+//! dropped. A refused request fails with [`AdmissionError::Rejected`], which
+//! the application maps (to 429 or 503 for capacity, 504 for a deadline).
+//!
+//! ```
+//! use admission::tower::AdmissionLayer;
+//! use admission::{Priority, TenantId, WorkInfo, WorkQueue};
+//! use tower::{service_fn, ServiceBuilder, ServiceExt};
+//!
+//! # tokio::runtime::Runtime::new().unwrap().block_on(async {
+//! let queue = WorkQueue::new(4).unwrap();
+//! let service = ServiceBuilder::new()
+//!     .layer(AdmissionLayer::new(queue, |request: &u64| {
+//!         WorkInfo::new(TenantId::new(*request), Priority::NORMAL)
+//!     }))
+//!     .service(service_fn(|request: u64| async move {
+//!         Ok::<_, std::convert::Infallible>(request * 2)
+//!     }));
+//! assert_eq!(service.oneshot(21).await.unwrap(), 42);
+//! # });
+//! ```
+
+mod error;
+mod future;
+mod layer;
+mod service;
+
+pub use error::AdmissionError;
+pub use future::ResponseFuture;
+pub use layer::AdmissionLayer;
+pub use service::AdmissionService;

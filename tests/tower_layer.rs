@@ -1,0 +1,129 @@
+//! Admission as tower middleware: requests wait for a slot, hold it while
+//! the inner service runs, and give it back on every path.
+
+#![cfg(feature = "tower")]
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use admission::tower::{AdmissionError, AdmissionLayer};
+use admission::{AdmitError, Priority, TenantId, WorkInfo, WorkQueue};
+use tokio::sync::oneshot;
+use tower::{service_fn, Layer, Service, ServiceExt};
+
+/// Requests are (tenant, priority); the classifier reads them.
+fn classify(request: &(u64, i8)) -> WorkInfo {
+    WorkInfo::new(TenantId::new(request.0), Priority::new(request.1))
+}
+
+fn poll_once<F: Future + Unpin>(future: &mut F) -> Poll<F::Output> {
+    Pin::new(future).poll(&mut Context::from_waker(std::task::Waker::noop()))
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_request_holds_its_slot_while_the_inner_service_runs() {
+    let queue = WorkQueue::new(1).unwrap();
+    let seen = queue.clone();
+    let inner = service_fn(move |request: (u64, i8)| {
+        let slots = seen.snapshot().granter;
+        async move { Ok::<_, Infallible>((request, slots.used)) }
+    });
+    let service = AdmissionLayer::new(queue.clone(), classify).layer(inner);
+    let (request, used_inside) = service.oneshot((7, 50)).await.unwrap();
+    assert_eq!((request, used_inside), ((7, 50), 1));
+    let snapshot = queue.snapshot();
+    assert_eq!(snapshot.granter.used, 0, "returned after the response");
+    assert_eq!(snapshot.priority(Priority::USER_HIGH).unwrap().admitted, 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_refused_request_never_reaches_the_inner_service() {
+    let queue = WorkQueue::builder()
+        .total_slots(0)
+        .max_waiters(1)
+        .build()
+        .unwrap();
+    let calls = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counted = calls.clone();
+    let inner = service_fn(move |_: (u64, i8)| {
+        counted.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        async { Ok::<_, Infallible>(()) }
+    });
+    let mut service = AdmissionLayer::new(queue.clone(), classify).layer(inner);
+    // One request fills the queue's only waiting place; the next is refused.
+    let mut waiting = Box::pin(service.ready().await.unwrap().call((1, 0)));
+    assert!(poll_once(&mut waiting).is_pending());
+    let refused = service.ready().await.unwrap().call((2, 0)).await;
+    match refused {
+        Err(AdmissionError::Rejected(AdmitError::QueueFull { max_waiters: 1 })) => {}
+        other => panic!("expected a rejection, got {other:?}"),
+    }
+    assert_eq!(calls.load(std::sync::atomic::Ordering::Relaxed), 0);
+    drop(waiting);
+    assert_eq!(queue.waiting(), 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn dropping_the_response_future_mid_call_returns_the_slot() {
+    let queue = WorkQueue::new(1).unwrap();
+    let (_never, pending) = oneshot::channel::<()>();
+    let pending = std::sync::Arc::new(tokio::sync::Mutex::new(Some(pending)));
+    let inner = service_fn(move |_: (u64, i8)| {
+        let pending = pending.clone();
+        async move {
+            let receiver = pending.lock().await.take().unwrap();
+            let _ = receiver.await;
+            Ok::<_, Infallible>(())
+        }
+    });
+    let mut service = AdmissionLayer::new(queue.clone(), classify).layer(inner);
+    let mut call = Box::pin(service.ready().await.unwrap().call((1, 0)));
+    assert!(poll_once(&mut call).is_pending());
+    assert_eq!(queue.snapshot().granter.used, 1, "admitted and running");
+    drop(call);
+    assert_eq!(queue.snapshot().granter.used, 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_inner_error_is_passed_through_and_the_slot_returned() {
+    let queue = WorkQueue::new(1).unwrap();
+    let inner = service_fn(|_: (u64, i8)| async { Err::<(), _>(std::io::Error::other("boom")) });
+    let service = AdmissionLayer::new(queue.clone(), classify).layer(inner);
+    match service.oneshot((1, 0)).await {
+        Err(AdmissionError::Inner(error)) => assert_eq!(error.to_string(), "boom"),
+        other => panic!("expected the inner error, got {other:?}"),
+    }
+    assert_eq!(queue.snapshot().granter.used, 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn waiting_requests_are_served_by_priority() {
+    let queue = WorkQueue::new(1).unwrap();
+    let order = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let log = order.clone();
+    let inner = service_fn(move |request: (u64, i8)| {
+        log.lock().unwrap().push(request.1);
+        async { Ok::<_, Infallible>(()) }
+    });
+    let mut service = AdmissionLayer::new(queue.clone(), classify).layer(inner);
+    let held = queue.admit(classify(&(9, 0))).await.unwrap();
+    let mut calls: Vec<_> = [-30i8, 50, 0]
+        .into_iter()
+        .map(|priority| Some(Box::pin(service.call((1, priority)))))
+        .collect();
+    for call in calls.iter_mut().flatten() {
+        assert!(poll_once(call).is_pending());
+    }
+    drop(held);
+    for _ in 0..3 {
+        for slot in &mut calls {
+            if slot.as_mut().is_some_and(|call| poll_once(call).is_ready()) {
+                *slot = None;
+            }
+        }
+    }
+    assert!(calls.iter().all(Option::is_none));
+    assert_eq!(*order.lock().unwrap(), [50, 0, -30]);
+}
