@@ -127,3 +127,78 @@ async fn waiting_requests_are_served_by_priority() {
     assert!(calls.iter().all(Option::is_none));
     assert_eq!(*order.lock().unwrap(), [50, 0, -30]);
 }
+
+/// Two services in a chain, in process: the front service admits an HTTP
+/// request classified from its headers and, while handling it, calls the
+/// back service through `PropagateLayer`; the back service classifies the
+/// headers it receives. The class must survive the hop, and the deadline
+/// must shrink, not grow.
+#[tokio::test(start_paused = true)]
+async fn priority_tenant_and_deadline_propagate_through_two_chained_services() {
+    use admission::tower::{current_work, HttpClassifier, PropagateLayer};
+    use http::Request;
+    use std::time::Duration;
+
+    let back_queue = WorkQueue::new(4).unwrap();
+    let back = AdmissionLayer::new(back_queue.clone(), {
+        let classifier = HttpClassifier::new();
+        move |request: &Request<()>| classifier.classify(request)
+    })
+    .layer(service_fn(|_request: Request<()>| async move {
+        Ok::<_, Infallible>(current_work().expect("admitted work is current"))
+    }));
+    let back = PropagateLayer.layer(back);
+
+    let front_queue = WorkQueue::new(4).unwrap();
+    let front = AdmissionLayer::new(front_queue, {
+        let classifier = HttpClassifier::new();
+        move |request: &Request<()>| classifier.classify(request)
+    })
+    .layer(service_fn(move |_request: Request<()>| {
+        let back = back.clone();
+        async move {
+            let here = current_work().expect("admitted work is current");
+            tokio::time::advance(Duration::from_millis(3)).await;
+            let there = back
+                .oneshot(Request::new(()))
+                .await
+                .map_err(|error| format!("{error}"))?;
+            Ok::<_, String>((here, there))
+        }
+    }));
+
+    let request = Request::builder()
+        .header("x-admission-tenant", "42")
+        .header("x-admission-priority", "user-low")
+        .header("grpc-timeout", "20m")
+        .body(())
+        .unwrap();
+    let (here, there) = front.oneshot(request).await.unwrap();
+    assert_eq!(
+        (here.tenant(), here.priority()),
+        (TenantId::new(42), Priority::USER_LOW)
+    );
+    assert_eq!(
+        (there.tenant(), there.priority()),
+        (TenantId::new(42), Priority::USER_LOW)
+    );
+    let left = there.deadline().unwrap() - there.create_time();
+    assert_eq!(
+        left,
+        Duration::from_millis(17),
+        "20 ms less the 3 ms spent upstream"
+    );
+    assert_eq!(
+        back_queue
+            .snapshot()
+            .priority(Priority::USER_LOW)
+            .unwrap()
+            .admitted,
+        1
+    );
+}
+
+#[tokio::test]
+async fn outside_an_admitted_request_there_is_no_current_work() {
+    assert!(admission::tower::current_work().is_none());
+}

@@ -10,7 +10,10 @@ use pin_project::pin_project;
 use tower_service::Service;
 
 use super::error::AdmissionError;
+use super::propagate::with_work;
 use crate::queue::{Admit, SlotPermit};
+use crate::work::WorkInfo;
+use tokio::task::futures::TaskLocalFuture;
 
 /// The future returned by [`AdmissionService`](super::AdmissionService).
 ///
@@ -27,22 +30,22 @@ enum State<S: Service<Req>, Req> {
     Admitting {
         #[pin]
         admit: Admit,
-        call: Option<(S, Req)>,
+        call: Option<(S, Req, WorkInfo)>,
     },
     Running {
         #[pin]
-        response: S::Future,
+        response: TaskLocalFuture<WorkInfo, S::Future>,
         // Held until the inner future completes, then dropped with it.
         permit: Option<SlotPermit>,
     },
 }
 
 impl<S: Service<Req>, Req> ResponseFuture<S, Req> {
-    pub(super) fn new(admit: Admit, inner: S, request: Req) -> Self {
+    pub(super) fn new(admit: Admit, inner: S, request: Req, work: WorkInfo) -> Self {
         ResponseFuture {
             state: State::Admitting {
                 admit,
-                call: Some((inner, request)),
+                call: Some((inner, request, work)),
             },
         }
     }
@@ -60,10 +63,12 @@ impl<S: Service<Req>, Req> Future for ResponseFuture<S, Req> {
                         Ok(permit) => permit,
                         Err(error) => return Poll::Ready(Err(AdmissionError::Rejected(error))),
                     };
-                    let Some((mut inner, request)) = call.take() else {
+                    let Some((mut inner, request, work)) = call.take() else {
                         unreachable!("the call is taken once, when admission completes");
                     };
-                    let response = inner.call(request);
+                    // The handler sees its own class as the current work, so
+                    // calls it makes can carry it on (see `propagate`).
+                    let response = with_work(work, || inner.call(request));
                     this.state.set(State::Running {
                         response,
                         permit: Some(permit),

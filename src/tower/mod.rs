@@ -8,6 +8,11 @@
 //! dropped. A refused request fails with [`AdmissionError::Rejected`], which
 //! the application maps (to 429 or 503 for capacity, 504 for a deadline).
 //!
+//! Priority and tenant travel with the request between services:
+//! [`HttpClassifier`] reads them (and a deadline) from headers, the admitted
+//! request's class is the handler task's [`current_work`], and
+//! [`PropagateLayer`] stamps outgoing requests with it; see [`propagate`].
+//!
 //! ```
 //! use admission::tower::AdmissionLayer;
 //! use admission::{Priority, TenantId, WorkInfo, WorkQueue};
@@ -29,9 +34,14 @@
 mod error;
 mod future;
 mod layer;
+pub mod propagate;
 mod service;
 
 pub use error::AdmissionError;
 pub use future::ResponseFuture;
 pub use layer::AdmissionLayer;
+pub use propagate::{
+    current_work, format_grpc_timeout, parse_grpc_timeout, HttpClassifier, PropagateLayer,
+    PropagateService,
+};
 pub use service::AdmissionService;

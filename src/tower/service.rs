@@ -60,7 +60,7 @@ where
         // Keep the instance that was polled ready for this request.
         let clone = self.inner.clone();
         let ready = std::mem::replace(&mut self.inner, clone);
-        ResponseFuture::new(self.queue.admit(work), ready, request)
+        ResponseFuture::new(self.queue.admit(work.clone()), ready, request, work)
     }
 }
 

@@ -1,0 +1,339 @@
+//! Priority and tenant that travel with a request across services.
+//!
+//! A request's class is decided once, at the edge, and every service it
+//! fans out to should honour the same class (the cross-service idea of
+//! DAGOR): a low-priority batch call must not become normal priority one hop
+//! later. The convention is two headers, [`TENANT_HEADER`] and
+//! [`PRIORITY_HEADER`], plus the remaining deadline as `grpc-timeout`:
+//!
+//! * on the server side, [`HttpClassifier`] reads them into a
+//!   [`WorkInfo`], and [`AdmissionService`](super::AdmissionService) makes
+//!   the admitted request's `WorkInfo` the task's current one
+//!   ([`current_work`]) while its handler runs;
+//! * on the client side, [`PropagateLayer`] stamps every outgoing request
+//!   made from inside such a handler with the current tenant, priority and
+//!   what is left of the deadline.
+//!
+//! Headers that do not parse are ignored (the classifier's defaults apply),
+//! never an error: a malformed header is not a reason to fail a request.
+
+use std::fmt;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use http::{HeaderMap, HeaderName, HeaderValue, Request};
+use tokio::time::Instant;
+use tower_layer::Layer;
+use tower_service::Service;
+
+use crate::work::{Priority, TenantId, WorkInfo};
+
+/// The header carrying the tenant id (a decimal `u64`).
+pub const TENANT_HEADER: &str = "x-admission-tenant";
+/// The header carrying the priority: a ladder value (`-128..=127`) or a
+/// rung's name (`user-high`, `bulk-normal`...).
+pub const PRIORITY_HEADER: &str = "x-admission-priority";
+/// gRPC's timeout header: digits and a unit (`H`, `M`, `S`, `m`, `u`, `n`).
+pub const GRPC_TIMEOUT_HEADER: &str = "grpc-timeout";
+
+tokio::task_local! {
+    static CURRENT: WorkInfo;
+}
+
+/// The `WorkInfo` of the admitted request this task is serving, if any.
+pub fn current_work() -> Option<WorkInfo> {
+    CURRENT.try_with(Clone::clone).ok()
+}
+
+/// Calls `call` and runs the future it returns with `work` as the task's
+/// current work.
+pub(super) fn with_work<F: std::future::Future>(
+    work: WorkInfo,
+    call: impl FnOnce() -> F,
+) -> tokio::task::futures::TaskLocalFuture<WorkInfo, F> {
+    let future = CURRENT.sync_scope(work.clone(), call);
+    CURRENT.scope(work, future)
+}
+
+/// Parses a `grpc-timeout` value: up to eight digits and a unit.
+///
+/// ```
+/// use std::time::Duration;
+/// use admission::tower::parse_grpc_timeout;
+///
+/// assert_eq!(parse_grpc_timeout("250m"), Some(Duration::from_millis(250)));
+/// assert_eq!(parse_grpc_timeout("5S"), Some(Duration::from_secs(5)));
+/// assert_eq!(parse_grpc_timeout("5"), None);
+/// ```
+pub fn parse_grpc_timeout(value: &str) -> Option<Duration> {
+    let (digits, unit) = value.split_at(value.len().checked_sub(1)?);
+    if digits.is_empty() || digits.len() > 8 || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    let amount: u64 = digits.parse().ok()?;
+    Some(match unit {
+        "H" => Duration::from_secs(amount.checked_mul(3600)?),
+        "M" => Duration::from_secs(amount.checked_mul(60)?),
+        "S" => Duration::from_secs(amount),
+        "m" => Duration::from_millis(amount),
+        "u" => Duration::from_micros(amount),
+        "n" => Duration::from_nanos(amount),
+        _ => return None,
+    })
+}
+
+/// Formats a duration as a `grpc-timeout` value, in the finest unit that
+/// fits eight digits (rounding up, so the receiver never gets more time).
+pub fn format_grpc_timeout(timeout: Duration) -> String {
+    const MAX: u128 = 99_999_999;
+    let nanos = timeout.as_nanos();
+    let units: [(u128, char); 6] = [
+        (1, 'n'),
+        (1_000, 'u'),
+        (1_000_000, 'm'),
+        (1_000_000_000, 'S'),
+        (60_000_000_000, 'M'),
+        (3_600_000_000_000, 'H'),
+    ];
+    for (per_unit, unit) in units {
+        let amount = nanos.div_ceil(per_unit);
+        if amount <= MAX {
+            return format!("{amount}{unit}");
+        }
+    }
+    format!("{MAX}H")
+}
+
+fn parse_priority(value: &str) -> Option<Priority> {
+    if let Ok(raw) = value.parse::<i8>() {
+        return Some(Priority::new(raw));
+    }
+    (i8::MIN..=i8::MAX)
+        .map(Priority::new)
+        .find(|priority| priority.name() == Some(value))
+}
+
+fn header<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
+    headers.get(name)?.to_str().ok().map(str::trim)
+}
+
+/// Classifies HTTP requests into [`WorkInfo`] from the propagation headers.
+///
+/// Without headers, requests get the classifier's defaults (the system
+/// tenant at [`Priority::NORMAL`], no deadline). A header-supplied priority
+/// is capped at [`max_priority`](Self::max_priority) (default
+/// [`Priority::USER_HIGH`]): callers may ask to be served below normal
+/// freely, but not to jump the node's own high-priority work.
+#[derive(Clone, Debug)]
+pub struct HttpClassifier {
+    default_tenant: TenantId,
+    default_priority: Priority,
+    max_priority: Priority,
+    deadline_header: HeaderName,
+}
+
+impl Default for HttpClassifier {
+    fn default() -> Self {
+        HttpClassifier {
+            default_tenant: TenantId::SYSTEM,
+            default_priority: Priority::NORMAL,
+            max_priority: Priority::USER_HIGH,
+            deadline_header: HeaderName::from_static(GRPC_TIMEOUT_HEADER),
+        }
+    }
+}
+
+impl HttpClassifier {
+    /// The defaults described above.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The tenant of requests without a tenant header.
+    pub fn default_tenant(mut self, tenant: TenantId) -> Self {
+        self.default_tenant = tenant;
+        self
+    }
+
+    /// The priority of requests without a priority header.
+    pub fn default_priority(mut self, priority: Priority) -> Self {
+        self.default_priority = priority;
+        self
+    }
+
+    /// The highest priority a header may ask for.
+    pub fn max_priority(mut self, priority: Priority) -> Self {
+        self.max_priority = priority;
+        self
+    }
+
+    /// The header read as the request's timeout, in `grpc-timeout` format
+    /// (default `grpc-timeout` itself).
+    pub fn deadline_header(mut self, name: HeaderName) -> Self {
+        self.deadline_header = name;
+        self
+    }
+
+    /// The request's class, created now.
+    pub fn classify<B>(&self, request: &Request<B>) -> WorkInfo {
+        let headers = request.headers();
+        let tenant = header(headers, TENANT_HEADER)
+            .and_then(|value| value.parse::<u64>().ok())
+            .map_or(self.default_tenant, TenantId::new);
+        let priority = header(headers, PRIORITY_HEADER)
+            .and_then(parse_priority)
+            .unwrap_or(self.default_priority)
+            .min(self.max_priority);
+        let mut work = WorkInfo::builder().tenant(tenant).priority(priority);
+        if let Some(timeout) =
+            header(headers, self.deadline_header.as_str()).and_then(parse_grpc_timeout)
+        {
+            work = work.timeout(timeout);
+        }
+        work.build()
+    }
+}
+
+/// Stamps outgoing HTTP requests with the current work's tenant, priority
+/// and remaining deadline; see the [module docs](self).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct PropagateLayer;
+
+impl<S> Layer<S> for PropagateLayer {
+    type Service = PropagateService<S>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        PropagateService { inner }
+    }
+}
+
+/// The service built by [`PropagateLayer`].
+#[derive(Clone)]
+pub struct PropagateService<S> {
+    inner: S,
+}
+
+impl<S, B> Service<Request<B>> for PropagateService<S>
+where
+    S: Service<Request<B>>,
+{
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = S::Future;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, mut request: Request<B>) -> Self::Future {
+        if let Some(work) = current_work() {
+            stamp(request.headers_mut(), &work);
+        }
+        self.inner.call(request)
+    }
+}
+
+/// Writes `work`'s class into `headers`, replacing what was there.
+pub fn stamp(headers: &mut HeaderMap, work: &WorkInfo) {
+    // Digits, a minus sign and a unit letter are always a valid value.
+    let numeric = |value: String| HeaderValue::from_str(&value).expect("a valid header value");
+    headers.insert(TENANT_HEADER, numeric(work.tenant().get().to_string()));
+    headers.insert(PRIORITY_HEADER, numeric(work.priority().get().to_string()));
+    if let Some(deadline) = work.deadline() {
+        let left = deadline.saturating_duration_since(Instant::now());
+        headers.insert(GRPC_TIMEOUT_HEADER, numeric(format_grpc_timeout(left)));
+    }
+}
+
+impl<S: fmt::Debug> fmt::Debug for PropagateService<S> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PropagateService")
+            .field("inner", &self.inner)
+            .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn grpc_timeouts_parse_by_unit_and_reject_garbage() {
+        let rows: &[(&str, Option<Duration>)] = &[
+            ("1H", Some(Duration::from_secs(3600))),
+            ("2M", Some(Duration::from_secs(120))),
+            ("3S", Some(Duration::from_secs(3))),
+            ("250m", Some(Duration::from_millis(250))),
+            ("7u", Some(Duration::from_micros(7))),
+            ("9n", Some(Duration::from_nanos(9))),
+            ("", None),
+            ("m", None),
+            ("12", None),
+            ("123456789m", None),
+            ("-5m", None),
+            ("5x", None),
+            ("5ms", None),
+        ];
+        for &(value, expected) in rows {
+            assert_eq!(parse_grpc_timeout(value), expected, "{value:?}");
+        }
+    }
+
+    #[test]
+    fn grpc_timeouts_format_in_the_finest_unit_that_fits_rounding_up() {
+        assert_eq!(format_grpc_timeout(Duration::from_nanos(1500)), "1500n");
+        assert_eq!(format_grpc_timeout(Duration::from_millis(250)), "250000u");
+        assert_eq!(format_grpc_timeout(Duration::from_secs(200)), "200000m");
+        assert_eq!(
+            format_grpc_timeout(Duration::from_nanos(100_000_000_001)),
+            "100001m"
+        );
+        let round_trip = parse_grpc_timeout(&format_grpc_timeout(Duration::from_millis(42)));
+        assert_eq!(round_trip, Some(Duration::from_millis(42)));
+    }
+
+    fn request(headers: &[(&str, &str)]) -> Request<()> {
+        let mut builder = Request::builder();
+        for &(name, value) in headers {
+            builder = builder.header(name, value);
+        }
+        builder.body(()).unwrap()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn headers_map_to_the_work_class_with_defaults_and_a_cap() {
+        let classifier = HttpClassifier::new().default_priority(Priority::USER_LOW);
+        let plain = classifier.classify(&request(&[]));
+        assert_eq!(
+            (plain.tenant(), plain.priority(), plain.deadline()),
+            (TenantId::SYSTEM, Priority::USER_LOW, None)
+        );
+
+        let named = classifier.classify(&request(&[
+            (TENANT_HEADER, "42"),
+            (PRIORITY_HEADER, "bulk-normal"),
+            (GRPC_TIMEOUT_HEADER, "20m"),
+        ]));
+        assert_eq!(
+            (named.tenant(), named.priority()),
+            (TenantId::new(42), Priority::BULK_NORMAL)
+        );
+        assert_eq!(
+            named.deadline(),
+            Some(named.create_time() + Duration::from_millis(20))
+        );
+
+        let greedy = classifier.classify(&request(&[(PRIORITY_HEADER, "127")]));
+        assert_eq!(greedy.priority(), Priority::USER_HIGH, "capped");
+
+        let garbage = classifier.classify(&request(&[
+            (TENANT_HEADER, "not-a-number"),
+            (PRIORITY_HEADER, "urgent!!"),
+            (GRPC_TIMEOUT_HEADER, "soon"),
+        ]));
+        assert_eq!(
+            (garbage.tenant(), garbage.priority(), garbage.deadline()),
+            (TenantId::SYSTEM, Priority::USER_LOW, None)
+        );
+    }
+}
