@@ -6,7 +6,8 @@
 //! the inner service. The slot is held until the response future completes
 //! and returned on every path: success, error, or the response future being
 //! dropped. A refused request fails with [`AdmissionError::Rejected`], which
-//! the application maps (to 429 or 503 for capacity, 504 for a deadline).
+//! the application maps, for example with [`rejection_response`] (429 with
+//! `Retry-After` for capacity pressure, 503 when closed, 504 for a deadline).
 //!
 //! Priority and tenant travel with the request between services:
 //! [`HttpClassifier`] reads them (and a deadline) from headers, the admitted
@@ -36,6 +37,7 @@ mod future;
 mod layer;
 pub mod propagate;
 mod service;
+mod status;
 
 pub use error::AdmissionError;
 pub use future::ResponseFuture;
@@ -45,3 +47,4 @@ pub use propagate::{
     PropagateService,
 };
 pub use service::AdmissionService;
+pub use status::{rejection_response, status_for};
