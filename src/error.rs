@@ -45,6 +45,21 @@ pub enum AdmitError {
     },
 }
 
+impl AdmitError {
+    /// A short, stable name for the outcome, for metric labels and logs:
+    /// `queue_full`, `closed`, `deadline_passed`, `deadline_exceeded` or
+    /// `would_miss_deadline`.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            AdmitError::QueueFull { .. } => "queue_full",
+            AdmitError::Closed => "closed",
+            AdmitError::DeadlinePassed => "deadline_passed",
+            AdmitError::DeadlineExceeded { .. } => "deadline_exceeded",
+            AdmitError::WouldMissDeadline { .. } => "would_miss_deadline",
+        }
+    }
+}
+
 impl fmt::Display for AdmitError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {

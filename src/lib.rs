@@ -130,6 +130,7 @@
 //!   [`SlotGranter`].
 //! * [`cpu`]: the CPU signal, the AIAD slot adjuster and the [`cpu::Controller`].
 //! * [`observe`]: snapshots and wait-time histograms.
+//! * [`export`]: metrics through the `metrics` facade (feature `metrics`).
 //! * [`error`]: [`AdmitError`] and [`ConfigError`].
 //! * `tower` (feature `tower`): `AdmissionLayer`, admission as tower middleware.
 //!
@@ -146,6 +147,7 @@
 
 pub mod cpu;
 pub mod error;
+pub mod export;
 pub mod grant;
 pub mod observe;
 pub mod queue;

@@ -292,6 +292,8 @@ impl Core {
             }
         };
         self.queue.maintain();
+        self.queue.record_metrics();
+        crate::export::cpu(load.per_worker(), mode == Mode::Idle);
 
         stats.samples += 1;
         stats.last_load = Some(load);

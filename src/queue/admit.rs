@@ -22,6 +22,7 @@
 use std::future::Future;
 use std::pin::Pin;
 use std::task::{ready, Context, Poll};
+use std::time::Duration;
 
 use futures_core::FusedFuture;
 use pin_project::{pin_project, pinned_drop};
@@ -31,9 +32,10 @@ use super::permit::SlotPermit;
 use super::state::{Attempt, Observed};
 use super::Shared;
 use crate::error::AdmitError;
+use crate::export;
 use crate::grant::{Granter, SlotGranter};
 use crate::sync::Arc;
-use crate::work::{TenantId, WorkInfo};
+use crate::work::{Priority, TenantId, WorkInfo};
 
 /// The future returned by [`WorkQueue::admit`](crate::WorkQueue::admit).
 ///
@@ -59,6 +61,7 @@ enum Phase {
     Queued {
         key: usize,
         tenant: TenantId,
+        priority: Priority,
         span: tracing::Span,
     },
     Done,
@@ -89,14 +92,17 @@ impl<G: Granter> Future for Admit<G> {
             let coop = ready!(tokio::task::coop::poll_proceed(cx));
             let attempt = shared.with_state(|queue, grants, _| queue.attempt(work, grants));
             let tenant = work.tenant();
+            let priority = work.priority();
             match attempt {
                 Attempt::Admitted { charge } => {
+                    export::settled(priority, export::ADMITTED, Some(Duration::ZERO));
                     coop.made_progress();
                     *this.phase = Phase::Done;
                     let shared = this.shared.take().expect("checked above");
                     return Poll::Ready(Ok(SlotPermit::new(shared, tenant, charge)));
                 }
                 Attempt::Rejected(error) => {
+                    export::settled(priority, error.reason(), None);
                     coop.made_progress();
                     *this.phase = Phase::Done;
                     *this.shared = None;
@@ -114,14 +120,25 @@ impl<G: Granter> Future for Admit<G> {
                     if let Some(deadline) = work.deadline() {
                         this.timer.set(Some(tokio::time::sleep_until(deadline)));
                     }
-                    *this.phase = Phase::Queued { key, tenant, span };
+                    *this.phase = Phase::Queued {
+                        key,
+                        tenant,
+                        priority,
+                        span,
+                    };
                 }
             }
         }
-        let Phase::Queued { key, tenant, span } = &*this.phase else {
+        let Phase::Queued {
+            key,
+            tenant,
+            priority,
+            span,
+        } = &*this.phase
+        else {
             unreachable!("Start was handled above and Done has no shared state");
         };
-        let (key, tenant) = (*key, *tenant);
+        let (key, tenant, priority) = (*key, *tenant, *priority);
         let fired = match this.timer.as_mut().as_pin_mut() {
             Some(timer) => timer.poll(cx).is_ready(),
             None => false,
@@ -136,12 +153,14 @@ impl<G: Granter> Future for Admit<G> {
         let result = match observed {
             Observed::Pending => return Poll::Pending,
             Observed::Admitted { charge, waited } => {
+                export::settled(priority, export::ADMITTED, Some(waited));
                 span.record("outcome", "admitted");
                 span.record("wait_us", waited.as_micros() as u64);
                 let shared = this.shared.take().expect("checked above");
                 Ok(SlotPermit::new(shared, tenant, charge))
             }
             Observed::Failed(error) => {
+                export::settled(priority, error.reason(), None);
                 span.record("outcome", tracing::field::display(&error));
                 *this.shared = None;
                 Err(error)
@@ -163,9 +182,17 @@ impl<G: Granter> FusedFuture for Admit<G> {
 impl<G: Granter> PinnedDrop for Admit<G> {
     fn drop(self: Pin<&mut Self>) {
         let this = self.project();
-        if let (Phase::Queued { key, span, .. }, Some(shared)) =
-            (&*this.phase, this.shared.as_ref())
+        if let (
+            Phase::Queued {
+                key,
+                span,
+                priority,
+                ..
+            },
+            Some(shared),
+        ) = (&*this.phase, this.shared.as_ref())
         {
+            export::settled(*priority, export::CANCELLED, None);
             span.record("outcome", "cancelled");
             let key = *key;
             shared.with_state(|state, granter, wakes| state.cancel(key, granter, wakes));

@@ -164,6 +164,21 @@ impl WorkQueue<SlotGranter> {
         })
     }
 
+    /// Sets the queue-level gauges of the [`export`](crate::export) module
+    /// (queue length, slots used and total). The CPU controller calls this
+    /// every tick; call it on a timer for a queue without one. Does nothing
+    /// without the `metrics` feature.
+    pub fn record_metrics(&self) {
+        #[cfg(feature = "metrics")]
+        {
+            let locked = self.shared.locked.lock();
+            let slots = self.shared.granter.snapshot(&locked.granter);
+            let waiting = locked.queue.waiting();
+            drop(locked);
+            crate::export::queue_levels(waiting, slots.used, slots.total);
+        }
+    }
+
     /// Switches slot enforcement; see [`SlotGranter::set_enforcing`].
     /// Switching it off grants every waiter at once.
     pub fn set_enforcing(&self, enforcing: bool) {

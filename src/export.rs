@@ -1,0 +1,68 @@
+//! Metrics through the [`metrics`](https://docs.rs/metrics) facade (feature
+//! `metrics`), for whatever exporter the application installs (Prometheus,
+//! StatsD...). Without the feature every function here compiles to nothing.
+//!
+//! | name | kind | labels | meaning |
+//! |---|---|---|---|
+//! | `admission_requests_total` | counter | `priority`, `outcome` | requests settled: `admitted`, `cancelled`, or an [`AdmitError::reason`](crate::AdmitError::reason) |
+//! | `admission_wait_seconds` | histogram | `priority` | how long admitted requests waited (0 on the fast path) |
+//! | `admission_queue_length` | gauge | | requests waiting |
+//! | `admission_slots_used` | gauge | | slots held |
+//! | `admission_slots_total` | gauge | | the slot total |
+//! | `admission_cpu_runnable_per_worker` | gauge | | the CPU signal's last sample |
+//! | `admission_cpu_idle` | gauge | | 1 while the CPU controller is idle (not enforcing) |
+//!
+//! Counters and the histogram are recorded when a request settles, outside
+//! the queue's lock. Gauges are set by [`WorkQueue::record_metrics`](crate::WorkQueue::record_metrics),
+//! which the CPU controller calls on every tick.
+
+use std::time::Duration;
+
+use crate::work::Priority;
+
+/// The outcome label of an admitted request.
+pub(crate) const ADMITTED: &str = "admitted";
+/// The outcome label of a request whose future was dropped while it waited.
+pub(crate) const CANCELLED: &str = "cancelled";
+
+#[cfg(feature = "metrics")]
+fn priority_label(priority: Priority) -> metrics::SharedString {
+    match priority.name() {
+        Some(name) => metrics::SharedString::const_str(name),
+        None => priority.get().to_string().into(),
+    }
+}
+
+/// A request settled with `outcome`, after `waited` if it was admitted.
+#[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
+pub(crate) fn settled(priority: Priority, outcome: &'static str, waited: Option<Duration>) {
+    #[cfg(feature = "metrics")]
+    {
+        let label = priority_label(priority);
+        metrics::counter!("admission_requests_total", "priority" => label.clone(), "outcome" => outcome)
+            .increment(1);
+        if let Some(waited) = waited {
+            metrics::histogram!("admission_wait_seconds", "priority" => label)
+                .record(waited.as_secs_f64());
+        }
+    }
+}
+
+/// The queue's levels (only called with the feature on: reading them takes
+/// the queue's lock, which is not worth taking for nothing).
+#[cfg(feature = "metrics")]
+pub(crate) fn queue_levels(waiting: usize, used: u64, total: u64) {
+    metrics::gauge!("admission_queue_length").set(waiting as f64);
+    metrics::gauge!("admission_slots_used").set(used as f64);
+    metrics::gauge!("admission_slots_total").set(total as f64);
+}
+
+/// The CPU controller's signal and mode.
+#[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
+pub(crate) fn cpu(runnable_per_worker: f64, idle: bool) {
+    #[cfg(feature = "metrics")]
+    {
+        metrics::gauge!("admission_cpu_runnable_per_worker").set(runnable_per_worker);
+        metrics::gauge!("admission_cpu_idle").set(if idle { 1.0 } else { 0.0 });
+    }
+}
