@@ -7,6 +7,7 @@
 //! | `admission_requests_total` | counter | `priority`, `outcome` | requests settled: `admitted`, `cancelled`, or an [`AdmitError::reason`](crate::AdmitError::reason) |
 //! | `admission_wait_seconds` | histogram | `priority` | how long admitted requests waited (0 on the fast path) |
 //! | `admission_queue_length` | gauge | | requests waiting |
+//! | `admission_queue_length_by_priority` | gauge | `priority` | requests waiting, per priority that has been seen |
 //! | `admission_slots_used` | gauge | | slots held |
 //! | `admission_slots_total` | gauge | | the slot total |
 //! | `admission_cpu_runnable_per_worker` | gauge | | the CPU signal's last sample |
@@ -14,7 +15,24 @@
 //!
 //! Counters and the histogram are recorded when a request settles, outside
 //! the queue's lock. Gauges are set by [`WorkQueue::record_metrics`](crate::WorkQueue::record_metrics),
-//! which the CPU controller calls on every tick.
+//! which the CPU controller calls on every tick. Priority labels are the
+//! rung names (`user-high`, `normal`, `bulk-normal`...) or the number for
+//! priorities between rungs.
+//!
+//! # Tracing
+//!
+//! Independent of the feature, admission reports to `tracing` under the
+//! target `admission`:
+//!
+//! | what | level | fields |
+//! |---|---|---|
+//! | span `admission_wait`, one per request that has to wait, closed when it settles | debug | `tenant`, `priority`, `outcome` (`admitted`, `cancelled` or the error's message), `wait_us` |
+//! | event "admission rejected without queueing" | debug | `tenant`, `priority`, `error` |
+//! | event "admission deadline expired while waiting" / "admission refused while waiting" | debug | `tenant`, `priority`, `waited_us` |
+//! | event "CPU controller changed mode" | debug | `mode` |
+//!
+//! Requests admitted at once (fast path, bypass) open no span: tracing them
+//! would cost more than admitting them.
 
 use std::time::Duration;
 
@@ -51,8 +69,17 @@ pub(crate) fn settled(priority: Priority, outcome: &'static str, waited: Option<
 /// The queue's levels (only called with the feature on: reading them takes
 /// the queue's lock, which is not worth taking for nothing).
 #[cfg(feature = "metrics")]
-pub(crate) fn queue_levels(waiting: usize, used: u64, total: u64) {
+pub(crate) fn queue_levels(
+    waiting: usize,
+    by_priority: &[(Priority, usize)],
+    used: u64,
+    total: u64,
+) {
     metrics::gauge!("admission_queue_length").set(waiting as f64);
+    for &(priority, waiting) in by_priority {
+        metrics::gauge!("admission_queue_length_by_priority", "priority" => priority_label(priority))
+            .set(waiting as f64);
+    }
     metrics::gauge!("admission_slots_used").set(used as f64);
     metrics::gauge!("admission_slots_total").set(total as f64);
 }

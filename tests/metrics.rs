@@ -95,6 +95,19 @@ fn every_outcome_is_counted_by_priority_and_gauges_show_the_levels() {
     assert!(entries.iter().any(|(key, .., value)| key.key().name() == "admission_wait_seconds"
         && matches!(value, DebugValue::Histogram(samples) if samples.iter().any(|s| s.into_inner() == 0.002))));
     assert_eq!(gauge(&entries, "admission_queue_length"), Some(2.0));
+    let waiting_at = |priority: &str| {
+        entries.iter().find_map(|(key, .., value)| match value {
+            DebugValue::Gauge(g)
+                if key.key().name() == "admission_queue_length_by_priority"
+                    && key.key().labels().any(|l| l.value() == priority) =>
+            {
+                Some(g.into_inner())
+            }
+            _ => None,
+        })
+    };
+    assert_eq!(waiting_at("normal"), Some(1.0));
+    assert_eq!(waiting_at("user-high"), Some(1.0));
     assert_eq!(gauge(&entries, "admission_slots_used"), Some(1.0));
     assert_eq!(gauge(&entries, "admission_slots_total"), Some(1.0));
 }

@@ -165,7 +165,7 @@ impl WorkQueue<SlotGranter> {
     }
 
     /// Sets the queue-level gauges of the [`export`](crate::export) module
-    /// (queue length, slots used and total). The CPU controller calls this
+    /// (queue length, in total and per priority, slots used and total). The CPU controller calls this
     /// every tick; call it on a timer for a queue without one. Does nothing
     /// without the `metrics` feature.
     pub fn record_metrics(&self) {
@@ -174,8 +174,14 @@ impl WorkQueue<SlotGranter> {
             let locked = self.shared.locked.lock();
             let slots = self.shared.granter.snapshot(&locked.granter);
             let waiting = locked.queue.waiting();
+            let by_priority: Vec<_> = locked
+                .queue
+                .priority_snapshot()
+                .into_iter()
+                .map(|p| (p.priority, p.waiting))
+                .collect();
             drop(locked);
-            crate::export::queue_levels(waiting, slots.used, slots.total);
+            crate::export::queue_levels(waiting, &by_priority, slots.used, slots.total);
         }
     }
 
