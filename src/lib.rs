@@ -129,6 +129,8 @@
 //! * [`grant`]: the requester and granter interfaces and the
 //!   [`SlotGranter`].
 //! * [`cpu`]: the CPU signal, the AIAD slot adjuster and the [`cpu::Controller`].
+//! * [`io`]: the IO signal: LSM stats, the load listener's byte tokens, the
+//!   token drip.
 //! * [`observe`]: snapshots and wait-time histograms.
 //! * [`export`]: metrics through the `metrics` facade (feature `metrics`).
 //! * [`error`]: [`AdmitError`] and [`ConfigError`].
@@ -149,6 +151,7 @@ pub mod cpu;
 pub mod error;
 pub mod export;
 pub mod grant;
+pub mod io;
 pub mod observe;
 pub mod queue;
 mod sync;

@@ -1,0 +1,82 @@
+//! Handing an interval's tokens out in ticks.
+
+/// Distributes `total` tokens over `ticks` ticks: each tick gives
+/// `ceil(remaining / remaining ticks)`, recomputed every tick, so the
+/// interval's total is exact and never exceeded, and early ticks are never
+/// starved by rounding (upstream's rule).
+///
+/// ```
+/// use admission::io::TokenDrip;
+///
+/// let mut drip = TokenDrip::new(1250, 60);
+/// let ticks: Vec<u64> = std::iter::from_fn(|| drip.next_tick()).collect();
+/// assert_eq!(ticks.len(), 60);
+/// assert_eq!(ticks.iter().filter(|&&n| n == 21).count(), 50);
+/// assert_eq!(ticks.iter().filter(|&&n| n == 20).count(), 10);
+/// assert_eq!(ticks.iter().sum::<u64>(), 1250);
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TokenDrip {
+    total: u64,
+    ticks: u32,
+    given: u64,
+    tick: u32,
+}
+
+impl TokenDrip {
+    /// A drip of `total` tokens over `ticks` ticks (zero ticks give nothing).
+    pub fn new(total: u64, ticks: u32) -> Self {
+        TokenDrip {
+            total,
+            ticks,
+            given: 0,
+            tick: 0,
+        }
+    }
+
+    /// The next tick's tokens, or `None` once every tick has been given.
+    pub fn next_tick(&mut self) -> Option<u64> {
+        let remaining_ticks = self.ticks.checked_sub(self.tick).filter(|&n| n > 0)?;
+        let remaining = self.total - self.given;
+        let now = remaining.div_ceil(u64::from(remaining_ticks));
+        self.given += now;
+        self.tick += 1;
+        Some(now)
+    }
+
+    /// Tokens still to be given this interval.
+    pub fn remaining(&self) -> u64 {
+        self.total - self.given
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_total_is_exact_for_any_split() {
+        for (total, ticks) in [
+            (0, 5),
+            (1, 60),
+            (59, 60),
+            (61, 60),
+            (u64::MAX, 15_000),
+            (7, 1),
+        ] {
+            let mut drip = TokenDrip::new(total, ticks);
+            let given: Vec<u64> = std::iter::from_fn(|| drip.next_tick()).collect();
+            assert_eq!(given.len(), ticks as usize);
+            let sum = given
+                .iter()
+                .fold(0u64, |sum, &n| sum.checked_add(n).unwrap());
+            assert_eq!(sum, total, "{total} over {ticks}");
+            assert!(
+                given.windows(2).all(|w| w[0] >= w[1]),
+                "never more later than earlier"
+            );
+            assert_eq!(drip.remaining(), 0);
+        }
+        assert_eq!(TokenDrip::new(10, 0).next_tick(), None);
+    }
+}

@@ -1,0 +1,346 @@
+//! From L0 debt to next interval's byte tokens (upstream's `ioLoadListener`).
+//!
+//! Every interval the listener reads the engine's [`LsmStats`] and computes:
+//!
+//! * the bytes compacted out of L0 during the interval
+//!   (`previous L0 size + bytes added − current L0 size`, at least zero),
+//!   smoothed with an EWMA (α = 0.5) into `C`, what compactions can remove
+//!   per interval;
+//! * an overload score `s = 2 · max(files / file threshold,
+//!   sub-levels / sub-level threshold)` (doubled, as upstream: `s = 1` is
+//!   half the thresholds);
+//! * **regular** tokens: unlimited while `s < 0.5`; then `C·(3 − 2s)` (2C
+//!   down to C) up to `s = 1`, `C/2·(3 − s)` (C down to C/2) up to `s = 2`,
+//!   and `C/2` beyond, so compactions out-pace admitted writes and the debt
+//!   shrinks; smoothed with the previous interval's;
+//! * **elastic** tokens: unlimited while `s < 0.2`; then
+//!   `C·(1.25 − 1.25·(s − 0.2))`, at least 1 and never more than regular:
+//!   1.25C at two sub-levels, nothing (1) from twelve. Elastic work is
+//!   throttled earlier and harder than regular work.
+//!
+//! Counter deltas are clamped at zero and all arithmetic saturates, so
+//! whatever the engine reports the tokens are never negative and never
+//! overflow. The first interval has no history and is unlimited.
+
+use std::time::Duration;
+
+use super::stats::LsmStats;
+use crate::error::ConfigError;
+
+/// A budget of byte tokens for one interval.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Tokens {
+    /// No limit: L0 is healthy.
+    Unlimited,
+    /// At most this many bytes this interval.
+    Limited(u64),
+}
+
+/// Listener settings, validated by [`IoLoadListener::new`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct IoLoadConfig {
+    /// How often tokens are recomputed (upstream: 15 s).
+    pub interval: Duration,
+    /// L0 files counted as fully overloaded (upstream: 1,000).
+    pub l0_file_threshold: u64,
+    /// L0 sub-levels counted as fully overloaded (upstream: 20).
+    pub l0_sublevel_threshold: u64,
+}
+
+impl Default for IoLoadConfig {
+    fn default() -> Self {
+        IoLoadConfig {
+            interval: Duration::from_secs(15),
+            l0_file_threshold: 1_000,
+            l0_sublevel_threshold: 20,
+        }
+    }
+}
+
+/// One interval's decision and the inputs that led to it.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct IoTokens {
+    /// Tokens for regular work (priority zero and above).
+    pub regular: Tokens,
+    /// Tokens for elastic work (below zero).
+    pub elastic: Tokens,
+    /// The doubled overload score.
+    pub score: f64,
+    /// Bytes compacted out of L0 during the interval.
+    pub compacted: u64,
+    /// The smoothed compaction throughput, bytes per interval.
+    pub smoothed_compacted: u64,
+    /// Bytes added to L0 during the interval.
+    pub added: u64,
+}
+
+/// Computes each interval's tokens from the engine's stats; see the
+/// [`io` module documentation](crate::io).
+#[derive(Clone, Debug)]
+pub struct IoLoadListener {
+    config: IoLoadConfig,
+    previous: Option<LsmStats>,
+    smoothed_compacted: f64,
+    previous_regular: Option<f64>,
+}
+
+impl IoLoadListener {
+    /// A listener with `config`, or a [`ConfigError`] naming the field that
+    /// is zero.
+    pub fn new(config: IoLoadConfig) -> Result<Self, ConfigError> {
+        if config.interval.is_zero() {
+            return Err(ConfigError::new("interval", "must be longer than zero"));
+        }
+        if config.l0_file_threshold == 0 {
+            return Err(ConfigError::new("l0_file_threshold", "must be at least 1"));
+        }
+        if config.l0_sublevel_threshold == 0 {
+            return Err(ConfigError::new(
+                "l0_sublevel_threshold",
+                "must be at least 1",
+            ));
+        }
+        Ok(IoLoadListener {
+            config,
+            previous: None,
+            smoothed_compacted: 0.0,
+            previous_regular: None,
+        })
+    }
+
+    /// The settings.
+    pub fn config(&self) -> &IoLoadConfig {
+        &self.config
+    }
+
+    /// The next interval's tokens, from the stats read at its start.
+    pub fn next_interval(&mut self, stats: &LsmStats) -> IoTokens {
+        let Some(previous) = self.previous.replace(*stats) else {
+            return IoTokens {
+                regular: Tokens::Unlimited,
+                elastic: Tokens::Unlimited,
+                score: self.score(stats),
+                compacted: 0,
+                smoothed_compacted: 0,
+                added: 0,
+            };
+        };
+        let added = stats
+            .flushed_bytes
+            .saturating_sub(previous.flushed_bytes)
+            .saturating_add(stats.ingested_bytes.saturating_sub(previous.ingested_bytes));
+        let compacted = previous
+            .l0_bytes
+            .saturating_add(added)
+            .saturating_sub(stats.l0_bytes);
+        self.smoothed_compacted = if self.smoothed_compacted == 0.0 {
+            compacted as f64
+        } else {
+            0.5 * compacted as f64 + 0.5 * self.smoothed_compacted
+        };
+        let c = self.smoothed_compacted;
+        let score = self.score(stats);
+
+        let regular = if score < 0.5 {
+            self.previous_regular = None;
+            None
+        } else {
+            let target = if score < 1.0 {
+                c * (3.0 - 2.0 * score)
+            } else if score < 2.0 {
+                c / 2.0 * (3.0 - score)
+            } else {
+                c / 2.0
+            };
+            let smoothed = match self.previous_regular {
+                Some(previous) => 0.5 * target + 0.5 * previous,
+                None => target,
+            };
+            self.previous_regular = Some(smoothed);
+            Some(smoothed)
+        };
+        let elastic = (score >= 0.2).then(|| {
+            let target = (c * (1.25 - 1.25 * (score - 0.2))).max(1.0);
+            regular.map_or(target, |regular| target.min(regular))
+        });
+        let to_tokens = |value: Option<f64>| match value {
+            None => Tokens::Unlimited,
+            // Saturating float-to-int cast; at least one token, so a
+            // throttled class still makes progress.
+            Some(bytes) => Tokens::Limited((bytes as u64).max(1)),
+        };
+        let decision = IoTokens {
+            regular: to_tokens(regular),
+            elastic: to_tokens(elastic),
+            score,
+            compacted,
+            smoothed_compacted: c as u64,
+            added,
+        };
+        tracing::info!(
+            target: "admission::io",
+            l0_files = stats.l0_files,
+            l0_sublevels = stats.l0_sublevels,
+            l0_bytes = stats.l0_bytes,
+            added,
+            compacted,
+            smoothed_compacted = decision.smoothed_compacted,
+            score,
+            regular = ?decision.regular,
+            elastic = ?decision.elastic,
+            "IO tokens for the next interval"
+        );
+        decision
+    }
+
+    fn score(&self, stats: &LsmStats) -> f64 {
+        let files = stats.l0_files as f64 / self.config.l0_file_threshold as f64;
+        let sublevels = stats
+            .l0_sublevels
+            .map_or(0.0, |n| n as f64 / self.config.l0_sublevel_threshold as f64);
+        2.0 * files.max(sublevels)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const C: u64 = 100 << 20;
+
+    fn stats(sublevels: u64, l0_bytes: u64, flushed: u64) -> LsmStats {
+        LsmStats {
+            l0_files: sublevels,
+            l0_sublevels: Some(sublevels),
+            l0_bytes,
+            flushed_bytes: flushed,
+            ..LsmStats::default()
+        }
+    }
+
+    /// A listener that has seen one interval compacting exactly `C` bytes
+    /// out of L0, then reads `sublevels` sub-levels with another `C`
+    /// compacted.
+    fn after_steady_compaction(sublevels: u64) -> (IoLoadListener, IoTokens) {
+        let mut listener = IoLoadListener::new(IoLoadConfig::default()).unwrap();
+        assert_eq!(
+            listener.next_interval(&stats(0, 0, 0)).regular,
+            Tokens::Unlimited
+        );
+        // Each interval adds C and compacts C: L0 stays empty.
+        listener.next_interval(&stats(0, 0, C));
+        let tokens = listener.next_interval(&stats(sublevels, 0, 2 * C));
+        (listener, tokens)
+    }
+
+    #[test]
+    fn tokens_follow_the_debt_as_a_table() {
+        let c = C as f64;
+        // sub-levels, regular (None = unlimited), elastic (None = unlimited)
+        let rows: &[(u64, Option<f64>, Option<f64>)] = &[
+            (0, None, None),
+            (2, None, Some(1.25 * c)),
+            (4, None, Some(1.0 * c)),
+            (6, Some(c * (3.0 - 2.0 * 0.6)), Some(0.75 * c)),
+            (10, Some(c), Some(0.25 * c)),
+            (12, Some(c / 2.0 * (3.0 - 1.2)), Some(1.0)),
+            (40, Some(c / 2.0), Some(1.0)),
+        ];
+        for &(sublevels, regular, elastic) in rows {
+            let (_, tokens) = after_steady_compaction(sublevels);
+            let expect =
+                |value: Option<f64>| value.map_or(Tokens::Unlimited, |v| Tokens::Limited(v as u64));
+            assert_eq!(
+                tokens.regular,
+                expect(regular),
+                "regular at {sublevels} sub-levels"
+            );
+            assert_eq!(
+                tokens.elastic,
+                expect(elastic),
+                "elastic at {sublevels} sub-levels"
+            );
+            assert_eq!(tokens.smoothed_compacted, C);
+        }
+    }
+
+    #[test]
+    fn regular_tokens_are_smoothed_across_intervals() {
+        let (mut listener, first) = after_steady_compaction(40);
+        assert_eq!(first.regular, Tokens::Limited(C / 2));
+        // Still 40 sub-levels, but nothing compacted this time: the smoothed
+        // throughput halves, and the tokens move halfway towards its half.
+        let next = listener.next_interval(&stats(40, 0, 2 * C));
+        assert_eq!(next.smoothed_compacted, C / 2);
+        assert_eq!(next.regular, Tokens::Limited((C / 2 + C / 4) / 2));
+    }
+
+    #[test]
+    fn elastic_never_exceeds_regular() {
+        let (_, tokens) = after_steady_compaction(7);
+        let (Tokens::Limited(regular), Tokens::Limited(elastic)) = (tokens.regular, tokens.elastic)
+        else {
+            panic!("both limited at 7 sub-levels: {tokens:?}");
+        };
+        assert!(elastic <= regular);
+    }
+
+    #[test]
+    fn garbage_and_regressing_counters_never_give_negative_or_overflowing_tokens() {
+        let mut listener = IoLoadListener::new(IoLoadConfig::default()).unwrap();
+        let readings = [
+            stats(30, u64::MAX, u64::MAX),
+            stats(30, 0, 0),        // counters went backwards
+            stats(30, u64::MAX, 5), // L0 grew more than anything added
+            stats(u64::MAX, 3, u64::MAX),
+            LsmStats::default(),
+        ];
+        for reading in readings {
+            let tokens = listener.next_interval(&reading);
+            for budget in [tokens.regular, tokens.elastic] {
+                if let Tokens::Limited(bytes) = budget {
+                    assert!(bytes >= 1, "{tokens:?}");
+                }
+            }
+            assert!(tokens.score.is_finite() && tokens.score >= 0.0);
+        }
+    }
+
+    #[test]
+    fn engines_without_sublevels_are_judged_by_files() {
+        let mut listener = IoLoadListener::new(IoLoadConfig::default()).unwrap();
+        let files = |n| LsmStats {
+            l0_files: n,
+            ..LsmStats::default()
+        };
+        listener.next_interval(&files(0));
+        assert_eq!(listener.next_interval(&files(1_000)).score, 2.0);
+    }
+
+    #[test]
+    fn zero_settings_are_rejected_naming_the_field() {
+        let bad = |config: IoLoadConfig| IoLoadListener::new(config).unwrap_err().field();
+        let base = IoLoadConfig::default();
+        assert_eq!(
+            bad(IoLoadConfig {
+                interval: Duration::ZERO,
+                ..base
+            }),
+            "interval"
+        );
+        assert_eq!(
+            bad(IoLoadConfig {
+                l0_file_threshold: 0,
+                ..base
+            }),
+            "l0_file_threshold"
+        );
+        assert_eq!(
+            bad(IoLoadConfig {
+                l0_sublevel_threshold: 0,
+                ..base
+            }),
+            "l0_sublevel_threshold"
+        );
+    }
+}

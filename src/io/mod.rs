@@ -1,0 +1,34 @@
+//! The IO signal: LSM debt turned into byte tokens.
+//!
+//! Writes to an LSM are cheap when they happen and expensive later, when
+//! compactions rewrite their bytes; the debt shows up as files and
+//! sub-levels piling up in L0, and when it grows far enough the engine
+//! stalls every writer alike. Admission control instead turns the debt into
+//! a budget of **byte tokens** per interval, sized so that compactions can
+//! pay the debt down, and lets the queue spend it by tenant and priority.
+//!
+//! This module has the pieces that do not depend on the queue:
+//!
+//! * [`LsmStats`] and [`LsmStatsSource`]: what an engine reports.
+//! * [`IoLoadListener`]: every interval (15 s), the next interval's tokens
+//!   for regular and elastic work from L0's state and the smoothed
+//!   compaction throughput (upstream's `ioLoadListener`): the bytes
+//!   compacted out of L0 are smoothed (EWMA, α = 0.5) into `C`; the score
+//!   `s = 2 · max(files / file threshold, sub-levels / sub-level threshold)`
+//!   sets regular tokens (unlimited below 0.5, then `C·(3 − 2s)` to 1,
+//!   `C/2·(3 − s)` to 2, `C/2` beyond, smoothed) and elastic tokens
+//!   (unlimited below 0.2, then `C·(1.25 − 1.25·(s − 0.2))`, at least 1,
+//!   never above regular). Deltas are clamped at zero and arithmetic
+//!   saturates, whatever the engine reports.
+//! * [`TokenDrip`]: hands an interval's total out in ticks, exactly.
+//!
+//! The token granter that spends them through a `WorkQueue`, the `fjall`
+//! adapter and the ingest example build on these (issue 6, in progress).
+
+mod drip;
+mod listener;
+mod stats;
+
+pub use drip::TokenDrip;
+pub use listener::{IoLoadConfig, IoLoadListener, IoTokens, Tokens};
+pub use stats::{LsmStats, LsmStatsSource};

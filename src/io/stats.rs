@@ -1,0 +1,34 @@
+//! What an LSM engine reports about its L0 debt.
+
+/// One reading of an LSM's state. Cumulative counters only ever grow in a
+/// healthy engine; the listener clamps their deltas at zero, so an engine
+/// that resets or reports garbage cannot produce negative or overflowing
+/// budgets.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LsmStats {
+    /// Files (SSTables) in L0.
+    pub l0_files: u64,
+    /// L0 sub-levels, for engines that track them (Pebble does; engines
+    /// without them report `None` and are judged by file count).
+    pub l0_sublevels: Option<u64>,
+    /// Bytes in L0.
+    pub l0_bytes: u64,
+    /// Cumulative bytes flushed from memtables into L0.
+    pub flushed_bytes: u64,
+    /// Cumulative bytes ingested directly into L0.
+    pub ingested_bytes: u64,
+    /// Cumulative write stalls the engine imposed.
+    pub write_stalls: u64,
+}
+
+/// A source of [`LsmStats`]: an adapter for a storage engine, or a test's.
+pub trait LsmStatsSource: Send + 'static {
+    /// Reads the engine's current state.
+    fn stats(&mut self) -> LsmStats;
+}
+
+impl<F: FnMut() -> LsmStats + Send + 'static> LsmStatsSource for F {
+    fn stats(&mut self) -> LsmStats {
+        self()
+    }
+}
