@@ -90,7 +90,8 @@ impl<G: Granter> Future for Admit<G> {
             // give the scheduler a turn now and then, as tokio's own
             // semaphore does.
             let coop = ready!(tokio::task::coop::poll_proceed(cx));
-            let attempt = shared.with_state(|queue, grants, _| queue.attempt(work, grants));
+            let attempt =
+                shared.with_state(|queue, grants, _| queue.attempt(work, grants, cx.waker()));
             let tenant = work.tenant();
             let priority = work.priority();
             match attempt {
@@ -126,6 +127,16 @@ impl<G: Granter> Future for Admit<G> {
                         priority,
                         span,
                     };
+                    // The waker is already stored with the waiter; only the
+                    // deadline timer (if any) needs this poll to register.
+                    // A grant made since the lock was released has woken us.
+                    let fired = match this.timer.as_mut().as_pin_mut() {
+                        Some(timer) => timer.poll(cx).is_ready(),
+                        None => false,
+                    };
+                    if !fired {
+                        return Poll::Pending;
+                    }
                 }
             }
         }

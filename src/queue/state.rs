@@ -287,10 +287,13 @@ impl QueueState {
 
     /// The first poll of an `Admit`: bypass, fail fast, take the fast path,
     /// or enqueue.
+    /// `waker` is stored if the request has to wait, so the first poll of a
+    /// queued request takes the lock once.
     pub(crate) fn attempt<G: Granter>(
         &mut self,
         work: &WorkInfo,
         grants: &mut Grants<'_, G>,
+        waker: &Waker,
     ) -> Attempt {
         let priority = work.priority();
         self.stats.requested(priority);
@@ -337,7 +340,7 @@ impl QueueState {
             return self.reject(work, error);
         }
         Attempt::Queued {
-            key: self.enqueue(work, now),
+            key: self.enqueue(work, now, waker),
         }
     }
 
@@ -434,7 +437,7 @@ impl QueueState {
             ),
             None => {
                 let weight = self.weights.get(&id).copied().unwrap_or_default();
-                (0, Tenant::new(weight).order(id))
+                (0, Tenant::new(weight, false).order(id))
             }
         };
         let tenants_ahead = self
@@ -453,16 +456,17 @@ impl QueueState {
         })
     }
 
-    fn enqueue(&mut self, work: &WorkInfo, now: Instant) -> usize {
+    fn enqueue(&mut self, work: &WorkInfo, now: Instant, waker: &Waker) -> usize {
         let seq = self.next_seq;
         self.next_seq += 1;
         let tenant_id = work.tenant();
         let priority = work.priority();
         let create_time = work.create_time();
-        let lifo = self
-            .tenants
-            .get(&tenant_id)
-            .is_some_and(|tenant| tenant.is_lifo(priority));
+        let lifo = self.limits.epoch_lifo.is_some()
+            && self
+                .tenants
+                .get(&tenant_id)
+                .is_some_and(|tenant| tenant.is_lifo(priority));
         let place = match self.limits.epoch_lifo {
             Some(settings) if lifo => {
                 let epoch = settings.epoch_of(self.origin, create_time);
@@ -493,7 +497,9 @@ impl QueueState {
             place,
             deadline: work.deadline(),
             enqueued_at: now,
-            state: WaiterState::Waiting { waker: None },
+            state: WaiterState::Waiting {
+                waker: Some(waker.clone()),
+            },
         });
         self.with_tenant(tenant_id, |tenant| tenant.insert(place, slab_key));
         self.waiting += 1;
@@ -949,7 +955,9 @@ impl QueueState {
                 self.gc_threshold = MIN_GC_THRESHOLD.max(2 * self.tenants.len());
             }
             let weight = self.weights.get(&tenant).copied().unwrap_or_default();
-            self.tenants.insert(tenant, Tenant::new(weight));
+            let count_priorities = self.limits.early_rejection;
+            self.tenants
+                .insert(tenant, Tenant::new(weight, count_priorities));
         }
         self.update_tenant(tenant, change);
     }

@@ -20,12 +20,13 @@ pub(super) struct Tenant {
     ready: BTreeMap<WaiterKey, usize>,
     /// LIFO-marked work whose epoch is still open.
     open: BTreeMap<OpenKey, usize>,
-    /// Waiting requests per priority, in both sets.
-    waiting_at: BTreeMap<Priority, u32>,
+    /// Waiting requests per priority, in both sets; kept only when early
+    /// rejection needs it (`None` otherwise: two tree updates per wait saved).
+    waiting_at: Option<BTreeMap<Priority, u32>>,
 }
 
 impl Tenant {
-    pub(super) fn new(weight: TenantWeight) -> Self {
+    pub(super) fn new(weight: TenantWeight, count_priorities: bool) -> Self {
         Tenant {
             weight,
             used: 0,
@@ -33,7 +34,7 @@ impl Tenant {
             states: PriorityStates::default(),
             ready: BTreeMap::new(),
             open: BTreeMap::new(),
-            waiting_at: BTreeMap::new(),
+            waiting_at: count_priorities.then(BTreeMap::new),
         }
     }
 
@@ -75,7 +76,9 @@ impl Tenant {
                 key.priority.0
             }
         };
-        *self.waiting_at.entry(priority).or_default() += 1;
+        if let Some(waiting_at) = &mut self.waiting_at {
+            *waiting_at.entry(priority).or_default() += 1;
+        }
     }
 
     pub(super) fn remove(&mut self, place: &Place) {
@@ -83,29 +86,35 @@ impl Tenant {
             Place::Ready(key) => (self.ready.remove(key).is_some(), key.priority.0),
             Place::Open(key) => (self.open.remove(key).is_some(), key.priority.0),
         };
-        if removed {
-            if let Some(count) = self.waiting_at.get_mut(&priority) {
-                *count -= 1;
-                if *count == 0 {
-                    self.waiting_at.remove(&priority);
-                }
+        let Some(waiting_at) = self.waiting_at.as_mut().filter(|_| removed) else {
+            return;
+        };
+        if let Some(count) = waiting_at.get_mut(&priority) {
+            *count -= 1;
+            if *count == 0 {
+                waiting_at.remove(&priority);
             }
         }
     }
 
     /// Requests of this tenant waiting at `priority` or higher: ahead of a
-    /// new request at `priority`, whatever their create times.
+    /// new request at `priority`, whatever their create times. Zero unless
+    /// the tenant counts priorities.
     pub(super) fn waiting_at_or_above(&self, priority: Priority) -> u64 {
-        self.waiting_at
-            .range(priority..)
-            .map(|(_, &count)| u64::from(count))
-            .sum()
+        self.waiting_at.as_ref().map_or(0, |waiting_at| {
+            waiting_at
+                .range(priority..)
+                .map(|(_, &count)| u64::from(count))
+                .sum()
+        })
     }
 
     pub(super) fn clear(&mut self) {
         self.ready.clear();
         self.open.clear();
-        self.waiting_at.clear();
+        if let Some(waiting_at) = &mut self.waiting_at {
+            waiting_at.clear();
+        }
     }
 
     /// Moves LIFO-marked work of epochs up to `closed` into the ready set.
