@@ -152,3 +152,45 @@ fn futures_and_permits_can_cross_threads_and_live_in_structs() {
         _admit: queue.admit(WorkInfo::new(TenantId::SYSTEM, Priority::NORMAL)),
     };
 }
+
+fn asking(tenant: u64, units: u64, t0: Instant, created_ms: u64) -> WorkInfo {
+    WorkInfo::builder()
+        .tenant(TenantId::new(tenant))
+        .create_time(t0 + std::time::Duration::from_millis(created_ms))
+        .requested(units)
+        .build()
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_request_for_several_slots_gets_them_all_at_once_or_waits() {
+    let t0 = Instant::now();
+    let queue = WorkQueue::new(3).unwrap();
+    let two = admit_now(&queue, asking(1, 2, t0, 0));
+    assert_eq!(queue.snapshot().granter.used, 2);
+    assert_eq!(queue.snapshot().tenant(TenantId::new(1)).unwrap().used, 2);
+    // Two more do not fit in the one slot left: it waits in line, and the
+    // single-slot request behind it waits too (no overtaking).
+    let mut waiting = vec![
+        ("pair", enqueue(&queue, asking(2, 2, t0, 1))),
+        ("single", enqueue(&queue, asking(2, 1, t0, 2))),
+    ];
+    assert!(granted(&mut waiting).is_empty());
+    drop(two);
+    let grants = granted(&mut waiting);
+    assert_eq!(names(&grants), ["pair", "single"]);
+    assert_eq!(queue.snapshot().granter.used, 3);
+    drop(grants);
+    assert_eq!(queue.snapshot().granter.used, 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn zero_units_count_as_one_and_bypass_takes_what_it_asks() {
+    let t0 = Instant::now();
+    assert_eq!(asking(1, 0, t0, 0).requested(), 1);
+    let queue = WorkQueue::new(1).unwrap();
+    let bypass = WorkInfo::builder().requested(3).bypass(true).build();
+    let permit = admit_now(&queue, bypass);
+    assert_eq!(queue.snapshot().granter.used, 3);
+    drop(permit);
+    assert_eq!(queue.snapshot().granter.used, 0);
+}

@@ -8,10 +8,12 @@ use crate::grant::{Granter, SlotGranter};
 use crate::sync::Arc;
 use crate::work::TenantId;
 
-/// Proof of admission: holds one slot until dropped.
+/// Proof of admission: holds the slots it was granted (one, unless the
+/// work asked for more with [`WorkInfoBuilder::requested`](crate::work::WorkInfoBuilder::requested))
+/// until dropped.
 ///
-/// Dropping the permit, or calling [`done`](Self::done), returns the slot;
-/// the first waiter in order gets it at once. Because the return happens in
+/// Dropping the permit, or calling [`done`](Self::done), returns them; the
+/// first waiter in order gets them at once. Because the return happens in
 /// `Drop`, a handler that panics or is cancelled while holding the permit
 /// still gives its slot back.
 #[must_use = "dropping the permit at once returns the slot: hold it while the work runs"]

@@ -72,9 +72,6 @@ use crate::grant::{Granter, Grants};
 use crate::observe::{PrioritySnapshot, PriorityStats, Settled, TenantSnapshot};
 use crate::work::{Priority, TenantId, TenantWeight, WorkInfo};
 
-/// Slots are granted one at a time; tokens (a later granter) carry sizes.
-const SLOT: u64 = 1;
-
 /// Tenant records below this count are never garbage-collected early.
 const MIN_GC_THRESHOLD: usize = 1024;
 
@@ -102,6 +99,8 @@ enum WaiterState {
 struct Waiter {
     tenant: TenantId,
     priority: Priority,
+    /// Units asked for.
+    count: u64,
     place: Place,
     deadline: Option<Instant>,
     enqueued_at: Instant,
@@ -113,6 +112,8 @@ struct Waiter {
 pub(crate) struct Charge {
     /// The reset generation its tenant was charged in.
     generation: u64,
+    /// Units granted (slots).
+    count: u64,
     /// The admitted work's priority.
     priority: Priority,
     /// When the slot was granted, if the queue times slot holds (for early
@@ -304,7 +305,7 @@ impl QueueState {
             self.with_tenant(work.tenant(), |t| t.states.requested(priority));
         }
         if work.is_bypass() {
-            grants.took_without_permission(SLOT);
+            grants.took_without_permission(work.requested());
             return self.admit_at_once(work);
         }
         // The clock is read only for work that has a deadline, and for
@@ -325,7 +326,7 @@ impl QueueState {
         let nobody_grantable =
             self.waiting == 0 || (elastic_full && self.next_grantee(elastic_full).is_none());
         let elastic_blocked = priority.is_elastic() && elastic_full;
-        if nobody_grantable && !elastic_blocked && grants.try_get(SLOT) {
+        if nobody_grantable && !elastic_blocked && grants.try_get(work.requested()) {
             return self.admit_at_once(work);
         }
         if self.waiting >= self.limits.max_waiters {
@@ -348,12 +349,13 @@ impl QueueState {
     /// with a zero wait.
     fn admit_at_once(&mut self, work: &WorkInfo) -> Attempt {
         let priority = work.priority();
+        let count = work.requested();
         if priority.is_elastic() {
-            self.elastic_held += SLOT;
+            self.elastic_held = self.elastic_held.saturating_add(count);
         }
         let epoch_lifo = self.limits.epoch_lifo.is_some();
         self.with_tenant(work.tenant(), |t| {
-            t.used = t.used.saturating_add(SLOT);
+            t.used = t.used.saturating_add(count);
             if epoch_lifo {
                 t.states.admitted_at_once(priority);
             }
@@ -361,7 +363,7 @@ impl QueueState {
         let waited = Duration::ZERO;
         self.stats.settled(priority, Settled::Admitted { waited });
         Attempt::Admitted {
-            charge: self.charge_now(priority, None),
+            charge: self.charge_now(priority, count, None),
         }
     }
 
@@ -391,9 +393,10 @@ impl QueueState {
 
     /// The charge of a slot granted now; the clock is read only when slot
     /// holds are timed.
-    fn charge_now(&self, priority: Priority, now: Option<Instant>) -> Charge {
+    fn charge_now(&self, priority: Priority, count: u64, now: Option<Instant>) -> Charge {
         Charge {
             generation: self.generation,
+            count,
             priority,
             admitted_at: self
                 .limits
@@ -494,6 +497,7 @@ impl QueueState {
         let slab_key = self.waiters.insert(Waiter {
             tenant: tenant_id,
             priority,
+            count: work.requested(),
             place,
             deadline: work.deadline(),
             enqueued_at: now,
@@ -565,23 +569,26 @@ impl QueueState {
                     }
                 }
             }
-            if !grants.try_get(SLOT) {
+            // Strict order: if the first waiter's units are not all
+            // available, nobody behind it is granted either.
+            let count = self.waiters[slab_key].count;
+            if !grants.try_get(count) {
                 break;
             }
             self.unlink(slab_key);
             let waiter = &self.waiters[slab_key];
             let (priority, enqueued_at) = (waiter.priority, waiter.enqueued_at);
             self.with_tenant(first.id, |t| {
-                t.used = t.used.saturating_add(SLOT);
+                t.used = t.used.saturating_add(count);
                 if let Some(now) = now.filter(|_| epoch_lifo) {
                     t.states
                         .waited(priority, now.saturating_duration_since(enqueued_at), true);
                 }
             });
             if priority.is_elastic() {
-                self.elastic_held += SLOT;
+                self.elastic_held = self.elastic_held.saturating_add(count);
             }
-            let charge = self.charge_now(priority, now);
+            let charge = self.charge_now(priority, count, now);
             let pacing_epoch = self.pacing.granted();
             let waiter = &mut self.waiters[slab_key];
             if let WaiterState::Waiting { waker } = std::mem::replace(
@@ -593,7 +600,7 @@ impl QueueState {
             ) {
                 wakes.push(waker);
             }
-            granted += SLOT;
+            granted += count;
         }
         granted
     }
@@ -717,10 +724,10 @@ impl QueueState {
         grants: &mut Grants<'_, G>,
         wakes: &mut WakeList,
     ) {
-        grants.return_grant(SLOT);
+        grants.return_grant(charge.count);
         self.drain.completions += 1;
         if charge.priority.is_elastic() {
-            self.elastic_held = self.elastic_held.saturating_sub(SLOT);
+            self.elastic_held = self.elastic_held.saturating_sub(charge.count);
         }
         if let Some(admitted_at) = charge.admitted_at {
             let held = Instant::now().saturating_duration_since(admitted_at);
@@ -733,7 +740,7 @@ impl QueueState {
             && charge.generation == self.generation
             && self.tenants.contains_key(&tenant)
         {
-            self.update_tenant(tenant, |t| t.used = t.used.saturating_sub(SLOT));
+            self.update_tenant(tenant, |t| t.used = t.used.saturating_sub(charge.count));
         }
         self.grant_waiting(grants, wakes);
     }

@@ -31,6 +31,7 @@ pub struct WorkInfo {
     create_time: Instant,
     deadline: Option<Instant>,
     bypass: bool,
+    requested: u64,
 }
 
 impl WorkInfo {
@@ -42,6 +43,7 @@ impl WorkInfo {
             create_time: Instant::now(),
             deadline: None,
             bypass: false,
+            requested: 1,
         }
     }
 
@@ -53,6 +55,7 @@ impl WorkInfo {
             create_time: None,
             deadline: None,
             bypass: false,
+            requested: 1,
         }
     }
 
@@ -84,6 +87,12 @@ impl WorkInfo {
         self.bypass
     }
 
+    /// How many units of the granter's resource the work asks for: slots
+    /// (1 by default), or an estimate of bytes for a token granter.
+    pub fn requested(&self) -> u64 {
+        self.requested
+    }
+
     /// The same work with another deadline.
     pub fn with_deadline(mut self, deadline: Instant) -> Self {
         self.deadline = Some(deadline);
@@ -107,6 +116,7 @@ pub struct WorkInfoBuilder {
     create_time: Option<Instant>,
     deadline: Option<Instant>,
     bypass: bool,
+    requested: u64,
 }
 
 impl WorkInfoBuilder {
@@ -152,6 +162,15 @@ impl WorkInfoBuilder {
         self
     }
 
+    /// How many units of the resource the work asks for (default 1; zero
+    /// counts as one). A request is granted only when all of them are
+    /// available at once, and it holds its place in line meanwhile: a large
+    /// request at the head waits for capacity rather than being overtaken.
+    pub fn requested(mut self, units: u64) -> Self {
+        self.requested = units.max(1);
+        self
+    }
+
     /// The finished [`WorkInfo`].
     pub fn build(self) -> WorkInfo {
         WorkInfo {
@@ -160,6 +179,7 @@ impl WorkInfoBuilder {
             create_time: self.create_time.unwrap_or_else(Instant::now),
             deadline: self.deadline,
             bypass: self.bypass,
+            requested: self.requested,
         }
     }
 }
