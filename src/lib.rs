@@ -160,7 +160,7 @@ pub mod tower;
 pub mod work;
 
 pub use error::{AdmitError, ConfigError};
-pub use grant::SlotGranter;
+pub use grant::{SlotGranter, TokenGranter};
 pub use observe::QueueSnapshot;
 pub use queue::{Admit, EpochLifo, SlotPermit, Usage, WorkQueue, WorkQueueBuilder};
 pub use work::{Priority, TenantId, TenantWeight, WorkInfo};

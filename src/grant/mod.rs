@@ -74,8 +74,10 @@
 //! ```
 
 mod slot;
+mod token;
 
 pub use slot::{SlotGranter, SlotSnapshot, SlotState};
+pub use token::{TokenGranter, TokenSnapshot, TokenState};
 
 use std::fmt::Debug;
 

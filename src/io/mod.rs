@@ -22,8 +22,13 @@
 //!   saturates, whatever the engine reports.
 //! * [`TokenDrip`]: hands an interval's total out in ticks, exactly.
 //!
-//! The token granter that spends them through a `WorkQueue`, the `fjall`
-//! adapter and the ingest example build on these (issue 6, in progress).
+//! The tokens are spent through a [`WorkQueue`](crate::WorkQueue) in front
+//! of a [`TokenGranter`](crate::TokenGranter) (`WorkQueue::tokens`):
+//! requests carry their estimated bytes ([`WorkInfoBuilder::requested`](crate::work::WorkInfoBuilder::requested)),
+//! each tick's drip goes in with `add_tokens`, and `correct_tokens` settles
+//! an estimate once the write's real size is known. The tick driver that
+//! ties these together on a timer, the `fjall` adapter and the ingest
+//! example are still to come (issue 6).
 
 mod drip;
 mod listener;

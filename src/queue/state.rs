@@ -745,6 +745,20 @@ impl QueueState {
         self.grant_waiting(grants, wakes);
     }
 
+    /// Charges (`delta > 0`) or credits a tenant's usage after the fact: an
+    /// estimate corrected once the actual cost is known.
+    pub(crate) fn adjust_used(&mut self, tenant: TenantId, delta: i64) {
+        if self.tenants.contains_key(&tenant) {
+            self.update_tenant(tenant, |t| {
+                t.used = if delta >= 0 {
+                    t.used.saturating_add(delta.unsigned_abs())
+                } else {
+                    t.used.saturating_sub(delta.unsigned_abs())
+                };
+            });
+        }
+    }
+
     /// Fails every waiting request; later attempts fail at once.
     pub(crate) fn close(&mut self, wakes: &mut WakeList) {
         self.closed = true;
