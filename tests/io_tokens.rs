@@ -136,3 +136,59 @@ fn write_of(tenant: u64, bytes: u64) -> WorkInfo {
         .requested(bytes)
         .build()
 }
+
+/// The controller, stepped by hand under a paused clock with an injected
+/// engine: unlimited and slow ticks while L0 is healthy; once the debt
+/// shows, limited tokens dripped every millisecond, exactly the interval's
+/// total over the interval.
+#[tokio::test(start_paused = true)]
+async fn the_io_controller_drips_each_intervals_tokens_into_the_queue() {
+    use admission::io::{IoController, LOADED_TICK, UNLOADED_TICK};
+    use std::sync::{Arc, Mutex};
+    use std::time::Duration;
+
+    let engine = Arc::new(Mutex::new(LsmStats::default()));
+    let reading = engine.clone();
+    let config = IoLoadConfig {
+        interval: Duration::from_millis(100),
+        ..IoLoadConfig::default()
+    };
+    let controller = IoController::new(move || *reading.lock().unwrap(), config, true).unwrap();
+
+    let first = controller.step();
+    assert_eq!(first.new_interval.unwrap().regular, Tokens::Unlimited);
+    assert_eq!((first.added, first.next_tick), (None, UNLOADED_TICK));
+    assert!(controller.queue().snapshot().granter.unlimited);
+
+    // During the first interval 600 MiB arrived in L0 and 400 MiB were
+    // compacted out: 200 MiB and 40 sub-levels remain.
+    *engine.lock().unwrap() = LsmStats {
+        l0_files: 40,
+        l0_sublevels: Some(40),
+        l0_bytes: 200 * MIB,
+        flushed_bytes: 600 * MIB,
+        ..LsmStats::default()
+    };
+    tokio::time::advance(Duration::from_millis(100)).await;
+    let limited = controller.step();
+    let decision = limited.new_interval.unwrap();
+    assert_eq!(decision.compacted, 400 * MIB);
+    assert_eq!(
+        decision.regular,
+        Tokens::Limited(200 * MIB),
+        "C/2 at 40 sub-levels"
+    );
+    assert_eq!(limited.next_tick, LOADED_TICK);
+
+    let mut total = limited.added.unwrap();
+    for _ in 1..100 {
+        tokio::time::advance(LOADED_TICK).await;
+        let tick = controller.step();
+        assert!(tick.new_interval.is_none());
+        total += tick.added.unwrap();
+    }
+    assert_eq!(total, 200 * MIB, "the interval's tokens, exactly");
+    assert!(!controller.queue().snapshot().granter.unlimited);
+    controller.close();
+    assert!(controller.queue().is_closed());
+}

@@ -44,6 +44,18 @@ impl TokenDrip {
         Some(now)
     }
 
+    /// The next tick's tokens when the caller knows how many ticks are left
+    /// (from the time left in the interval, so a ticker that runs late does
+    /// not leave tokens undistributed): `ceil(remaining / ticks_left)`, and
+    /// everything on the last.
+    pub fn take(&mut self, ticks_left: u32) -> u64 {
+        let remaining = self.total - self.given;
+        let now = remaining.div_ceil(u64::from(ticks_left.max(1)));
+        self.given += now;
+        self.tick = self.tick.saturating_add(1);
+        now
+    }
+
     /// Tokens still to be given this interval.
     pub fn remaining(&self) -> u64 {
         self.total - self.given
@@ -78,5 +90,16 @@ mod tests {
             assert_eq!(drip.remaining(), 0);
         }
         assert_eq!(TokenDrip::new(10, 0).next_tick(), None);
+    }
+
+    #[test]
+    fn a_late_ticker_still_gives_the_whole_total() {
+        // 100 tokens planned over 10 ticks, but the ticker only managed 4:
+        // it said 10, 7, 3 and 1 ticks were left.
+        let mut drip = TokenDrip::new(100, 10);
+        let given: Vec<u64> = [10, 7, 3, 1].iter().map(|&left| drip.take(left)).collect();
+        assert_eq!(given, [10, 13, 26, 51]);
+        assert_eq!(drip.remaining(), 0);
+        assert_eq!(drip.take(5), 0);
     }
 }

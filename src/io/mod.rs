@@ -26,14 +26,16 @@
 //! of a [`TokenGranter`](crate::TokenGranter) (`WorkQueue::tokens`):
 //! requests carry their estimated bytes ([`WorkInfoBuilder::requested`](crate::work::WorkInfoBuilder::requested)),
 //! each tick's drip goes in with `add_tokens`, and `correct_tokens` settles
-//! an estimate once the write's real size is known. The tick driver that
-//! ties these together on a timer, the `fjall` adapter and the ingest
-//! example are still to come (issue 6).
+//! an estimate once the write's real size is known. [`IoController`] ties
+//! them together on a ticker thread. Separate regular and elastic budgets,
+//! the `fjall` adapter and the ingest example are still to come (issue 6).
 
+mod controller;
 mod drip;
 mod listener;
 mod stats;
 
+pub use controller::{IoController, IoTick, LOADED_TICK, UNLOADED_TICK};
 pub use drip::TokenDrip;
 pub use listener::{IoLoadConfig, IoLoadListener, IoTokens, Tokens};
 pub use stats::{LsmStats, LsmStatsSource};
