@@ -11,6 +11,7 @@ use admission::cpu::{Adjustment, Controller, CpuLoad};
 use admission::{Admit, AdmitError, Priority, SlotPermit, TenantId, WorkInfo, WorkQueue};
 use loom::sync::Arc;
 use loom::thread;
+use loom_tests::model;
 
 fn poll_once(admit: &mut Pin<Box<Admit>>) -> Poll<Result<SlotPermit, AdmitError>> {
     admit.as_mut().poll(&mut Context::from_waker(Waker::noop()))
@@ -27,11 +28,7 @@ fn admit(queue: &WorkQueue) -> Pin<Box<Admit>> {
 /// comes back, and every slot is returned at the end.
 #[test]
 fn a_tick_moves_the_total_while_a_release_grants() {
-    let mut builder = loom::model::Builder::new();
-    if builder.preemption_bound.is_none() {
-        builder.preemption_bound = Some(3);
-    }
-    builder.check(|| {
+    model(|| {
         let controller = Arc::new(
             Controller::with_signal(|| CpuLoad::new(5, 1))
                 .threshold(1)

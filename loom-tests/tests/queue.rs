@@ -15,6 +15,7 @@ use std::task::{Context, Poll, Waker};
 
 use admission::{Admit, AdmitError, Priority, SlotPermit, TenantId, WorkInfo, WorkQueue};
 use loom::thread;
+use loom_tests::model;
 
 fn work(tenant: u64) -> WorkInfo {
     WorkInfo::new(TenantId::new(tenant), Priority::NORMAL)
@@ -35,14 +36,6 @@ fn queued(queue: &WorkQueue, tenant: u64) -> Pin<Box<Admit>> {
     let mut admit = Box::pin(queue.admit(work(tenant)));
     assert!(poll_once(&mut admit).is_pending());
     admit
-}
-
-fn model(f: impl Fn() + Sync + Send + 'static) {
-    let mut builder = loom::model::Builder::new();
-    if builder.preemption_bound.is_none() {
-        builder.preemption_bound = Some(3);
-    }
-    builder.check(f);
 }
 
 /// A slot released by one thread races the cancellation of the waiter it

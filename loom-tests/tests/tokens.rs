@@ -8,20 +8,13 @@ use std::task::{Context, Poll, Waker};
 
 use admission::{TenantId, WorkInfo, WorkQueue};
 use loom::thread;
+use loom_tests::model;
 
 fn write(tenant: u64, bytes: u64) -> WorkInfo {
     WorkInfo::builder()
         .tenant(TenantId::new(tenant))
         .requested(bytes)
         .build()
-}
-
-fn model(f: impl Fn() + Sync + Send + 'static) {
-    let mut builder = loom::model::Builder::new();
-    if builder.preemption_bound.is_none() {
-        builder.preemption_bound = Some(3);
-    }
-    builder.check(f);
 }
 
 /// A refill and a credit race; the waiting writer is granted exactly once,
