@@ -155,6 +155,7 @@ pub mod io;
 pub mod observe;
 pub mod queue;
 mod sync;
+mod ticker;
 #[cfg(feature = "tower")]
 pub mod tower;
 pub mod work;

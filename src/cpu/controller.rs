@@ -3,7 +3,6 @@
 
 use std::collections::VecDeque;
 use std::fmt;
-use std::thread::JoinHandle;
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -18,7 +17,8 @@ use crate::error::ConfigError;
 use crate::grant::{SlotGranter, SlotSnapshot};
 use crate::observe::QueueSnapshot;
 use crate::queue::{Admit, WorkQueue, WorkQueueBuilder};
-use crate::sync::{Arc, AtomicBool, Mutex, Ordering};
+use crate::sync::{Arc, Mutex};
+use crate::ticker::Ticker;
 use crate::work::WorkInfo;
 
 /// How many slot changes the snapshot remembers.
@@ -57,7 +57,7 @@ const RUNTIME_SUMMARY_EVERY: Duration = Duration::from_millis(100);
 /// ```
 pub struct Controller {
     core: Arc<Core>,
-    sampler: Mutex<Option<JoinHandle<()>>>,
+    sampler: Ticker,
 }
 
 /// What the sampler thread and the controller's handle share.
@@ -68,7 +68,6 @@ struct Core {
     idle_period: Duration,
     started: Instant,
     source: Option<SignalSource>,
-    stop: AtomicBool,
     ticking: Mutex<Ticking>,
 }
 
@@ -228,15 +227,7 @@ impl Controller {
     /// with [`AdmitError::Closed`](crate::AdmitError::Closed), permits already
     /// granted stay valid. Idempotent; also done on drop.
     pub fn close(&self) {
-        self.core.stop.store(true, Ordering::Release);
-        if let Some(sampler) = self.sampler.lock().take() {
-            sampler.thread().unpark();
-            // The sampler only panics if a user-supplied signal did; the
-            // queue is closed either way.
-            if sampler.join().is_err() {
-                tracing::error!(target: "admission", "the CPU sampler thread panicked");
-            }
-        }
+        self.sampler.stop();
         self.core.queue.close();
     }
 }
@@ -339,16 +330,11 @@ impl Core {
         }
     }
 
-    fn run_sampler(core: Arc<Self>) {
-        while !core.stop.load(Ordering::Acquire) {
-            let tick = core.tick();
-            let period = match tick.mode {
-                Mode::Active => core.period,
-                Mode::Idle => core.idle_period,
-            };
-            // Woken early by `close`; a spurious wake-up only means an
-            // extra sample.
-            std::thread::park_timeout(period);
+    /// One tick of the sampler thread; returns how long to sleep.
+    fn sample(&self) -> Duration {
+        match self.tick().mode {
+            Mode::Active => self.period,
+            Mode::Idle => self.idle_period,
         }
     }
 }
@@ -522,7 +508,6 @@ impl ControllerBuilder {
             idle_period: self.idle_period,
             started: now,
             source,
-            stop: AtomicBool::new(false),
             ticking: Mutex::new(Ticking {
                 signal,
                 idle: IdleDetector::new(self.idle_below, now),
@@ -531,24 +516,17 @@ impl ControllerBuilder {
             }),
         });
         let sampler = if self.manual {
-            None
+            Ticker::manual()
         } else {
             let core = core.clone();
-            let thread = std::thread::Builder::new()
-                .name("admission-cpu-sampler".into())
-                .spawn(move || Core::run_sampler(core))
-                .map_err(|error| {
-                    ConfigError::new(
-                        "sampler",
-                        format!("cannot start the sampler thread: {error}"),
-                    )
-                })?;
-            Some(thread)
+            Ticker::spawn("admission-cpu-sampler", move || core.sample()).map_err(|error| {
+                ConfigError::new(
+                    "sampler",
+                    format!("cannot start the sampler thread: {error}"),
+                )
+            })?
         };
-        Ok(Controller {
-            core,
-            sampler: Mutex::new(sampler),
-        })
+        Ok(Controller { core, sampler })
     }
 
     fn validate(&self) -> Result<(), ConfigError> {

@@ -2,7 +2,6 @@
 //! tokens into a token queue tick by tick.
 
 use std::fmt;
-use std::thread::JoinHandle;
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -13,7 +12,8 @@ use super::stats::LsmStatsSource;
 use crate::error::ConfigError;
 use crate::grant::TokenGranter;
 use crate::queue::WorkQueue;
-use crate::sync::{Arc, AtomicBool, Mutex, Ordering};
+use crate::sync::{Arc, Mutex};
+use crate::ticker::Ticker;
 
 /// Ticks while the store has never been limited (upstream: flushes take
 /// about half a second, so coarser drips would allow bursts).
@@ -35,13 +35,12 @@ pub const LOADED_TICK: Duration = Duration::from_millis(1);
 /// [`correct_tokens`](WorkQueue::correct_tokens).
 pub struct IoController {
     core: Arc<IoCore>,
-    thread: Mutex<Option<JoinHandle<()>>>,
+    ticker: Ticker,
 }
 
 struct IoCore {
     queue: WorkQueue<TokenGranter>,
     interval: Duration,
-    stop: AtomicBool,
     ticking: Mutex<Ticking>,
 }
 
@@ -78,7 +77,6 @@ impl IoController {
         let core = Arc::new(IoCore {
             queue,
             interval: config.interval,
-            stop: AtomicBool::new(false),
             ticking: Mutex::new(Ticking {
                 source: Box::new(source),
                 listener,
@@ -88,22 +86,18 @@ impl IoController {
                 last: None,
             }),
         });
-        let thread = if manual {
-            None
+        let ticker = if manual {
+            Ticker::manual()
         } else {
             let core = core.clone();
-            let spawned = std::thread::Builder::new()
-                .name("admission-io-ticker".into())
-                .spawn(move || IoCore::run(core))
-                .map_err(|error| {
-                    ConfigError::new("ticker", format!("cannot start the ticker thread: {error}"))
-                })?;
-            Some(spawned)
+            Ticker::spawn("admission-io-ticker", move || {
+                core.tick(Instant::now()).next_tick
+            })
+            .map_err(|error| {
+                ConfigError::new("ticker", format!("cannot start the ticker thread: {error}"))
+            })?
         };
-        Ok(IoController {
-            core,
-            thread: Mutex::new(thread),
-        })
+        Ok(IoController { core, ticker })
     }
 
     /// The token queue writers admit through.
@@ -124,13 +118,7 @@ impl IoController {
     /// Stops and joins the ticker thread and closes the queue. Idempotent;
     /// also done on drop.
     pub fn close(&self) {
-        self.core.stop.store(true, Ordering::Release);
-        if let Some(thread) = self.thread.lock().take() {
-            thread.thread().unpark();
-            if thread.join().is_err() {
-                tracing::error!(target: "admission::io", "the IO ticker thread panicked");
-            }
-        }
+        self.ticker.stop();
         self.core.queue.close();
     }
 }
@@ -198,13 +186,6 @@ impl IoCore {
             } else {
                 UNLOADED_TICK
             },
-        }
-    }
-
-    fn run(core: Arc<Self>) {
-        while !core.stop.load(Ordering::Acquire) {
-            let tick = core.tick(Instant::now());
-            std::thread::park_timeout(tick.next_tick);
         }
     }
 }
