@@ -1,0 +1,361 @@
+//! The backend boundary: the only code that touches CUDA.
+//!
+//! Everything above this trait (profiles, the ledger, the queue, the envelope
+//! transaction, handles) is backend-agnostic and works with the opaque ids
+//! defined here. A backend is a table from those ids to physical objects: a
+//! CUDA stream and memory pool in the `cudarc` backend, a few integers in the
+//! simulated one. Keeping the boundary this narrow is what makes every side
+//! effect loggable, every failure injectable, and the envelope's rollback
+//! order testable on a machine without a GPU.
+//!
+//! # Contract
+//!
+//! * Methods are synchronous. The ones that may block the calling thread
+//!   ([`GpuBackend::synchronize`] and the teardown calls that wait for the
+//!   device) are only ever called from the device's worker thread, never from
+//!   a tokio worker.
+//! * A method never panics on bad input: an unknown id is
+//!   [`BackendError::UnknownHandle`].
+//! * [`GpuBackend::alloc`] is called only after the crate's allocation domain
+//!   has reserved the bytes against the grant ceiling, so a backend does no
+//!   byte arithmetic of its own; it may add a driver-level cap (a memory pool
+//!   whose maximum size is the ceiling) as a second line of defence.
+//! * An error that may have corrupted device state is reported as
+//!   [`BackendError::Fault`], with how far the damage is known to reach. The
+//!   service quarantines the device ([`FaultIsolation::Device`]) or closes
+//!   every ledger of the backend ([`FaultIsolation::Unknown`]).
+
+use std::error::Error;
+use std::fmt;
+
+macro_rules! opaque_id {
+    ($(#[$doc:meta])* $name:ident) => {
+        $(#[$doc])*
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+        pub struct $name(u64);
+
+        impl $name {
+            /// Wraps a backend-chosen raw value.
+            pub const fn new(raw: u64) -> Self {
+                Self(raw)
+            }
+
+            /// The raw value the backend chose.
+            pub const fn get(self) -> u64 {
+                self.0
+            }
+        }
+
+        impl fmt::Display for $name {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                write!(f, "{}#{}", stringify!($name), self.0)
+            }
+        }
+    };
+}
+
+opaque_id!(
+    /// An attempt lane: the backend's per-attempt execution context on one
+    /// device, opened first and closed last.
+    LaneId
+);
+opaque_id!(
+    /// A stream: the attempt's root stream or one forked from it.
+    StreamId
+);
+opaque_id!(
+    /// An allocation domain: the memory an attempt allocates from, whose
+    /// ceiling is the attempt's immutable grant.
+    DomainId
+);
+opaque_id!(
+    /// A registration of the attempt with its device's worker thread.
+    ScopeId
+);
+opaque_id!(
+    /// A device allocation made through a domain.
+    DevicePtr
+);
+
+/// The index of a device as the backend numbers them (a CUDA ordinal).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct DeviceOrdinal(pub u32);
+
+impl fmt::Display for DeviceOrdinal {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "gpu{}", self.0)
+    }
+}
+
+/// What a backend knows about one device. Diagnostic only: nothing here is
+/// an admission input except through the operator-declared profile.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DeviceFacts {
+    /// The device's ordinal.
+    pub ordinal: DeviceOrdinal,
+    /// The device's name as the driver reports it.
+    pub name: String,
+    /// Compute capability (major, minor).
+    pub compute_capability: (u32, u32),
+    /// Total device memory in bytes.
+    pub total_bytes: u64,
+    /// Free device memory in bytes when the facts were read (telemetry).
+    pub free_bytes: u64,
+    /// Whether the device supports stream-ordered memory pools.
+    pub memory_pools: bool,
+}
+
+/// Every operation of the [`GpuBackend`] trait, by name: the vocabulary of
+/// the operation log, of fault injection and of error messages.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[non_exhaustive]
+pub enum BackendOp {
+    /// [`GpuBackend::inventory`].
+    Inventory,
+    /// [`GpuBackend::memory_info`].
+    MemoryInfo,
+    /// [`GpuBackend::open_lane`].
+    OpenLane,
+    /// [`GpuBackend::create_root_stream`].
+    CreateRootStream,
+    /// [`GpuBackend::open_domain`].
+    OpenDomain,
+    /// [`GpuBackend::join_domain`].
+    JoinDomain,
+    /// [`GpuBackend::open_worker_scope`].
+    OpenWorkerScope,
+    /// [`GpuBackend::fork_stream`].
+    ForkStream,
+    /// [`GpuBackend::alloc`].
+    Alloc,
+    /// [`GpuBackend::free`].
+    Free,
+    /// [`GpuBackend::synchronize`].
+    Synchronize,
+    /// [`GpuBackend::close_worker_scope`].
+    CloseWorkerScope,
+    /// [`GpuBackend::leave_domain`].
+    LeaveDomain,
+    /// [`GpuBackend::close_domain`].
+    CloseDomain,
+    /// [`GpuBackend::destroy_stream`].
+    DestroyStream,
+    /// [`GpuBackend::close_lane`].
+    CloseLane,
+}
+
+impl BackendOp {
+    /// A short, stable name (`open_lane`, `synchronize`, ...).
+    pub fn name(self) -> &'static str {
+        match self {
+            BackendOp::Inventory => "inventory",
+            BackendOp::MemoryInfo => "memory_info",
+            BackendOp::OpenLane => "open_lane",
+            BackendOp::CreateRootStream => "create_root_stream",
+            BackendOp::OpenDomain => "open_domain",
+            BackendOp::JoinDomain => "join_domain",
+            BackendOp::OpenWorkerScope => "open_worker_scope",
+            BackendOp::ForkStream => "fork_stream",
+            BackendOp::Alloc => "alloc",
+            BackendOp::Free => "free",
+            BackendOp::Synchronize => "synchronize",
+            BackendOp::CloseWorkerScope => "close_worker_scope",
+            BackendOp::LeaveDomain => "leave_domain",
+            BackendOp::CloseDomain => "close_domain",
+            BackendOp::DestroyStream => "destroy_stream",
+            BackendOp::CloseLane => "close_lane",
+        }
+    }
+}
+
+impl fmt::Display for BackendOp {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// How far the damage of a device fault is known to reach.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum FaultIsolation {
+    /// The fault is proven to be confined to one device (a stream
+    /// synchronization reported a sticky error on that device's context):
+    /// that device is quarantined.
+    Device(DeviceOrdinal),
+    /// The fault's reach cannot be established (abandoned clean-up, a
+    /// process-wide driver error): every ledger of the backend closes.
+    Unknown,
+}
+
+/// Why a backend operation failed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum BackendError {
+    /// No CUDA driver library could be loaded on this machine.
+    NoDriver,
+    /// The driver loaded but reports no usable device.
+    NoDevice,
+    /// The ordinal is not a device this backend manages.
+    UnknownDevice {
+        /// The ordinal asked for.
+        ordinal: DeviceOrdinal,
+    },
+    /// An id that the backend did not issue, or that was already closed.
+    UnknownHandle {
+        /// The operation that received it.
+        op: BackendOp,
+        /// The raw id.
+        id: u64,
+    },
+    /// An allocation would exceed the domain's ceiling (the attempt's grant).
+    GrantExceeded {
+        /// Bytes asked for (after alignment).
+        requested: u64,
+        /// Bytes left under the ceiling.
+        available: u64,
+    },
+    /// The driver failed the operation without corrupting device state (an
+    /// out-of-memory allocation, an invalid value): an attempt-level error.
+    Driver {
+        /// The operation that failed.
+        op: BackendOp,
+        /// The driver's error code (a `CUresult`).
+        code: u32,
+        /// The driver's description of the code.
+        message: String,
+    },
+    /// An error that may have corrupted device state (a sticky CUDA error
+    /// such as an illegal address seen at stream synchronization).
+    Fault {
+        /// The operation that surfaced the fault.
+        op: BackendOp,
+        /// The driver's error code (a `CUresult`).
+        code: u32,
+        /// How far the damage is known to reach.
+        isolation: FaultIsolation,
+    },
+}
+
+impl BackendError {
+    /// The fault's isolation when this error is a device fault.
+    pub fn fault_isolation(&self) -> Option<FaultIsolation> {
+        match self {
+            BackendError::Fault { isolation, .. } => Some(*isolation),
+            _ => None,
+        }
+    }
+}
+
+impl fmt::Display for BackendError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            BackendError::NoDriver => {
+                f.write_str("no CUDA driver library (libcuda) could be loaded on this machine")
+            }
+            BackendError::NoDevice => f.write_str("the CUDA driver reports no usable device"),
+            BackendError::UnknownDevice { ordinal } => {
+                write!(f, "{ordinal} is not a device managed by this backend")
+            }
+            BackendError::UnknownHandle { op, id } => {
+                write!(f, "{op}: id {id} was not issued by this backend or is already closed")
+            }
+            BackendError::GrantExceeded {
+                requested,
+                available,
+            } => write!(
+                f,
+                "allocation of {requested} bytes exceeds the grant ceiling ({available} bytes left)"
+            ),
+            BackendError::Driver { op, code, message } => {
+                write!(f, "{op} failed with driver error {code}: {message}")
+            }
+            BackendError::Fault {
+                op,
+                code,
+                isolation,
+            } => match isolation {
+                FaultIsolation::Device(ordinal) => write!(
+                    f,
+                    "{op} surfaced device fault {code}; {ordinal} must be quarantined"
+                ),
+                FaultIsolation::Unknown => write!(
+                    f,
+                    "{op} surfaced fault {code} whose isolation cannot be established"
+                ),
+            },
+        }
+    }
+}
+
+impl Error for BackendError {}
+
+/// A GPU backend: the physical side of admission.
+///
+/// Construction order of an envelope (each step undone in reverse on
+/// failure): [`open_lane`](Self::open_lane),
+/// [`create_root_stream`](Self::create_root_stream),
+/// [`open_domain`](Self::open_domain), [`join_domain`](Self::join_domain),
+/// [`open_worker_scope`](Self::open_worker_scope).
+pub trait GpuBackend: Send + Sync + fmt::Debug + 'static {
+    /// A short name for logs (`sim`, `cuda`).
+    fn name(&self) -> &'static str;
+
+    /// The devices this backend manages.
+    fn inventory(&self) -> Result<Vec<DeviceFacts>, BackendError>;
+
+    /// Free and total device memory, as the driver reports them now.
+    /// Telemetry only: never an admission input.
+    fn memory_info(&self, device: DeviceOrdinal) -> Result<(u64, u64), BackendError>;
+
+    /// Opens an attempt lane on `device`.
+    fn open_lane(&self, device: DeviceOrdinal) -> Result<LaneId, BackendError>;
+
+    /// Creates the lane's root stream.
+    fn create_root_stream(&self, lane: LaneId) -> Result<StreamId, BackendError>;
+
+    /// Opens the lane's allocation domain with a ceiling of `ceiling_bytes`
+    /// (the grant). The backend may enforce it in the driver as well.
+    fn open_domain(&self, lane: LaneId, ceiling_bytes: u64) -> Result<DomainId, BackendError>;
+
+    /// Makes `stream` a member of `domain`: allocations on it come from the
+    /// domain.
+    fn join_domain(&self, domain: DomainId, stream: StreamId) -> Result<(), BackendError>;
+
+    /// Registers the lane with its device's worker thread.
+    fn open_worker_scope(&self, lane: LaneId) -> Result<ScopeId, BackendError>;
+
+    /// Forks a stream that first waits on `root`'s queued work.
+    fn fork_stream(&self, root: StreamId) -> Result<StreamId, BackendError>;
+
+    /// Allocates `bytes` from `domain`, ordered on `stream`. Called only after
+    /// the domain's software ceiling reserved the bytes.
+    fn alloc(
+        &self,
+        domain: DomainId,
+        bytes: u64,
+        stream: StreamId,
+    ) -> Result<DevicePtr, BackendError>;
+
+    /// Frees an allocation of `domain`, ordered on `stream`.
+    fn free(&self, domain: DomainId, ptr: DevicePtr, stream: StreamId) -> Result<(), BackendError>;
+
+    /// Blocks until all work queued on `stream` has finished. Called only on
+    /// the device's worker thread. A sticky error here is a
+    /// [`BackendError::Fault`] isolated to the device.
+    fn synchronize(&self, stream: StreamId) -> Result<(), BackendError>;
+
+    /// Undoes [`open_worker_scope`](Self::open_worker_scope).
+    fn close_worker_scope(&self, scope: ScopeId) -> Result<(), BackendError>;
+
+    /// Undoes [`join_domain`](Self::join_domain).
+    fn leave_domain(&self, domain: DomainId, stream: StreamId) -> Result<(), BackendError>;
+
+    /// Undoes [`open_domain`](Self::open_domain), returning its memory to the
+    /// device.
+    fn close_domain(&self, domain: DomainId) -> Result<(), BackendError>;
+
+    /// Destroys a stream (root or forked).
+    fn destroy_stream(&self, stream: StreamId) -> Result<(), BackendError>;
+
+    /// Undoes [`open_lane`](Self::open_lane).
+    fn close_lane(&self, lane: LaneId) -> Result<(), BackendError>;
+}
