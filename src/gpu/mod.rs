@@ -18,3 +18,18 @@ pub mod backend;
 pub mod domain;
 pub mod envelope;
 pub mod worker;
+
+pub use ledger::{
+    Decision, DeviceLedger, ForeignGrant, GrantId, GrantRequest, LaterReason, LedgerError,
+    LedgerHealth, LedgerReport, MemoryGrant, NeverReason, ProtectionReport, ReleaseOutcome,
+    WaiterId,
+};
+pub use outcome::{GpuAdmitError, QueryAdmissionOutcome};
+pub use placement::{compatible_devices, rank_devices, DeviceLoad, RankedDevice};
+pub use profile::{
+    DeviceProfile, DeviceProfileBuilder, DeviceSet, MemoryOwnership, OwnershipMode, QueueBounds,
+};
+pub use proof::{
+    AllocationOwner, Capability, CapabilityProof, CapabilitySet, IssuerId, LoweringError,
+    PhaseRequirement, PlanDescription, PlanFingerprint, ProofIssuer,
+};

@@ -1,1 +1,582 @@
-//! (to be written)
+//! Device profiles, memory ownership and queue bounds: everything admission
+//! may spend, declared once at construction.
+//!
+//! # Why declared, not measured
+//!
+//! Admission arithmetic runs over numbers an operator declared, never over
+//! live CUDA free-memory samples: a sample is stale the moment it is read and
+//! other processes move it, so it cannot prove that a grant fits. A
+//! [`DeviceProfile`] fixes, per CUDA ordinal, the managed capacity the
+//! [`DeviceLedger`](super::ledger::DeviceLedger) accounts for and the bounds
+//! an attempt may take. It is immutable after [`DeviceProfileBuilder::build`]
+//! and validated there, so the hot path never re-checks it.
+//!
+//! # Pool, reserve and ownership
+//!
+//! `managed_capacity` is the pool the ledger spends. `backend_reserve` is
+//! device memory kept *outside* that pool for the backend itself (context,
+//! driver workspace) and, when the device is shared, for external users. A
+//! [`MemoryOwnership`] declaration per ordinal says which: the device is
+//! exclusive to this process, or shared with external users whose bytes must
+//! fit within the reserve. [`DeviceSet::new`] insists on exactly one
+//! declaration per profile, so a shared device cannot be configured by
+//! omission.
+//!
+//! # The attempt floor
+//!
+//! The floor is the guaranteed share: no grant is smaller, and the ledger
+//! keeps one floor of headroom per open attempt slot. Unset, it defaults to
+//! `managed_capacity / max(8, max_active_attempts)`. A profile whose floor
+//! times its attempt limit exceeds the capacity could never admit a single
+//! attempt (the first admission must leave a floor for every other slot),
+//! so it is refused at construction.
+
+use std::fmt;
+use std::time::Duration;
+
+use super::backend::DeviceOrdinal;
+use super::proof::CapabilitySet;
+use crate::error::ConfigError;
+
+/// Formats a byte count in the largest binary unit that divides it exactly,
+/// for messages (`80 GiB`, `1536 MiB`, `80000000000 bytes`). Smaller units
+/// would turn decimal sizes into unreadable KiB counts.
+pub(crate) fn fmt_bytes(bytes: u64) -> String {
+    const UNITS: [(u64, &str); 3] = [(1 << 40, "TiB"), (1 << 30, "GiB"), (1 << 20, "MiB")];
+    for (size, unit) in UNITS {
+        if bytes >= size && bytes % size == 0 {
+            return format!("{} {unit}", bytes / size);
+        }
+    }
+    format!("{bytes} bytes")
+}
+
+/// The immutable resource profile of one device. See the
+/// [module docs](self).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DeviceProfile {
+    ordinal: DeviceOrdinal,
+    managed_capacity: u64,
+    backend_reserve: u64,
+    cache_cap: u64,
+    attempt_floor: u64,
+    max_active_attempts: u32,
+    source_work_allowance: u32,
+    streams_per_attempt: u32,
+    workers_per_attempt: u32,
+    lanes_per_attempt: u32,
+    capabilities: CapabilitySet,
+}
+
+impl DeviceProfile {
+    /// A builder for the profile of `ordinal`. Only `managed_capacity` has
+    /// no default.
+    pub fn builder(ordinal: DeviceOrdinal) -> DeviceProfileBuilder {
+        DeviceProfileBuilder {
+            ordinal,
+            managed_capacity: None,
+            backend_reserve: 0,
+            cache_cap: 0,
+            attempt_floor: None,
+            max_active_attempts: 4,
+            source_work_allowance: 1,
+            streams_per_attempt: 1,
+            workers_per_attempt: 1,
+            lanes_per_attempt: 1,
+            capabilities: CapabilitySet::new(),
+        }
+    }
+
+    /// The device's ordinal.
+    pub fn ordinal(&self) -> DeviceOrdinal {
+        self.ordinal
+    }
+
+    /// The device-byte pool the ledger accounts for.
+    pub fn managed_capacity(&self) -> u64 {
+        self.managed_capacity
+    }
+
+    /// Device bytes kept outside the pool for the backend (and, on a shared
+    /// device, for external users).
+    pub fn backend_reserve(&self) -> u64 {
+        self.backend_reserve
+    }
+
+    /// The ceiling for resident cache bytes (evictable plus pinned).
+    pub fn cache_cap(&self) -> u64 {
+        self.cache_cap
+    }
+
+    /// The minimum grant of an admitted attempt, and the headroom kept per
+    /// open slot.
+    pub fn attempt_floor(&self) -> u64 {
+        self.attempt_floor
+    }
+
+    /// How many attempts may run on the device at once.
+    pub fn max_active_attempts(&self) -> u32 {
+        self.max_active_attempts
+    }
+
+    /// Concurrent source reads per attempt.
+    pub fn source_work_allowance(&self) -> u32 {
+        self.source_work_allowance
+    }
+
+    /// Streams an attempt's envelope may hold (its root stream included).
+    pub fn streams_per_attempt(&self) -> u32 {
+        self.streams_per_attempt
+    }
+
+    /// Device-worker registrations an attempt's envelope may hold.
+    pub fn workers_per_attempt(&self) -> u32 {
+        self.workers_per_attempt
+    }
+
+    /// Attempt lanes an attempt's envelope may hold.
+    pub fn lanes_per_attempt(&self) -> u32 {
+        self.lanes_per_attempt
+    }
+
+    /// The plan capabilities this device can satisfy.
+    pub fn capabilities(&self) -> &CapabilitySet {
+        &self.capabilities
+    }
+
+    /// The largest grant this device could ever issue: `max_new` on an
+    /// empty ledger (no grants, cache or protection), which still keeps a
+    /// floor for every other slot. A required floor above this can never
+    /// fit, however long the request waits.
+    pub fn largest_possible_grant(&self) -> u64 {
+        let other_slots = u64::from(self.max_active_attempts.saturating_sub(1));
+        // Validated at build: floor * max_active <= capacity, so neither
+        // step can fail; the fallback only keeps release builds panic-free.
+        self.attempt_floor
+            .checked_mul(other_slots)
+            .and_then(|reserved| self.managed_capacity.checked_sub(reserved))
+            .unwrap_or(0)
+    }
+}
+
+/// Builds a [`DeviceProfile`]; see [`DeviceProfile::builder`].
+#[derive(Clone, Debug)]
+pub struct DeviceProfileBuilder {
+    ordinal: DeviceOrdinal,
+    managed_capacity: Option<u64>,
+    backend_reserve: u64,
+    cache_cap: u64,
+    attempt_floor: Option<u64>,
+    max_active_attempts: u32,
+    source_work_allowance: u32,
+    streams_per_attempt: u32,
+    workers_per_attempt: u32,
+    lanes_per_attempt: u32,
+    capabilities: CapabilitySet,
+}
+
+impl DeviceProfileBuilder {
+    /// The device-byte pool the ledger accounts for. Required.
+    pub fn managed_capacity(mut self, bytes: u64) -> Self {
+        self.managed_capacity = Some(bytes);
+        self
+    }
+
+    /// Bytes kept outside the pool for the backend. Default 0.
+    pub fn backend_reserve(mut self, bytes: u64) -> Self {
+        self.backend_reserve = bytes;
+        self
+    }
+
+    /// The ceiling for resident cache bytes. Default 0 (no cache).
+    pub fn cache_cap(mut self, bytes: u64) -> Self {
+        self.cache_cap = bytes;
+        self
+    }
+
+    /// The attempt floor. Default `managed_capacity / max(8,
+    /// max_active_attempts)`.
+    pub fn attempt_floor(mut self, bytes: u64) -> Self {
+        self.attempt_floor = Some(bytes);
+        self
+    }
+
+    /// The active-attempt limit. Default 4.
+    pub fn max_active_attempts(mut self, limit: u32) -> Self {
+        self.max_active_attempts = limit;
+        self
+    }
+
+    /// Concurrent source reads per attempt. Default 1.
+    pub fn source_work_allowance(mut self, reads: u32) -> Self {
+        self.source_work_allowance = reads;
+        self
+    }
+
+    /// Streams per attempt. Default 1.
+    pub fn streams_per_attempt(mut self, streams: u32) -> Self {
+        self.streams_per_attempt = streams;
+        self
+    }
+
+    /// Device-worker registrations per attempt. Default 1.
+    pub fn workers_per_attempt(mut self, workers: u32) -> Self {
+        self.workers_per_attempt = workers;
+        self
+    }
+
+    /// Attempt lanes per attempt. Default 1.
+    pub fn lanes_per_attempt(mut self, lanes: u32) -> Self {
+        self.lanes_per_attempt = lanes;
+        self
+    }
+
+    /// The capabilities the device offers. Default none.
+    pub fn capabilities(mut self, capabilities: CapabilitySet) -> Self {
+        self.capabilities = capabilities;
+        self
+    }
+
+    /// Validates the profile. Every error names the field at fault and the
+    /// device.
+    pub fn build(self) -> Result<DeviceProfile, ConfigError> {
+        let device = self.ordinal;
+        let capacity = match self.managed_capacity {
+            None => {
+                return Err(ConfigError::new(
+                    "managed_capacity",
+                    format!("is required on {device}"),
+                ))
+            }
+            Some(0) => {
+                return Err(ConfigError::new(
+                    "managed_capacity",
+                    format!("must be greater than zero on {device}"),
+                ))
+            }
+            Some(bytes) => bytes,
+        };
+        for (field, value) in [
+            ("max_active_attempts", self.max_active_attempts),
+            ("source_work_allowance", self.source_work_allowance),
+            ("streams_per_attempt", self.streams_per_attempt),
+            ("workers_per_attempt", self.workers_per_attempt),
+            ("lanes_per_attempt", self.lanes_per_attempt),
+        ] {
+            if value == 0 {
+                return Err(ConfigError::new(
+                    field,
+                    format!("must be at least 1 on {device}"),
+                ));
+            }
+        }
+        if self.backend_reserve > capacity {
+            return Err(ConfigError::new(
+                "backend_reserve",
+                format!(
+                    "{} exceeds managed_capacity {} on {device}",
+                    fmt_bytes(self.backend_reserve),
+                    fmt_bytes(capacity)
+                ),
+            ));
+        }
+        if self.cache_cap > capacity {
+            return Err(ConfigError::new(
+                "cache_cap",
+                format!(
+                    "{} exceeds managed_capacity {} on {device}",
+                    fmt_bytes(self.cache_cap),
+                    fmt_bytes(capacity)
+                ),
+            ));
+        }
+        let shares = u64::from(self.max_active_attempts.max(8));
+        let floor = self.attempt_floor.unwrap_or(capacity / shares);
+        if floor == 0 {
+            return Err(ConfigError::new(
+                "attempt_floor",
+                format!(
+                    "is zero on {device}; an attempt must be guaranteed some memory \
+                     (raise managed_capacity or set attempt_floor)"
+                ),
+            ));
+        }
+        if floor > capacity {
+            return Err(ConfigError::new(
+                "attempt_floor",
+                format!(
+                    "{} exceeds managed_capacity {} on {device}",
+                    fmt_bytes(floor),
+                    fmt_bytes(capacity)
+                ),
+            ));
+        }
+        let all_slots = u64::from(self.max_active_attempts);
+        match floor.checked_mul(all_slots) {
+            Some(total) if total <= capacity => {}
+            _ => {
+                return Err(ConfigError::new(
+                    "attempt_floor",
+                    format!(
+                        "{} for each of {} attempt slots exceeds managed_capacity {} on {device}; \
+                         no attempt could ever be admitted",
+                        fmt_bytes(floor),
+                        self.max_active_attempts,
+                        fmt_bytes(capacity)
+                    ),
+                ))
+            }
+        }
+        Ok(DeviceProfile {
+            ordinal: device,
+            managed_capacity: capacity,
+            backend_reserve: self.backend_reserve,
+            cache_cap: self.cache_cap,
+            attempt_floor: floor,
+            max_active_attempts: self.max_active_attempts,
+            source_work_allowance: self.source_work_allowance,
+            streams_per_attempt: self.streams_per_attempt,
+            workers_per_attempt: self.workers_per_attempt,
+            lanes_per_attempt: self.lanes_per_attempt,
+            capabilities: self.capabilities,
+        })
+    }
+}
+
+/// Who else uses a device's memory.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OwnershipMode {
+    /// Only this process allocates on the device.
+    Exclusive,
+    /// External users (other processes) also allocate on the device; their
+    /// bytes must fit within the profile's backend reserve, because the
+    /// managed pool is spent by this process alone.
+    Shared {
+        /// The most device bytes external users may hold.
+        external_bytes: u64,
+    },
+}
+
+/// The memory-ownership declaration of one ordinal.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MemoryOwnership {
+    ordinal: DeviceOrdinal,
+    mode: OwnershipMode,
+}
+
+impl MemoryOwnership {
+    /// `ordinal` is used by this process alone.
+    pub fn exclusive(ordinal: DeviceOrdinal) -> Self {
+        MemoryOwnership {
+            ordinal,
+            mode: OwnershipMode::Exclusive,
+        }
+    }
+
+    /// `ordinal` is shared with external users holding up to
+    /// `external_bytes`.
+    pub fn shared(ordinal: DeviceOrdinal, external_bytes: u64) -> Self {
+        MemoryOwnership {
+            ordinal,
+            mode: OwnershipMode::Shared { external_bytes },
+        }
+    }
+
+    /// The ordinal declared.
+    pub fn ordinal(&self) -> DeviceOrdinal {
+        self.ordinal
+    }
+
+    /// The declared mode.
+    pub fn mode(&self) -> OwnershipMode {
+        self.mode
+    }
+}
+
+/// The installed devices: one validated profile and one matching ownership
+/// declaration per ordinal, in ordinal order.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DeviceSet {
+    devices: Vec<(DeviceProfile, MemoryOwnership)>,
+}
+
+impl DeviceSet {
+    /// Pairs each profile with its ownership declaration. Refuses an empty
+    /// set, a duplicate profile or declaration, a profile without a
+    /// declaration, a declaration without a profile, and shared external
+    /// bytes that do not fit in the backend reserve.
+    pub fn new(
+        profiles: Vec<DeviceProfile>,
+        ownerships: Vec<MemoryOwnership>,
+    ) -> Result<DeviceSet, ConfigError> {
+        if profiles.is_empty() {
+            return Err(ConfigError::new(
+                "device_profiles",
+                "at least one device profile is required",
+            ));
+        }
+        let mut profiles = profiles;
+        profiles.sort_by_key(DeviceProfile::ordinal);
+        if let Some(pair) = profiles.windows(2).find(|w| w[0].ordinal == w[1].ordinal) {
+            return Err(ConfigError::new(
+                "device_profiles",
+                format!("{} has more than one profile", pair[0].ordinal),
+            ));
+        }
+        let mut ownerships = ownerships;
+        ownerships.sort_by_key(MemoryOwnership::ordinal);
+        if let Some(pair) = ownerships.windows(2).find(|w| w[0].ordinal == w[1].ordinal) {
+            return Err(ConfigError::new(
+                "memory_ownership",
+                format!(
+                    "{} has more than one ownership declaration",
+                    pair[0].ordinal
+                ),
+            ));
+        }
+        if let Some(extra) = ownerships.iter().find(|o| {
+            profiles
+                .binary_search_by_key(&o.ordinal, DeviceProfile::ordinal)
+                .is_err()
+        }) {
+            return Err(ConfigError::new(
+                "memory_ownership",
+                format!("{} is declared but has no device profile", extra.ordinal),
+            ));
+        }
+        let mut devices = Vec::with_capacity(profiles.len());
+        for profile in profiles {
+            let Ok(i) = ownerships.binary_search_by_key(&profile.ordinal, MemoryOwnership::ordinal)
+            else {
+                return Err(ConfigError::new(
+                    "memory_ownership",
+                    format!(
+                        "{} has a profile but no ownership declaration",
+                        profile.ordinal
+                    ),
+                ));
+            };
+            let ownership = ownerships[i];
+            if let OwnershipMode::Shared { external_bytes } = ownership.mode {
+                if external_bytes > profile.backend_reserve {
+                    return Err(ConfigError::new(
+                        "external_bytes",
+                        format!(
+                            "{} of external use on shared {} exceeds its backend_reserve {}",
+                            fmt_bytes(external_bytes),
+                            profile.ordinal,
+                            fmt_bytes(profile.backend_reserve)
+                        ),
+                    ));
+                }
+            }
+            devices.push((profile, ownership));
+        }
+        Ok(DeviceSet { devices })
+    }
+
+    /// The profiles in ordinal order.
+    pub fn profiles(&self) -> impl Iterator<Item = &DeviceProfile> {
+        self.devices.iter().map(|(profile, _)| profile)
+    }
+
+    /// The profile and ownership of each device, in ordinal order.
+    pub fn iter(&self) -> impl Iterator<Item = (&DeviceProfile, &MemoryOwnership)> {
+        self.devices.iter().map(|(p, o)| (p, o))
+    }
+
+    /// The profile of `ordinal`, if installed.
+    pub fn profile(&self, ordinal: DeviceOrdinal) -> Option<&DeviceProfile> {
+        self.find(ordinal).map(|(profile, _)| profile)
+    }
+
+    /// The ownership declaration of `ordinal`, if installed.
+    pub fn ownership(&self, ordinal: DeviceOrdinal) -> Option<&MemoryOwnership> {
+        self.find(ordinal).map(|(_, ownership)| ownership)
+    }
+
+    /// The installed ordinals, ascending.
+    pub fn ordinals(&self) -> Vec<DeviceOrdinal> {
+        self.profiles().map(DeviceProfile::ordinal).collect()
+    }
+
+    /// How many devices are installed (never zero).
+    pub fn len(&self) -> usize {
+        self.devices.len()
+    }
+
+    /// Always `false`: a set holds at least one device.
+    pub fn is_empty(&self) -> bool {
+        self.devices.is_empty()
+    }
+
+    fn find(&self, ordinal: DeviceOrdinal) -> Option<&(DeviceProfile, MemoryOwnership)> {
+        self.devices
+            .binary_search_by_key(&ordinal, |(p, _)| p.ordinal)
+            .ok()
+            .and_then(|i| self.devices.get(i))
+    }
+}
+
+/// The three bounds of the one GPU admission queue across all devices. The
+/// queue itself lives in the query service; only its bounds are declared
+/// here, next to the device profiles they complement.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct QueueBounds {
+    max_pending: usize,
+    max_wait: Duration,
+    overtake_budget: u32,
+}
+
+impl QueueBounds {
+    /// Validated bounds: `max_pending` (queued plus pending-preflight
+    /// requests) and `max_wait` must be non-zero. An `overtake_budget` of 0
+    /// is strict FIFO: the first time younger work would pass a blocked
+    /// waiter, the waiter protects a slot instead.
+    pub fn new(
+        max_pending: usize,
+        max_wait: Duration,
+        overtake_budget: u32,
+    ) -> Result<QueueBounds, ConfigError> {
+        if max_pending == 0 {
+            return Err(ConfigError::new(
+                "max_pending",
+                "must be at least 1 (queued plus pending-preflight requests)",
+            ));
+        }
+        if max_wait.is_zero() {
+            return Err(ConfigError::new("max_wait", "must be greater than zero"));
+        }
+        Ok(QueueBounds {
+            max_pending,
+            max_wait,
+            overtake_budget,
+        })
+    }
+
+    /// The most queued plus pending-preflight requests.
+    pub fn max_pending(&self) -> usize {
+        self.max_pending
+    }
+
+    /// The longest a request may wait.
+    pub fn max_wait(&self) -> Duration {
+        self.max_wait
+    }
+
+    /// How many times younger runnable work may be admitted past a blocked
+    /// older waiter before it protects a slot.
+    pub fn overtake_budget(&self) -> u32 {
+        self.overtake_budget
+    }
+}
+
+impl fmt::Display for QueueBounds {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "max_pending {}, max_wait {:?}, overtake_budget {}",
+            self.max_pending, self.max_wait, self.overtake_budget
+        )
+    }
+}
