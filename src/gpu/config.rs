@@ -1,1 +1,374 @@
-//! (to be written)
+//! GPU device profiles and queue bounds read from TOML (feature `config`).
+//!
+//! The file declares one `[[admission.device_profiles]]` table per CUDA
+//! ordinal, each with its memory ownership, and the three bounds of the one
+//! queue in `[admission.queue]`:
+//!
+//! ```toml
+//! [admission.queue]
+//! max_pending = 64        # queued plus pending-preflight requests
+//! max_wait_ms = 30000
+//! overtake_budget = 4
+//!
+//! [[admission.device_profiles]]
+//! ordinal = 0
+//! managed_capacity = "80GiB"    # an integer (bytes) or a string with a unit
+//! backend_reserve = "2GiB"
+//! cache_cap = "16GiB"
+//! max_active_attempts = 4
+//! capabilities = ["hash_join", "sort"]
+//! memory_ownership = "exclusive"  # or "shared", with external_bytes
+//! ```
+//!
+//! Byte sizes are integers or strings: a whole number and an optional unit,
+//! `B`, binary `KiB`/`MiB`/`GiB`/`TiB` or decimal `KB`/`MB`/`GB`/`TB`
+//! (case-insensitive, whitespace allowed). Fractions are refused so that
+//! every size is an exact integer.
+//!
+//! The environment variable `ADMISSION_GPU_DEVICES` (`"0,2"`) selects which
+//! profiled ordinals the process uses; unset or empty selects all of them. A
+//! selected ordinal without a profile is an error naming it.
+//! [`GpuConfig::from_toml`] takes the selection as a parameter, so tests need
+//! not touch the process environment; [`GpuConfig::from_toml_and_env`] reads
+//! it. Every error is a [`ConfigError`] naming the field, table or variable
+//! at fault; profiles are validated by the same builder as in code.
+
+use std::fmt;
+use std::time::Duration;
+
+use serde::de::{self, Deserializer, Visitor};
+use serde::Deserialize;
+
+use super::backend::DeviceOrdinal;
+use super::profile::{DeviceProfile, DeviceSet, MemoryOwnership, QueueBounds};
+use super::proof::{Capability, CapabilitySet};
+use crate::error::ConfigError;
+
+/// The environment variable selecting device ordinals (`"0,2"`).
+pub const DEVICES_ENV: &str = "ADMISSION_GPU_DEVICES";
+
+/// The GPU admission configuration: the selected devices and the queue
+/// bounds.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GpuConfig {
+    devices: DeviceSet,
+    queue: QueueBounds,
+}
+
+impl GpuConfig {
+    /// Parses `toml`, keeping the ordinals listed in `selection` (the value
+    /// of [`DEVICES_ENV`]); `None` or an empty string keeps every profile.
+    pub fn from_toml(toml: &str, selection: Option<&str>) -> Result<GpuConfig, ConfigError> {
+        let root: toml::Table =
+            toml::from_str(toml).map_err(|e| ConfigError::new("toml", e.to_string()))?;
+        let admission = match root.get("admission") {
+            Some(toml::Value::Table(table)) => table,
+            Some(_) => return Err(ConfigError::new("admission", "must be a table")),
+            None => {
+                return Err(ConfigError::new(
+                    "admission",
+                    "the [admission] table is missing",
+                ))
+            }
+        };
+
+        let queue = match admission.get("queue") {
+            Some(value) => {
+                let raw: RawQueue = value
+                    .clone()
+                    .try_into()
+                    .map_err(|e| ConfigError::new("admission.queue", e.to_string()))?;
+                QueueBounds::new(
+                    raw.max_pending,
+                    Duration::from_millis(raw.max_wait_ms),
+                    raw.overtake_budget,
+                )?
+            }
+            None => {
+                return Err(ConfigError::new(
+                    "admission.queue",
+                    "the [admission.queue] table is missing",
+                ))
+            }
+        };
+
+        let entries = match admission.get("device_profiles") {
+            Some(toml::Value::Array(entries)) => entries,
+            Some(_) => {
+                return Err(ConfigError::new(
+                    "admission.device_profiles",
+                    "must be an array of tables ([[admission.device_profiles]])",
+                ))
+            }
+            None => {
+                return Err(ConfigError::new(
+                    "admission.device_profiles",
+                    "no [[admission.device_profiles]] table",
+                ))
+            }
+        };
+        let mut profiles = Vec::with_capacity(entries.len());
+        let mut ownerships = Vec::with_capacity(entries.len());
+        for (i, entry) in entries.iter().enumerate() {
+            let raw: RawProfile = entry.clone().try_into().map_err(|e| {
+                ConfigError::new("admission.device_profiles", format!("entry {i}: {e}"))
+            })?;
+            let (profile, ownership) = raw.build()?;
+            profiles.push(profile);
+            ownerships.push(ownership);
+        }
+
+        if let Some(selected) = parse_device_selection(selection.unwrap_or(""))? {
+            if let Some(missing) = selected
+                .iter()
+                .find(|ordinal| !profiles.iter().any(|p| p.ordinal() == **ordinal))
+            {
+                return Err(ConfigError::new(
+                    "ADMISSION_GPU_DEVICES",
+                    format!("{missing} is selected but has no [[admission.device_profiles]] entry"),
+                ));
+            }
+            profiles.retain(|p| selected.contains(&p.ordinal()));
+            ownerships.retain(|o| selected.contains(&o.ordinal()));
+        }
+        let devices = DeviceSet::new(profiles, ownerships)?;
+        Ok(GpuConfig { devices, queue })
+    }
+
+    /// [`from_toml`](Self::from_toml) with the selection read from
+    /// [`DEVICES_ENV`].
+    pub fn from_toml_and_env(toml: &str) -> Result<GpuConfig, ConfigError> {
+        match std::env::var(DEVICES_ENV) {
+            Ok(selection) => Self::from_toml(toml, Some(&selection)),
+            Err(std::env::VarError::NotPresent) => Self::from_toml(toml, None),
+            Err(std::env::VarError::NotUnicode(_)) => Err(ConfigError::new(
+                "ADMISSION_GPU_DEVICES",
+                "is not valid Unicode",
+            )),
+        }
+    }
+
+    /// The selected devices.
+    pub fn devices(&self) -> &DeviceSet {
+        &self.devices
+    }
+
+    /// The queue bounds.
+    pub fn queue(&self) -> QueueBounds {
+        self.queue
+    }
+}
+
+/// Parses a device selection (`"0,2"`): `None` for an empty (or blank)
+/// selection, meaning every profiled device. Refuses a token that is not an
+/// ordinal and a repeated ordinal.
+pub fn parse_device_selection(value: &str) -> Result<Option<Vec<DeviceOrdinal>>, ConfigError> {
+    if value.trim().is_empty() {
+        return Ok(None);
+    }
+    let mut ordinals = Vec::new();
+    for token in value.split(',') {
+        let token = token.trim();
+        let ordinal = token.parse::<u32>().map(DeviceOrdinal).map_err(|_| {
+            ConfigError::new(
+                "ADMISSION_GPU_DEVICES",
+                format!("`{token}` is not a device ordinal (expected a list like \"0,2\")"),
+            )
+        })?;
+        if ordinals.contains(&ordinal) {
+            return Err(ConfigError::new(
+                "ADMISSION_GPU_DEVICES",
+                format!("{ordinal} is selected more than once"),
+            ));
+        }
+        ordinals.push(ordinal);
+    }
+    Ok(Some(ordinals))
+}
+
+/// Parses a byte size string (`"80GiB"`, `"512 MiB"`, `"1000"`), naming
+/// `field` in errors.
+pub fn parse_byte_size(field: &'static str, text: &str) -> Result<u64, ConfigError> {
+    let text = text.trim();
+    let split = text
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(text.len());
+    let (digits, unit) = text.split_at(split);
+    if digits.is_empty() {
+        return Err(ConfigError::new(
+            field,
+            format!(
+                "`{text}` is not a byte size (expected a whole number and a unit, like \"80GiB\")"
+            ),
+        ));
+    }
+    let multiplier: u64 = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1,
+        "kib" => 1 << 10,
+        "mib" => 1 << 20,
+        "gib" => 1 << 30,
+        "tib" => 1 << 40,
+        "kb" => 1_000,
+        "mb" => 1_000_000,
+        "gb" => 1_000_000_000,
+        "tb" => 1_000_000_000_000,
+        other => {
+            return Err(ConfigError::new(
+                field,
+                format!(
+                "`{other}` in `{text}` is not a byte unit (B, KiB, MiB, GiB, TiB, KB, MB, GB, TB)"
+            ),
+            ))
+        }
+    };
+    digits
+        .parse::<u64>()
+        .ok()
+        .and_then(|n| n.checked_mul(multiplier))
+        .ok_or_else(|| ConfigError::new(field, format!("`{text}` does not fit in 64 bits")))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawQueue {
+    max_pending: usize,
+    max_wait_ms: u64,
+    overtake_budget: u32,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawProfile {
+    ordinal: u32,
+    managed_capacity: Option<RawBytes>,
+    backend_reserve: Option<RawBytes>,
+    cache_cap: Option<RawBytes>,
+    attempt_floor: Option<RawBytes>,
+    max_active_attempts: Option<u32>,
+    source_work_allowance: Option<u32>,
+    streams_per_attempt: Option<u32>,
+    workers_per_attempt: Option<u32>,
+    lanes_per_attempt: Option<u32>,
+    #[serde(default)]
+    capabilities: Vec<String>,
+    memory_ownership: Option<String>,
+    external_bytes: Option<RawBytes>,
+}
+
+impl RawProfile {
+    fn build(self) -> Result<(DeviceProfile, MemoryOwnership), ConfigError> {
+        let ordinal = DeviceOrdinal(self.ordinal);
+        let bytes =
+            |field: &'static str, raw: Option<RawBytes>| -> Result<Option<u64>, ConfigError> {
+                raw.map(|raw| raw.resolve(field)).transpose()
+            };
+        let mut builder = DeviceProfile::builder(ordinal);
+        if let Some(v) = bytes("managed_capacity", self.managed_capacity)? {
+            builder = builder.managed_capacity(v);
+        }
+        if let Some(v) = bytes("backend_reserve", self.backend_reserve)? {
+            builder = builder.backend_reserve(v);
+        }
+        if let Some(v) = bytes("cache_cap", self.cache_cap)? {
+            builder = builder.cache_cap(v);
+        }
+        if let Some(v) = bytes("attempt_floor", self.attempt_floor)? {
+            builder = builder.attempt_floor(v);
+        }
+        if let Some(v) = self.max_active_attempts {
+            builder = builder.max_active_attempts(v);
+        }
+        if let Some(v) = self.source_work_allowance {
+            builder = builder.source_work_allowance(v);
+        }
+        if let Some(v) = self.streams_per_attempt {
+            builder = builder.streams_per_attempt(v);
+        }
+        if let Some(v) = self.workers_per_attempt {
+            builder = builder.workers_per_attempt(v);
+        }
+        if let Some(v) = self.lanes_per_attempt {
+            builder = builder.lanes_per_attempt(v);
+        }
+        let capabilities: CapabilitySet =
+            self.capabilities.into_iter().map(Capability::new).collect();
+        let profile = builder.capabilities(capabilities).build()?;
+
+        let external = bytes("external_bytes", self.external_bytes)?;
+        let ownership = match (self.memory_ownership.as_deref(), external) {
+            (Some("exclusive"), None) => MemoryOwnership::exclusive(ordinal),
+            (Some("exclusive"), Some(_)) => {
+                return Err(ConfigError::new(
+                    "external_bytes",
+                    format!("is set on {ordinal}, whose memory_ownership is \"exclusive\""),
+                ))
+            }
+            (Some("shared"), Some(external)) => MemoryOwnership::shared(ordinal, external),
+            (Some("shared"), None) => {
+                return Err(ConfigError::new(
+                    "external_bytes",
+                    format!("is required on {ordinal}, whose memory_ownership is \"shared\""),
+                ))
+            }
+            (Some(other), _) => {
+                return Err(ConfigError::new(
+                    "memory_ownership",
+                    format!("`{other}` on {ordinal} is neither \"exclusive\" nor \"shared\""),
+                ))
+            }
+            (None, _) => {
+                return Err(ConfigError::new(
+                    "memory_ownership",
+                    format!("is required on {ordinal} (\"exclusive\" or \"shared\")"),
+                ))
+            }
+        };
+        Ok((profile, ownership))
+    }
+}
+
+// A byte size as written: an integer, or a string parsed once its field is
+// known (so that the error can name it).
+enum RawBytes {
+    Int(u64),
+    Text(String),
+}
+
+impl RawBytes {
+    fn resolve(self, field: &'static str) -> Result<u64, ConfigError> {
+        match self {
+            RawBytes::Int(n) => Ok(n),
+            RawBytes::Text(text) => parse_byte_size(field, &text),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for RawBytes {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct BytesVisitor;
+
+        impl Visitor<'_> for BytesVisitor {
+            type Value = RawBytes;
+
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a byte count (a non-negative integer, or a string like \"80GiB\")")
+            }
+
+            fn visit_u64<E: de::Error>(self, v: u64) -> Result<RawBytes, E> {
+                Ok(RawBytes::Int(v))
+            }
+
+            fn visit_i64<E: de::Error>(self, v: i64) -> Result<RawBytes, E> {
+                u64::try_from(v)
+                    .map(RawBytes::Int)
+                    .map_err(|_| E::invalid_value(de::Unexpected::Signed(v), &self))
+            }
+
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<RawBytes, E> {
+                Ok(RawBytes::Text(v.to_owned()))
+            }
+        }
+
+        deserializer.deserialize_any(BytesVisitor)
+    }
+}

@@ -33,3 +33,5 @@ pub use proof::{
     AllocationOwner, Capability, CapabilityProof, CapabilitySet, IssuerId, LoweringError,
     PhaseRequirement, PlanDescription, PlanFingerprint, ProofIssuer,
 };
+#[cfg(feature = "config")]
+pub use config::{parse_byte_size, parse_device_selection, GpuConfig, DEVICES_ENV};

@@ -1,0 +1,231 @@
+//! GPU device profiles and queue bounds from TOML, the device selection
+//! variable, and the errors that name what is wrong.
+
+#![cfg(feature = "config")]
+
+use std::time::Duration;
+
+use admission::gpu::backend::DeviceOrdinal;
+use admission::gpu::{parse_byte_size, parse_device_selection, GpuConfig, OwnershipMode};
+
+const SAMPLE: &str = include_str!("../examples/gpu_devices.toml");
+const GIB: u64 = 1 << 30;
+
+#[test]
+fn the_sample_file_declares_two_devices_and_the_queue_bounds() {
+    let config = GpuConfig::from_toml(SAMPLE, None).expect("the sample is valid");
+    let devices = config.devices();
+    assert_eq!(devices.ordinals(), vec![DeviceOrdinal(0), DeviceOrdinal(1)]);
+
+    let gpu0 = devices.profile(DeviceOrdinal(0)).expect("profiled");
+    assert_eq!(gpu0.managed_capacity(), 72 * GIB);
+    assert_eq!(gpu0.backend_reserve(), 4 * GIB);
+    assert_eq!(gpu0.cache_cap(), 16 * GIB);
+    assert_eq!(gpu0.attempt_floor(), 9 * GIB, "derived: 72 GiB / 8");
+    assert_eq!(gpu0.max_active_attempts(), 4);
+    assert_eq!(gpu0.source_work_allowance(), 4);
+    assert_eq!(gpu0.streams_per_attempt(), 4);
+    assert_eq!(gpu0.capabilities().len(), 3);
+    assert_eq!(
+        devices.ownership(DeviceOrdinal(0)).map(|o| o.mode()),
+        Some(OwnershipMode::Exclusive)
+    );
+
+    let gpu1 = devices.profile(DeviceOrdinal(1)).expect("profiled");
+    assert_eq!(gpu1.managed_capacity(), 24 * GIB);
+    assert_eq!(gpu1.attempt_floor(), 4 * GIB);
+    assert_eq!(
+        devices.ownership(DeviceOrdinal(1)).map(|o| o.mode()),
+        Some(OwnershipMode::Shared {
+            external_bytes: 2 * GIB
+        })
+    );
+
+    let queue = config.queue();
+    assert_eq!(queue.max_pending(), 64);
+    assert_eq!(queue.max_wait(), Duration::from_secs(30));
+    assert_eq!(queue.overtake_budget(), 4);
+}
+
+#[test]
+fn the_selection_keeps_only_the_listed_ordinals() {
+    for (selection, expected) in [
+        (None, vec![0, 1]),
+        (Some(""), vec![0, 1]),
+        (Some("  "), vec![0, 1]),
+        (Some("1"), vec![1]),
+        (Some(" 1 , 0 "), vec![0, 1]),
+    ] {
+        let config = GpuConfig::from_toml(SAMPLE, selection).expect("valid selection");
+        let ordinals: Vec<u32> = config.devices().ordinals().iter().map(|o| o.0).collect();
+        assert_eq!(ordinals, expected, "selection {selection:?}");
+    }
+}
+
+#[test]
+fn a_selected_ordinal_without_a_profile_is_named() {
+    let error = GpuConfig::from_toml(SAMPLE, Some("0,2")).expect_err("gpu2 has no profile");
+    assert_eq!(error.field(), "ADMISSION_GPU_DEVICES");
+    assert!(error.to_string().contains("gpu2"), "{error}");
+}
+
+#[test]
+fn a_malformed_or_repeated_selection_is_refused() {
+    for bad in ["0,x", "0,,1", "-1", "0,0"] {
+        let error = parse_device_selection(bad).expect_err(bad);
+        assert_eq!(error.field(), "ADMISSION_GPU_DEVICES", "{bad}");
+    }
+    assert_eq!(
+        parse_device_selection("2,0"),
+        Ok(Some(vec![DeviceOrdinal(2), DeviceOrdinal(0)]))
+    );
+}
+
+#[test]
+fn the_env_reader_uses_the_same_parser() {
+    // The variable is not set by this test suite; unset means every device.
+    if std::env::var_os(admission::gpu::DEVICES_ENV).is_none() {
+        let config = GpuConfig::from_toml_and_env(SAMPLE).expect("valid");
+        assert_eq!(config.devices().len(), 2);
+    }
+}
+
+#[test]
+fn byte_sizes_accept_integers_and_unit_strings() {
+    for (text, bytes) in [
+        ("512MiB", 512 << 20),
+        ("80GiB", 80 * GIB),
+        ("80 GiB", 80 * GIB),
+        ("80gib", 80 * GIB),
+        ("2TiB", 2 << 40),
+        ("4KiB", 4096),
+        ("80GB", 80_000_000_000),
+        ("1MB", 1_000_000),
+        ("3KB", 3_000),
+        ("1TB", 1_000_000_000_000),
+        ("1000", 1000),
+        ("1000B", 1000),
+    ] {
+        assert_eq!(parse_byte_size("cache_cap", text), Ok(bytes), "{text}");
+    }
+    for bad in [
+        "",
+        "GiB",
+        "1.5GiB",
+        "80 XB",
+        "-1GiB",
+        "99999999999999999999",
+        "17000000TiB",
+    ] {
+        let error = parse_byte_size("cache_cap", bad).expect_err(bad);
+        assert_eq!(error.field(), "cache_cap", "{bad}");
+    }
+}
+
+fn with_profile(extra: &str) -> String {
+    format!(
+        "[admission.queue]\nmax_pending = 8\nmax_wait_ms = 1000\novertake_budget = 1\n\n\
+         [[admission.device_profiles]]\nordinal = 0\n{extra}\n"
+    )
+}
+
+#[test]
+fn configuration_errors_name_the_field_or_table() {
+    let cases: Vec<(String, &str)> = vec![
+        ("not toml = = =".into(), "toml"),
+        ("[server]\nport = 1".into(), "admission"),
+        ("admission = 3".into(), "admission"),
+        (
+            "[[admission.device_profiles]]\nordinal = 0\nmanaged_capacity = 1\nmemory_ownership = \"exclusive\"".into(),
+            "admission.queue",
+        ),
+        (
+            "[admission.queue]\nmax_pending = 8\nmax_wait_ms = 1000\novertake_budget = 1".into(),
+            "admission.device_profiles",
+        ),
+        (
+            "[admission.queue]\nmax_pending = 8\nmax_wait_ms = 1000\novertake_budget = 1\nextra = 1\n"
+                .into(),
+            "admission.queue",
+        ),
+        (
+            "[admission.queue]\nmax_pending = 0\nmax_wait_ms = 1000\novertake_budget = 1\n".into(),
+            "max_pending",
+        ),
+        (
+            "[admission.queue]\nmax_pending = 1\nmax_wait_ms = 0\novertake_budget = 1\n".into(),
+            "max_wait",
+        ),
+        (
+            with_profile("managed_capacity = \"80GiB\"\nmemory_ownership = \"exclusive\"\ncolour = \"red\""),
+            "admission.device_profiles",
+        ),
+        (
+            with_profile("managed_capacity = -5\nmemory_ownership = \"exclusive\""),
+            "admission.device_profiles",
+        ),
+        (
+            with_profile("memory_ownership = \"exclusive\""),
+            "managed_capacity",
+        ),
+        (
+            with_profile("managed_capacity = \"80 parsecs\"\nmemory_ownership = \"exclusive\""),
+            "managed_capacity",
+        ),
+        (
+            with_profile("managed_capacity = \"80GiB\"\nbackend_reserve = \"oops\"\nmemory_ownership = \"exclusive\""),
+            "backend_reserve",
+        ),
+        (
+            with_profile("managed_capacity = \"80GiB\"\ncache_cap = \"81GiB\"\nmemory_ownership = \"exclusive\""),
+            "cache_cap",
+        ),
+        (
+            with_profile("managed_capacity = \"80GiB\"\nattempt_floor = \"96GiB\"\nmemory_ownership = \"exclusive\""),
+            "attempt_floor",
+        ),
+        (
+            with_profile("managed_capacity = \"80GiB\"\nmax_active_attempts = 0\nmemory_ownership = \"exclusive\""),
+            "max_active_attempts",
+        ),
+        (with_profile("managed_capacity = \"80GiB\""), "memory_ownership"),
+        (
+            with_profile("managed_capacity = \"80GiB\"\nmemory_ownership = \"borrowed\""),
+            "memory_ownership",
+        ),
+        (
+            with_profile("managed_capacity = \"80GiB\"\nmemory_ownership = \"shared\""),
+            "external_bytes",
+        ),
+        (
+            with_profile("managed_capacity = \"80GiB\"\nmemory_ownership = \"exclusive\"\nexternal_bytes = 1"),
+            "external_bytes",
+        ),
+        (
+            with_profile(
+                "managed_capacity = \"80GiB\"\nbackend_reserve = \"1GiB\"\nmemory_ownership = \"shared\"\nexternal_bytes = \"2GiB\"",
+            ),
+            "external_bytes",
+        ),
+        (
+            with_profile(
+                "managed_capacity = \"80GiB\"\nmemory_ownership = \"exclusive\"\n\n\
+                 [[admission.device_profiles]]\nordinal = 0\nmanaged_capacity = \"80GiB\"\nmemory_ownership = \"exclusive\"",
+            ),
+            "device_profiles",
+        ),
+    ];
+    for (toml, field) in cases {
+        let error = GpuConfig::from_toml(&toml, None).expect_err(&toml);
+        assert_eq!(error.field(), field, "{error}\n--- in ---\n{toml}");
+    }
+}
+
+#[test]
+fn an_unknown_key_error_names_the_key() {
+    let toml =
+        with_profile("managed_capacity = 1024\nmemory_ownership = \"exclusive\"\ncolour = 1");
+    let error = GpuConfig::from_toml(&toml, None).expect_err("unknown key");
+    assert!(error.to_string().contains("colour"), "{error}");
+    assert!(error.to_string().contains("entry 0"), "{error}");
+}
