@@ -19,6 +19,8 @@ pub mod domain;
 pub mod envelope;
 pub mod worker;
 
+#[cfg(feature = "config")]
+pub use config::{parse_byte_size, parse_device_selection, GpuConfig, DEVICES_ENV};
 pub use ledger::{
     Decision, DeviceLedger, ForeignGrant, GrantId, GrantRequest, LaterReason, LedgerError,
     LedgerHealth, LedgerReport, MemoryGrant, NeverReason, ProtectionReport, ReleaseOutcome,
@@ -33,5 +35,3 @@ pub use proof::{
     AllocationOwner, Capability, CapabilityProof, CapabilitySet, IssuerId, LoweringError,
     PhaseRequirement, PlanDescription, PlanFingerprint, ProofIssuer,
 };
-#[cfg(feature = "config")]
-pub use config::{parse_byte_size, parse_device_selection, GpuConfig, DEVICES_ENV};
