@@ -361,10 +361,23 @@ impl TeardownReport {
             Some((d, leaked)) => (d.peak_bytes(), d.total_bytes(), leaked),
             None => (0, 0, LeakReport::default()),
         };
-        errors.extend(leaked.errors.iter().cloned());
         errors.extend(steps.iter().filter_map(|s| s.error.clone()));
-        let health = errors
+        errors.extend(leaked.errors.iter().cloned());
+        // A fault proven by a stream synchronization is the one to act on
+        // (it is isolated to the device); later calls only repeat it.
+        let mut sync_first = errors
             .iter()
+            .filter(|e| {
+                matches!(
+                    e,
+                    BackendError::Fault {
+                        op: BackendOp::Synchronize,
+                        ..
+                    }
+                )
+            })
+            .chain(errors.iter());
+        let health = sync_first
             .find_map(|e| match e {
                 BackendError::Fault {
                     op,
@@ -430,10 +443,15 @@ fn record(steps: &mut Vec<StepOutcome>, op: BackendOp, result: Result<(), Backen
     });
 }
 
-/// Undoes `progress` in reverse order, after waiting for the root stream.
-/// Runs on the worker.
-fn undo(backend: &SharedBackend, progress: Progress, steps: &mut Vec<StepOutcome>) {
-    if let Some(root) = progress.root {
+/// Undoes `progress` in reverse order, after waiting for the root stream
+/// when `wait_for_root` (a teardown has waited already). Runs on the worker.
+fn undo(
+    backend: &SharedBackend,
+    progress: Progress,
+    wait_for_root: bool,
+    steps: &mut Vec<StepOutcome>,
+) {
+    if let (true, Some(root)) = (wait_for_root, progress.root) {
         record(steps, BackendOp::Synchronize, backend.synchronize(root));
     }
     if let Some(scope) = progress.scope {
@@ -486,7 +504,7 @@ fn build_on_worker(
     for step in BuildStep::ALL {
         if cancelled.load(Ordering::Acquire) {
             let mut rollback = RollbackReport::default();
-            undo(backend, p, &mut rollback.steps);
+            undo(backend, p, true, &mut rollback.steps);
             return BuildOutcome::Cancelled(rollback);
         }
         let done = match step {
@@ -525,7 +543,7 @@ fn build_on_worker(
         };
         if let Err(error) = done {
             let mut rollback = RollbackReport::default();
-            undo(backend, p, &mut rollback.steps);
+            undo(backend, p, true, &mut rollback.steps);
             return BuildOutcome::Failed {
                 step,
                 error,
@@ -535,7 +553,7 @@ fn build_on_worker(
     }
     if cancelled.load(Ordering::Acquire) {
         let mut rollback = RollbackReport::default();
-        undo(backend, p, &mut rollback.steps);
+        undo(backend, p, true, &mut rollback.steps);
         return BuildOutcome::Cancelled(rollback);
     }
     BuildOutcome::Built(p)
@@ -635,11 +653,7 @@ impl Shared {
                 joined: true,
                 scope: Some(scope),
             };
-            let mut undo_steps = Vec::new();
-            undo(&backend, progress, &mut undo_steps);
-            // `undo` synchronizes first; the teardown already did, before
-            // the frees, so that one is dropped.
-            steps.extend(undo_steps.into_iter().skip(1));
+            undo(&backend, progress, false, &mut steps);
             let errors = std::mem::take(&mut *deferred.lock());
             TeardownReport::finish(
                 device,
@@ -714,7 +728,7 @@ impl AdmissionEnvelope {
                 let rollback = match unreceived {
                     BuildOutcome::Built(progress) => {
                         let mut rollback = RollbackReport::default();
-                        undo(&job_backend, progress, &mut rollback.steps);
+                        undo(&job_backend, progress, true, &mut rollback.steps);
                         rollback
                     }
                     BuildOutcome::Failed { rollback, .. } | BuildOutcome::Cancelled(rollback) => {
