@@ -18,7 +18,7 @@
 //!   limiting adaptor adds first and undoes on overflow, which makes a
 //!   concurrent request that would have fit fail spuriously.)
 //! * **Reserve, then call the driver.** [`AllocationDomain::alloc`] charges
-//!   the bytes first, so [`GpuBackend::alloc`] is never called for a request
+//!   the bytes first, so [`GpuBackend::alloc`](crate::gpu::backend::GpuBackend::alloc) is never called for a request
 //!   over the ceiling, and un-charges them if the driver fails.
 //! * **Sizes are aligned.** Every request is rounded up to [`ALIGN`] bytes
 //!   before it is charged, so the ceiling bounds what the driver actually
