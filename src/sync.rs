@@ -23,6 +23,16 @@ pub(crate) use loom::sync::{
     Arc,
 };
 
+/// Shared ownership of a value that is not itself a synchronization point
+/// (a backend behind a trait object, a worker handle). Always `std`'s `Arc`:
+/// loom's cannot hold an unsized value, and what is shared here is either
+/// immutable or synchronizes through the types above.
+pub(crate) use std::sync::Arc as StdArc;
+
+/// Channels to and from OS threads that loom does not model (the device
+/// worker, the simulator's gates). Always `std`'s.
+pub(crate) use std::sync::mpsc;
+
 /// A mutual-exclusion lock whose `lock` cannot fail.
 #[derive(Debug, Default)]
 pub(crate) struct Mutex<T> {

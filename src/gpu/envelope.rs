@@ -1,1 +1,988 @@
-//! (to be written)
+//! The admission envelope: the physical resources built around a committed
+//! grant, as one transaction.
+//!
+//! # Implementation notes
+//!
+//! The ledger commits the attempt slot and the immutable grant under its
+//! lock; the envelope is then built **outside** any lock, in five steps:
+//!
+//! 1. attempt lane ([`GpuBackend::open_lane`](crate::gpu::backend::GpuBackend::open_lane));
+//! 2. root stream ([`GpuBackend::create_root_stream`](crate::gpu::backend::GpuBackend::create_root_stream));
+//! 3. allocation domain, ceiling = grant ([`GpuBackend::open_domain`](crate::gpu::backend::GpuBackend::open_domain) and an
+//!    [`AllocationDomain`]);
+//! 4. root-stream membership in the domain ([`GpuBackend::join_domain`](crate::gpu::backend::GpuBackend::join_domain));
+//! 5. device worker scope ([`GpuBackend::open_worker_scope`](crate::gpu::backend::GpuBackend::open_worker_scope)).
+//!
+//! **The build runs as one job on the device's worker thread**
+//! ([`DeviceWorker`]). Creating a stream can synchronize the device, so it
+//! must stay off tokio's workers anyway; and running the whole transaction
+//! in one job makes it cancel-safe without any bookkeeping in the future:
+//! dropping the build future sets a flag that the job checks after every
+//! step, and a finished envelope that nobody receives any more is rolled
+//! back by the job itself. [`AdmissionEnvelope`] values exist only after all
+//! five steps succeeded, so partial admission is never visible.
+//!
+//! **Rollback** first waits for stream clean-up (it synchronizes the root
+//! stream on the worker, when one was created), then undoes the completed
+//! steps in exact reverse order. It runs every undo even when one fails and
+//! collects the errors; a [`BackendError::Fault`] among them is surfaced
+//! (with its isolation) so the caller can quarantine the device.
+//!
+//! **Execution** obtains [`ExecutionContext`]s (each a stream forked from the
+//! root; the root counts against the stream bound) and [`SourcePermit`]s
+//! (bounded by the source-work allowance). Both hold the envelope's shared
+//! state alive. Allocations go through the context into the allocation
+//! domain, so the grant is enforced before any driver call.
+//!
+//! **Teardown** ([`AdmissionEnvelope::teardown`]) waits until every context
+//! and permit has been dropped (contexts are then idle), and then, on the
+//! worker: synchronizes the root (a failure there is a device fault),
+//! frees allocations still outstanding (reported as leaks), and undoes the
+//! five steps in reverse. A dropped context destroys its forked stream by a
+//! job on the same FIFO worker, so forks always go before the root.
+//! Dropping an envelope without a teardown never blocks: when the last
+//! holder of its shared state drops, the same teardown is queued on the
+//! worker and its report goes to [`EnvelopeSpec::report_sink`] (and to
+//! `tracing` when it is not clean). Releasing the lane, grant and slot in
+//! the ledger is the caller's, and comes after the teardown.
+
+use std::fmt;
+
+use tokio::sync::{mpsc as tokio_mpsc, oneshot, Notify};
+
+use crate::gpu::backend::{
+    BackendError, BackendOp, DeviceOrdinal, DevicePtr, DomainId, FaultIsolation, LaneId, ScopeId,
+    SharedBackend, StreamId,
+};
+use crate::gpu::domain::{AllocationDomain, LeakReport, SubReservation};
+use crate::gpu::worker::{DeviceWorker, WorkerGone};
+use crate::sync::{AtomicBool, AtomicU64, Mutex, Ordering, StdArc};
+
+/// Per-attempt bounds on the physical resources an envelope may take, from
+/// the device's resource profile.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AttemptBounds {
+    /// Streams the attempt may hold at once, the root included; at most
+    /// `max_streams - 1` execution contexts can exist at once.
+    pub max_streams: u32,
+    /// Worker scopes the attempt may take (an envelope takes one).
+    pub max_workers: u32,
+    /// Attempt lanes the attempt may take (an envelope takes one).
+    pub max_lanes: u32,
+    /// Concurrent source reads the attempt may run
+    /// ([`AdmissionEnvelope::try_source_permit`]).
+    pub source_work_allowance: u32,
+}
+
+/// What an envelope is built from: plain values the ledger committed.
+#[derive(Clone, Debug)]
+pub struct EnvelopeSpec {
+    /// The selected device.
+    pub device: DeviceOrdinal,
+    /// The immutable grant's bytes: the allocation domain's ceiling.
+    pub grant_bytes: u64,
+    /// The per-attempt resource bounds.
+    pub bounds: AttemptBounds,
+    /// Where reports of clean-ups nobody awaits go: a teardown run because
+    /// the envelope was dropped, or the rollback of a cancelled build.
+    pub report_sink: Option<tokio_mpsc::UnboundedSender<TeardownReport>>,
+}
+
+/// One of the five build steps, in build order.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum BuildStep {
+    /// 1: the attempt lane.
+    AttemptLane,
+    /// 2: the root stream.
+    RootStream,
+    /// 3: the allocation domain.
+    AllocationDomain,
+    /// 4: the root stream's membership in the domain.
+    RootMembership,
+    /// 5: the device worker scope.
+    WorkerScope,
+}
+
+impl BuildStep {
+    /// Every step, in build order.
+    pub const ALL: [BuildStep; 5] = [
+        BuildStep::AttemptLane,
+        BuildStep::RootStream,
+        BuildStep::AllocationDomain,
+        BuildStep::RootMembership,
+        BuildStep::WorkerScope,
+    ];
+
+    /// The backend operation that performs the step.
+    pub fn op(self) -> BackendOp {
+        match self {
+            BuildStep::AttemptLane => BackendOp::OpenLane,
+            BuildStep::RootStream => BackendOp::CreateRootStream,
+            BuildStep::AllocationDomain => BackendOp::OpenDomain,
+            BuildStep::RootMembership => BackendOp::JoinDomain,
+            BuildStep::WorkerScope => BackendOp::OpenWorkerScope,
+        }
+    }
+
+    /// The backend operation that undoes the step.
+    pub fn undo_op(self) -> BackendOp {
+        match self {
+            BuildStep::AttemptLane => BackendOp::CloseLane,
+            BuildStep::RootStream => BackendOp::DestroyStream,
+            BuildStep::AllocationDomain => BackendOp::CloseDomain,
+            BuildStep::RootMembership => BackendOp::LeaveDomain,
+            BuildStep::WorkerScope => BackendOp::CloseWorkerScope,
+        }
+    }
+}
+
+/// One clean-up call and its outcome.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StepOutcome {
+    /// The operation.
+    pub op: BackendOp,
+    /// Its error, if it failed.
+    pub error: Option<BackendError>,
+}
+
+/// Every clean-up call a rollback made, in order.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RollbackReport {
+    /// The calls, in the order they ran.
+    pub steps: Vec<StepOutcome>,
+}
+
+impl RollbackReport {
+    /// The errors the undo calls reported.
+    pub fn errors(&self) -> impl Iterator<Item = &BackendError> {
+        self.steps.iter().filter_map(|s| s.error.as_ref())
+    }
+
+    /// The isolation of the first device fault among them.
+    pub fn fault(&self) -> Option<FaultIsolation> {
+        self.errors().find_map(BackendError::fault_isolation)
+    }
+}
+
+/// Why an envelope could not be built. Whatever was built is rolled back
+/// before this is returned.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum BuildError {
+    /// A bound leaves no room for the envelope's own resources (it takes
+    /// one lane, one stream and one worker scope). Nothing was called.
+    InvalidBounds {
+        /// The bound's name.
+        field: &'static str,
+        /// Its value.
+        value: u32,
+    },
+    /// The worker handed in serves another device. Nothing was called.
+    WrongWorker {
+        /// The worker's device.
+        worker: DeviceOrdinal,
+        /// The envelope's device.
+        device: DeviceOrdinal,
+    },
+    /// A step failed; the steps before it were rolled back.
+    Step {
+        /// The step that failed.
+        step: BuildStep,
+        /// Its error.
+        error: BackendError,
+        /// The rollback.
+        rollback: RollbackReport,
+    },
+    /// The device worker is gone, so the build's outcome (and any rollback)
+    /// is unknown.
+    WorkerGone(WorkerGone),
+}
+
+impl BuildError {
+    /// The isolation of a device fault seen while building or rolling back,
+    /// or [`FaultIsolation::Unknown`] when the clean-up was abandoned: the
+    /// caller quarantines the device or closes the backend's ledgers.
+    pub fn fault(&self) -> Option<FaultIsolation> {
+        match self {
+            BuildError::Step {
+                error, rollback, ..
+            } => error.fault_isolation().or_else(|| rollback.fault()),
+            BuildError::WorkerGone(_) => Some(FaultIsolation::Unknown),
+            BuildError::InvalidBounds { .. } | BuildError::WrongWorker { .. } => None,
+        }
+    }
+}
+
+impl fmt::Display for BuildError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            BuildError::InvalidBounds { field, value } => {
+                write!(
+                    f,
+                    "{field} {value} leaves no room for the envelope (it needs at least 1)"
+                )
+            }
+            BuildError::WrongWorker { worker, device } => {
+                write!(
+                    f,
+                    "the worker of {worker} cannot build an envelope on {device}"
+                )
+            }
+            BuildError::Step {
+                step,
+                error,
+                rollback,
+            } => write!(
+                f,
+                "envelope step {step:?} failed: {error} ({} rollback errors)",
+                rollback.errors().count()
+            ),
+            BuildError::WorkerGone(gone) => write!(f, "{gone}"),
+        }
+    }
+}
+
+impl std::error::Error for BuildError {}
+
+/// Why an execution could not obtain a context or permit.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum EnvelopeError {
+    /// Every stream the bound allows is in use.
+    StreamBound {
+        /// The bound (root stream included).
+        max_streams: u32,
+    },
+    /// Every source read the allowance allows is running.
+    SourceWorkExhausted {
+        /// The allowance.
+        allowance: u32,
+    },
+    /// The backend failed to fork a stream.
+    Backend(BackendError),
+}
+
+impl fmt::Display for EnvelopeError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            EnvelopeError::StreamBound { max_streams } => write!(
+                f,
+                "the attempt holds max_streams {max_streams} streams (root included)"
+            ),
+            EnvelopeError::SourceWorkExhausted { allowance } => write!(
+                f,
+                "the attempt runs source_work_allowance {allowance} source reads"
+            ),
+            EnvelopeError::Backend(error) => write!(f, "{error}"),
+        }
+    }
+}
+
+impl std::error::Error for EnvelopeError {}
+
+/// How a clean-up ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Disposition {
+    /// Every step succeeded.
+    Clean,
+    /// Some steps failed, without a device fault.
+    Errors,
+    /// A device fault was seen: quarantine per the isolation.
+    DeviceFault,
+    /// The clean-up could not run (the worker is gone): the device's state
+    /// is unknown.
+    Abandoned,
+    /// A build was cancelled and rolled back.
+    Cancelled,
+}
+
+/// The device's health as a clean-up observed it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum DeviceHealth {
+    /// No fault was seen.
+    Healthy,
+    /// A device fault was seen.
+    Faulted {
+        /// The operation that surfaced it.
+        op: BackendOp,
+        /// The driver's code.
+        code: u32,
+        /// How far it reaches.
+        isolation: FaultIsolation,
+    },
+    /// The clean-up was abandoned; nothing is known.
+    Unknown,
+}
+
+/// What a teardown (or an unawaited rollback) did.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TeardownReport {
+    /// The envelope's device.
+    pub device: DeviceOrdinal,
+    /// How the clean-up ended.
+    pub disposition: Disposition,
+    /// The device's health.
+    pub health: DeviceHealth,
+    /// Whether nobody awaited it (a dropped envelope or cancelled build).
+    pub implicit: bool,
+    /// The grant's bytes.
+    pub grant_bytes: u64,
+    /// The domain's peak charged bytes.
+    pub peak_bytes: u64,
+    /// The domain's total charged bytes.
+    pub total_bytes: u64,
+    /// Allocations still live at teardown, freed by it.
+    pub leaked: LeakReport,
+    /// Every clean-up call, in order.
+    pub steps: Vec<StepOutcome>,
+    /// Every error seen: clean-up calls, leak frees, and errors deferred
+    /// from dropped execution contexts.
+    pub errors: Vec<BackendError>,
+}
+
+impl TeardownReport {
+    /// The isolation to act on: the fault's, or
+    /// [`FaultIsolation::Unknown`] when the clean-up was abandoned.
+    pub fn fault_isolation(&self) -> Option<FaultIsolation> {
+        match self.health {
+            DeviceHealth::Healthy => None,
+            DeviceHealth::Faulted { isolation, .. } => Some(isolation),
+            DeviceHealth::Unknown => Some(FaultIsolation::Unknown),
+        }
+    }
+
+    fn finish(
+        device: DeviceOrdinal,
+        grant_bytes: u64,
+        implicit: bool,
+        steps: Vec<StepOutcome>,
+        mut errors: Vec<BackendError>,
+        domain: Option<(&AllocationDomain, LeakReport)>,
+    ) -> Self {
+        let (peak_bytes, total_bytes, leaked) = match domain {
+            Some((d, leaked)) => (d.peak_bytes(), d.total_bytes(), leaked),
+            None => (0, 0, LeakReport::default()),
+        };
+        errors.extend(steps.iter().filter_map(|s| s.error.clone()));
+        errors.extend(leaked.errors.iter().cloned());
+        // A fault proven by a stream synchronization is the one to act on
+        // (it is isolated to the device); later calls only repeat it.
+        let mut sync_first = errors
+            .iter()
+            .filter(|e| {
+                matches!(
+                    e,
+                    BackendError::Fault {
+                        op: BackendOp::Synchronize,
+                        ..
+                    }
+                )
+            })
+            .chain(errors.iter());
+        let health = sync_first
+            .find_map(|e| match e {
+                BackendError::Fault {
+                    op,
+                    code,
+                    isolation,
+                } => Some(DeviceHealth::Faulted {
+                    op: *op,
+                    code: *code,
+                    isolation: *isolation,
+                }),
+                _ => None,
+            })
+            .unwrap_or(DeviceHealth::Healthy);
+        let disposition = match (health, errors.is_empty()) {
+            (DeviceHealth::Faulted { .. }, _) => Disposition::DeviceFault,
+            (_, false) => Disposition::Errors,
+            _ => Disposition::Clean,
+        };
+        Self {
+            device,
+            disposition,
+            health,
+            implicit,
+            grant_bytes,
+            peak_bytes,
+            total_bytes,
+            leaked,
+            steps,
+            errors,
+        }
+    }
+
+    fn abandoned(device: DeviceOrdinal, grant_bytes: u64, implicit: bool) -> Self {
+        Self {
+            device,
+            disposition: Disposition::Abandoned,
+            health: DeviceHealth::Unknown,
+            implicit,
+            grant_bytes,
+            peak_bytes: 0,
+            total_bytes: 0,
+            leaked: LeakReport::default(),
+            steps: Vec::new(),
+            errors: Vec::new(),
+        }
+    }
+}
+
+/// What the build has created so far.
+#[derive(Clone, Copy, Debug, Default)]
+struct Progress {
+    lane: Option<LaneId>,
+    root: Option<StreamId>,
+    domain: Option<DomainId>,
+    joined: bool,
+    scope: Option<ScopeId>,
+}
+
+fn record(steps: &mut Vec<StepOutcome>, op: BackendOp, result: Result<(), BackendError>) {
+    steps.push(StepOutcome {
+        op,
+        error: result.err(),
+    });
+}
+
+/// Undoes `progress` in reverse order, after waiting for the root stream
+/// when `wait_for_root` (a teardown has waited already). Runs on the worker.
+fn undo(
+    backend: &SharedBackend,
+    progress: Progress,
+    wait_for_root: bool,
+    steps: &mut Vec<StepOutcome>,
+) {
+    if let (true, Some(root)) = (wait_for_root, progress.root) {
+        record(steps, BackendOp::Synchronize, backend.synchronize(root));
+    }
+    if let Some(scope) = progress.scope {
+        record(
+            steps,
+            BackendOp::CloseWorkerScope,
+            backend.close_worker_scope(scope),
+        );
+    }
+    if let (true, Some(domain), Some(root)) = (progress.joined, progress.domain, progress.root) {
+        record(
+            steps,
+            BackendOp::LeaveDomain,
+            backend.leave_domain(domain, root),
+        );
+    }
+    if let Some(domain) = progress.domain {
+        record(steps, BackendOp::CloseDomain, backend.close_domain(domain));
+    }
+    if let Some(root) = progress.root {
+        record(
+            steps,
+            BackendOp::DestroyStream,
+            backend.destroy_stream(root),
+        );
+    }
+    if let Some(lane) = progress.lane {
+        record(steps, BackendOp::CloseLane, backend.close_lane(lane));
+    }
+}
+
+enum BuildOutcome {
+    Built(Progress),
+    Failed {
+        step: BuildStep,
+        error: BackendError,
+        rollback: RollbackReport,
+    },
+    Cancelled(RollbackReport),
+}
+
+/// The five steps, on the worker, checking for cancellation after each.
+fn build_on_worker(
+    backend: &SharedBackend,
+    device: DeviceOrdinal,
+    grant_bytes: u64,
+    cancelled: &AtomicBool,
+) -> BuildOutcome {
+    let mut p = Progress::default();
+    for step in BuildStep::ALL {
+        if cancelled.load(Ordering::Acquire) {
+            let mut rollback = RollbackReport::default();
+            undo(backend, p, true, &mut rollback.steps);
+            return BuildOutcome::Cancelled(rollback);
+        }
+        let done = match step {
+            BuildStep::AttemptLane => backend.open_lane(device).map(|l| p.lane = Some(l)),
+            BuildStep::RootStream => p
+                .lane
+                .ok_or(BackendError::UnknownHandle {
+                    op: step.op(),
+                    id: 0,
+                })
+                .and_then(|l| backend.create_root_stream(l))
+                .map(|s| p.root = Some(s)),
+            BuildStep::AllocationDomain => p
+                .lane
+                .ok_or(BackendError::UnknownHandle {
+                    op: step.op(),
+                    id: 0,
+                })
+                .and_then(|l| backend.open_domain(l, grant_bytes))
+                .map(|d| p.domain = Some(d)),
+            BuildStep::RootMembership => match (p.domain, p.root) {
+                (Some(d), Some(r)) => backend.join_domain(d, r).map(|()| p.joined = true),
+                _ => Err(BackendError::UnknownHandle {
+                    op: step.op(),
+                    id: 0,
+                }),
+            },
+            BuildStep::WorkerScope => p
+                .lane
+                .ok_or(BackendError::UnknownHandle {
+                    op: step.op(),
+                    id: 0,
+                })
+                .and_then(|l| backend.open_worker_scope(l))
+                .map(|s| p.scope = Some(s)),
+        };
+        if let Err(error) = done {
+            let mut rollback = RollbackReport::default();
+            undo(backend, p, true, &mut rollback.steps);
+            return BuildOutcome::Failed {
+                step,
+                error,
+                rollback,
+            };
+        }
+    }
+    if cancelled.load(Ordering::Acquire) {
+        let mut rollback = RollbackReport::default();
+        undo(backend, p, true, &mut rollback.steps);
+        return BuildOutcome::Cancelled(rollback);
+    }
+    BuildOutcome::Built(p)
+}
+
+fn deliver(sink: Option<&tokio_mpsc::UnboundedSender<TeardownReport>>, report: TeardownReport) {
+    if report.disposition != Disposition::Clean && report.disposition != Disposition::Cancelled {
+        tracing::warn!(
+            target: "admission",
+            device = %report.device,
+            disposition = ?report.disposition,
+            errors = report.errors.len(),
+            "GPU envelope clean-up nobody awaited did not finish cleanly"
+        );
+    }
+    if let Some(sink) = sink {
+        let _ = sink.send(report);
+    }
+}
+
+/// Sets the flag when the build future is dropped.
+struct CancelOnDrop(StdArc<AtomicBool>);
+
+impl Drop for CancelOnDrop {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::Release);
+    }
+}
+
+/// The built resources of one attempt. See the [module documentation](self).
+#[derive(Debug)]
+pub struct AdmissionEnvelope {
+    shared: StdArc<Shared>,
+}
+
+struct Shared {
+    backend: SharedBackend,
+    worker: StdArc<DeviceWorker>,
+    spec: EnvelopeSpec,
+    lane: LaneId,
+    root: StreamId,
+    scope: ScopeId,
+    domain: StdArc<AllocationDomain>,
+    forks: AtomicU64,
+    source_reads: AtomicU64,
+    active: AtomicU64,
+    idle: Notify,
+    torn_down: AtomicBool,
+    deferred: StdArc<Mutex<Vec<BackendError>>>,
+}
+
+impl fmt::Debug for Shared {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Envelope")
+            .field("device", &self.spec.device)
+            .field("grant_bytes", &self.spec.grant_bytes)
+            .field("lane", &self.lane)
+            .field("root", &self.root)
+            .field("domain", &self.domain)
+            .field("forks", &self.forks.load(Ordering::Relaxed))
+            .field("source_reads", &self.source_reads.load(Ordering::Relaxed))
+            .finish()
+    }
+}
+
+impl Shared {
+    fn release_activity(&self) {
+        if self.active.fetch_sub(1, Ordering::AcqRel) == 1 {
+            self.idle.notify_one();
+        }
+    }
+
+    /// The teardown job: runs on the worker.
+    fn teardown_job(&self, implicit: bool) -> impl FnOnce() -> TeardownReport + Send + 'static {
+        let backend = self.backend.clone();
+        let domain = self.domain.clone();
+        let deferred = self.deferred.clone();
+        let (device, grant, lane, root, scope) = (
+            self.spec.device,
+            self.spec.grant_bytes,
+            self.lane,
+            self.root,
+            self.scope,
+        );
+        move || {
+            let mut steps = Vec::new();
+            record(
+                &mut steps,
+                BackendOp::Synchronize,
+                backend.synchronize(root),
+            );
+            let leaked = domain.free_outstanding(root);
+            let progress = Progress {
+                lane: Some(lane),
+                root: Some(root),
+                domain: Some(domain.id()),
+                joined: true,
+                scope: Some(scope),
+            };
+            undo(&backend, progress, false, &mut steps);
+            let errors = std::mem::take(&mut *deferred.lock());
+            TeardownReport::finish(
+                device,
+                grant,
+                implicit,
+                steps,
+                errors,
+                Some((&domain, leaked)),
+            )
+        }
+    }
+}
+
+impl Drop for Shared {
+    fn drop(&mut self) {
+        if self.torn_down.load(Ordering::Acquire) {
+            return;
+        }
+        let job = self.teardown_job(true);
+        let sink = self.spec.report_sink.clone();
+        let submitted = self.worker.submit_detached(move || {
+            let report = job();
+            deliver(sink.as_ref(), report);
+        });
+        if submitted.is_err() {
+            deliver(
+                self.spec.report_sink.as_ref(),
+                TeardownReport::abandoned(self.spec.device, self.spec.grant_bytes, true),
+            );
+        }
+    }
+}
+
+impl AdmissionEnvelope {
+    /// Builds the envelope of an attempt whose slot and grant the ledger has
+    /// committed: the five steps on `worker` (the device's worker), rolled
+    /// back in reverse on failure or when this future is dropped.
+    pub async fn build(
+        backend: SharedBackend,
+        worker: StdArc<DeviceWorker>,
+        spec: EnvelopeSpec,
+    ) -> Result<Self, BuildError> {
+        for (field, value) in [
+            ("max_streams", spec.bounds.max_streams),
+            ("max_workers", spec.bounds.max_workers),
+            ("max_lanes", spec.bounds.max_lanes),
+        ] {
+            if value == 0 {
+                return Err(BuildError::InvalidBounds { field, value });
+            }
+        }
+        if worker.device() != spec.device {
+            return Err(BuildError::WrongWorker {
+                worker: worker.device(),
+                device: spec.device,
+            });
+        }
+        let cancelled = StdArc::new(AtomicBool::new(false));
+        let _cancel_on_drop = CancelOnDrop(cancelled.clone());
+        let (tx, rx) = oneshot::channel();
+        let job_backend = backend.clone();
+        let (device, grant) = (spec.device, spec.grant_bytes);
+        let sink = spec.report_sink.clone();
+        worker
+            .submit_detached(move || {
+                let outcome = build_on_worker(&job_backend, device, grant, &cancelled);
+                let unreceived = match tx.send(outcome) {
+                    Ok(()) => return,
+                    Err(outcome) => outcome,
+                };
+                // The caller is gone: nothing may stay built.
+                let rollback = match unreceived {
+                    BuildOutcome::Built(progress) => {
+                        let mut rollback = RollbackReport::default();
+                        undo(&job_backend, progress, true, &mut rollback.steps);
+                        rollback
+                    }
+                    BuildOutcome::Failed { rollback, .. } | BuildOutcome::Cancelled(rollback) => {
+                        rollback
+                    }
+                };
+                let mut report =
+                    TeardownReport::finish(device, grant, true, rollback.steps, Vec::new(), None);
+                if report.disposition == Disposition::Clean {
+                    report.disposition = Disposition::Cancelled;
+                }
+                deliver(sink.as_ref(), report);
+            })
+            .map_err(BuildError::WorkerGone)?;
+        let outcome = rx.await.map_err(|_| {
+            BuildError::WorkerGone(WorkerGone {
+                device: spec.device,
+            })
+        })?;
+        match outcome {
+            BuildOutcome::Built(p) => match (p.lane, p.root, p.domain, p.scope) {
+                (Some(lane), Some(root), Some(domain), Some(scope)) => {
+                    let domain = StdArc::new(AllocationDomain::new(
+                        backend.clone(),
+                        domain,
+                        spec.device,
+                        spec.grant_bytes,
+                    ));
+                    Ok(Self {
+                        shared: StdArc::new(Shared {
+                            backend,
+                            worker,
+                            spec,
+                            lane,
+                            root,
+                            scope,
+                            domain,
+                            forks: AtomicU64::new(0),
+                            source_reads: AtomicU64::new(0),
+                            active: AtomicU64::new(0),
+                            idle: Notify::new(),
+                            torn_down: AtomicBool::new(false),
+                            deferred: StdArc::new(Mutex::new(Vec::new())),
+                        }),
+                    })
+                }
+                // `build_on_worker` returns `Built` only with every step done.
+                _ => Err(BuildError::Step {
+                    step: BuildStep::WorkerScope,
+                    error: BackendError::UnknownHandle {
+                        op: BackendOp::OpenWorkerScope,
+                        id: 0,
+                    },
+                    rollback: RollbackReport::default(),
+                }),
+            },
+            BuildOutcome::Failed {
+                step,
+                error,
+                rollback,
+            } => Err(BuildError::Step {
+                step,
+                error,
+                rollback,
+            }),
+            // Only reachable if this future was dropped, which it was not.
+            BuildOutcome::Cancelled(rollback) => Err(BuildError::Step {
+                step: BuildStep::AttemptLane,
+                error: BackendError::UnknownHandle {
+                    op: BackendOp::OpenLane,
+                    id: 0,
+                },
+                rollback,
+            }),
+        }
+    }
+
+    /// The device.
+    pub fn device(&self) -> DeviceOrdinal {
+        self.shared.spec.device
+    }
+
+    /// The grant's bytes (the domain's ceiling).
+    pub fn grant_bytes(&self) -> u64 {
+        self.shared.spec.grant_bytes
+    }
+
+    /// The per-attempt bounds.
+    pub fn bounds(&self) -> AttemptBounds {
+        self.shared.spec.bounds
+    }
+
+    /// The attempt lane.
+    pub fn lane(&self) -> LaneId {
+        self.shared.lane
+    }
+
+    /// The root stream.
+    pub fn root_stream(&self) -> StreamId {
+        self.shared.root
+    }
+
+    /// The worker scope.
+    pub fn worker_scope(&self) -> ScopeId {
+        self.shared.scope
+    }
+
+    /// The allocation domain.
+    pub fn domain(&self) -> &AllocationDomain {
+        &self.shared.domain
+    }
+
+    /// Execution contexts alive now.
+    pub fn execution_contexts(&self) -> u64 {
+        self.shared.forks.load(Ordering::Acquire)
+    }
+
+    /// Forks a stream from the root for one execution, within the stream
+    /// bound (the root counts as one stream).
+    pub fn execution_context(&self) -> Result<ExecutionContext, EnvelopeError> {
+        let shared = &self.shared;
+        let max_streams = shared.spec.bounds.max_streams;
+        let limit = u64::from(max_streams.saturating_sub(1));
+        take_bounded(&shared.forks, limit)
+            .map_err(|()| EnvelopeError::StreamBound { max_streams })?;
+        match shared.backend.fork_stream(shared.root) {
+            Ok(stream) => {
+                shared.active.fetch_add(1, Ordering::AcqRel);
+                Ok(ExecutionContext {
+                    shared: shared.clone(),
+                    stream,
+                })
+            }
+            Err(error) => {
+                shared.forks.fetch_sub(1, Ordering::AcqRel);
+                Err(EnvelopeError::Backend(error))
+            }
+        }
+    }
+
+    /// A permit for one concurrent source read, within the source-work
+    /// allowance.
+    pub fn try_source_permit(&self) -> Result<SourcePermit, EnvelopeError> {
+        let shared = &self.shared;
+        let allowance = shared.spec.bounds.source_work_allowance;
+        take_bounded(&shared.source_reads, u64::from(allowance))
+            .map_err(|()| EnvelopeError::SourceWorkExhausted { allowance })?;
+        shared.active.fetch_add(1, Ordering::AcqRel);
+        Ok(SourcePermit {
+            shared: shared.clone(),
+        })
+    }
+
+    /// Releases the envelope: waits until every execution context and
+    /// source permit is dropped, then synchronizes the root stream, frees
+    /// outstanding allocations and destroys the resources in reverse order,
+    /// on the worker. The caller then releases the grant and slot in the
+    /// ledger (and quarantines per [`TeardownReport::fault_isolation`]).
+    ///
+    /// Dropping this future after the contexts went idle does not stop the
+    /// teardown; dropping it before leaves the envelope to its drop path.
+    pub async fn teardown(self) -> TeardownReport {
+        let shared = &self.shared;
+        while shared.active.load(Ordering::Acquire) != 0 {
+            shared.idle.notified().await;
+        }
+        shared.torn_down.store(true, Ordering::Release);
+        let job = shared.teardown_job(false);
+        match shared.worker.submit(job).await {
+            Ok(report) => report,
+            Err(_) => TeardownReport::abandoned(shared.spec.device, shared.spec.grant_bytes, false),
+        }
+    }
+}
+
+/// Takes one unit of `counter` if it is below `limit`.
+fn take_bounded(counter: &AtomicU64, limit: u64) -> Result<(), ()> {
+    counter
+        .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+            (n < limit).then_some(n + 1)
+        })
+        .map(|_| ())
+        .map_err(|_| ())
+}
+
+/// One execution's stream (forked from the envelope's root) and its access
+/// to the allocation domain. Dropping it destroys the stream on the worker
+/// and lets a waiting teardown proceed.
+#[derive(Debug)]
+pub struct ExecutionContext {
+    shared: StdArc<Shared>,
+    stream: StreamId,
+}
+
+impl ExecutionContext {
+    /// The context's stream.
+    pub fn stream(&self) -> StreamId {
+        self.stream
+    }
+
+    /// The device.
+    pub fn device(&self) -> DeviceOrdinal {
+        self.shared.spec.device
+    }
+
+    /// The attempt's allocation domain.
+    pub fn domain(&self) -> &AllocationDomain {
+        &self.shared.domain
+    }
+
+    /// Allocates `bytes` on this context's stream, within the grant.
+    pub fn alloc(&self, bytes: u64) -> Result<DevicePtr, BackendError> {
+        self.shared.domain.alloc(bytes, self.stream)
+    }
+
+    /// Frees an allocation of the attempt on this context's stream.
+    pub fn free(&self, ptr: DevicePtr) -> Result<(), BackendError> {
+        self.shared.domain.free(ptr, self.stream)
+    }
+
+    /// Charges `bytes` against the grant without allocating.
+    pub fn reserve(&self, bytes: u64) -> Result<SubReservation<'_>, BackendError> {
+        self.shared.domain.reserve(bytes)
+    }
+}
+
+impl Drop for ExecutionContext {
+    fn drop(&mut self) {
+        let backend = self.shared.backend.clone();
+        let deferred = self.shared.deferred.clone();
+        let stream = self.stream;
+        let queued = self.shared.worker.submit_detached(move || {
+            if let Err(error) = backend.destroy_stream(stream) {
+                deferred.lock().push(error);
+            }
+        });
+        if let Err(gone) = queued {
+            tracing::error!(target: "admission", %gone, %stream, "cannot destroy an execution stream");
+        }
+        self.shared.forks.fetch_sub(1, Ordering::AcqRel);
+        self.shared.release_activity();
+    }
+}
+
+/// One running source read of the attempt, within its source-work
+/// allowance; returned on drop.
+#[derive(Debug)]
+pub struct SourcePermit {
+    shared: StdArc<Shared>,
+}
+
+impl Drop for SourcePermit {
+    fn drop(&mut self) {
+        self.shared.source_reads.fetch_sub(1, Ordering::AcqRel);
+        self.shared.release_activity();
+    }
+}

@@ -4,13 +4,13 @@
 //! `docs/ARCHITECTURE.md` and `../shared/seeds/001_07186211194acf4e.txt`.)
 
 // Profiles, the ledger and placement: pure integer accounting, no CUDA.
-pub mod outcome;
-pub mod profile;
-pub mod proof;
-pub mod ledger;
-pub mod placement;
 #[cfg(feature = "config")]
 pub mod config;
+pub mod ledger;
+pub mod outcome;
+pub mod placement;
+pub mod profile;
+pub mod proof;
 
 // The physical side: backends, allocation domains, device workers and the
 // transactional envelope.

@@ -24,6 +24,21 @@
 //!   [`BackendError::Fault`], with how far the damage is known to reach. The
 //!   service quarantines the device ([`FaultIsolation::Device`]) or closes
 //!   every ledger of the backend ([`FaultIsolation::Unknown`]).
+//! * Release operations (`close_*`, `leave_domain`, `destroy_stream`,
+//!   `free`) forget the id even when they report an error: nothing a caller
+//!   could retry would succeed, and keeping the host-side object alive would
+//!   only leak it. The error is still reported, so a fault is not lost.
+//!
+//! # Implementations
+//!
+//! * [`sim::SimBackend`]: deterministic simulated devices with an operation
+//!   log and fault injection, for tests on machines without a GPU.
+//! * `cuda::CudaBackend` (feature `cuda`): the CUDA driver through `cudarc`,
+//!   loaded at run time.
+
+#[cfg(all(feature = "cuda", not(loom)))]
+pub mod cuda;
+pub mod sim;
 
 use std::error::Error;
 use std::fmt;
@@ -256,7 +271,10 @@ impl fmt::Display for BackendError {
                 write!(f, "{ordinal} is not a device managed by this backend")
             }
             BackendError::UnknownHandle { op, id } => {
-                write!(f, "{op}: id {id} was not issued by this backend or is already closed")
+                write!(
+                    f,
+                    "{op}: id {id} was not issued by this backend or is already closed"
+                )
             }
             BackendError::GrantExceeded {
                 requested,
@@ -287,6 +305,10 @@ impl fmt::Display for BackendError {
 }
 
 impl Error for BackendError {}
+
+/// How a backend is shared between the ledger's service, envelopes, their
+/// execution contexts and the device worker.
+pub type SharedBackend = crate::sync::StdArc<dyn GpuBackend>;
 
 /// A GPU backend: the physical side of admission.
 ///
