@@ -4,7 +4,9 @@
 
 use std::task::Poll;
 
+use admission::grant::TokenClass;
 use admission::io::{IoLoadConfig, IoLoadListener, LsmStats, TokenDrip, Tokens};
+use admission::queue::TokenQueues;
 use admission::{Admit, Priority, TenantId, TokenGranter, WorkInfo, WorkQueue};
 use tokio_test::task::Spawn;
 
@@ -158,7 +160,13 @@ async fn the_io_controller_drips_each_intervals_tokens_into_the_queue() {
     let first = controller.step();
     assert_eq!(first.new_interval.unwrap().regular, Tokens::Unlimited);
     assert_eq!((first.added, first.next_tick), (None, UNLOADED_TICK));
-    assert!(controller.queue().snapshot().granter.unlimited);
+    assert!(
+        controller
+            .queue(TokenClass::Regular)
+            .snapshot()
+            .granter
+            .unlimited
+    );
 
     // During the first interval 600 MiB arrived in L0 and 400 MiB were
     // compacted out: 200 MiB and 40 sub-levels remain.
@@ -178,17 +186,136 @@ async fn the_io_controller_drips_each_intervals_tokens_into_the_queue() {
         Tokens::Limited(200 * MIB),
         "C/2 at 40 sub-levels"
     );
+    assert_eq!(
+        decision.elastic,
+        Tokens::Limited(1),
+        "elastic work is all but stopped long before regular work"
+    );
     assert_eq!(limited.next_tick, LOADED_TICK);
 
     let mut total = limited.added.unwrap();
+    let mut elastic = limited.added_elastic.unwrap();
     for _ in 1..100 {
         tokio::time::advance(LOADED_TICK).await;
         let tick = controller.step();
         assert!(tick.new_interval.is_none());
         total += tick.added.unwrap();
+        elastic += tick.added_elastic.unwrap();
     }
     assert_eq!(total, 200 * MIB, "the interval's tokens, exactly");
-    assert!(!controller.queue().snapshot().granter.unlimited);
+    assert_eq!(elastic, 1);
+    assert!(
+        !controller
+            .queue(TokenClass::Regular)
+            .snapshot()
+            .granter
+            .unlimited
+    );
     controller.close();
-    assert!(controller.queue().is_closed());
+    assert!(controller.queue(TokenClass::Regular).is_closed());
+    assert!(controller.queue(TokenClass::Elastic).is_closed());
+}
+
+fn work(tenant: u64, priority: Priority, bytes: u64) -> WorkInfo {
+    WorkInfo::builder()
+        .tenant(TenantId::new(tenant))
+        .priority(priority)
+        .requested(bytes)
+        .build()
+}
+
+/// Regular and elastic writers in their own queues over one bucket: an
+/// elastic writer blocked on its budget holds no regular writer back,
+/// refills reach regular work first, and every admission is paid from both
+/// budgets.
+#[tokio::test]
+async fn elastic_work_waits_in_its_own_queue_and_gets_what_regular_work_leaves() {
+    let queues = TokenQueues::new(10_000, 10_000).unwrap();
+    queues.set_limits(Some(10_000), Some(10_000));
+
+    // Nothing banked: one writer of each class waits.
+    let mut bulk = tokio_test::task::spawn(queues.admit(work(1, Priority::BULK_NORMAL, 300)));
+    let mut foreground = tokio_test::task::spawn(queues.admit(work(2, Priority::NORMAL, 300)));
+    assert!(bulk.poll().is_pending());
+    assert!(foreground.poll().is_pending());
+    assert_eq!(
+        (queues.regular().waiting(), queues.elastic().waiting()),
+        (1, 1)
+    );
+
+    // A tick with regular tokens only: the regular writer goes first and
+    // its bytes come out of the elastic budget too.
+    queues.add_tokens(100, 0);
+    assert!(foreground.is_woken());
+    assert!(matches!(foreground.poll(), Poll::Ready(Ok(_))));
+    assert!(bulk.poll().is_pending());
+    assert_eq!(queues.regular().snapshot().granter.available, -200);
+    assert_eq!(queues.elastic().snapshot().granter.available, -300);
+
+    // Elastic tokens alone do not admit elastic work while regular work is
+    // in debt.
+    queues.add_tokens(0, 1_000);
+    assert!(bulk.poll().is_pending());
+    // Once the regular debt is paid, elastic work gets what is left.
+    queues.add_tokens(201, 0);
+    assert!(matches!(bulk.poll(), Poll::Ready(Ok(_))));
+    assert_eq!(queues.regular().snapshot().granter.available, 1 - 300);
+    assert_eq!(queues.elastic().snapshot().granter.available, 700 - 300);
+
+    // A regular writer arriving behind a blocked elastic one is not held
+    // back by it: the elastic budget is now in debt.
+    queues.add_tokens(0, 0);
+    let mut more_bulk = tokio_test::task::spawn(queues.admit(work(1, Priority::BULK_LOW, 10_000)));
+    queues.add_tokens(400, 0);
+    assert!(matches!(more_bulk.poll(), Poll::Ready(Ok(_))));
+    assert_eq!(queues.elastic().snapshot().granter.available, 400 - 10_000);
+    let mut blocked_bulk = tokio_test::task::spawn(queues.admit(work(1, Priority::BULK_NORMAL, 1)));
+    assert!(blocked_bulk.poll().is_pending(), "elastic budget in debt");
+    queues.add_tokens(20_000, 0);
+    assert!(
+        blocked_bulk.poll().is_pending(),
+        "regular tokens alone do not help"
+    );
+    let mut fg = tokio_test::task::spawn(queues.admit(work(2, Priority::HIGH, 1)));
+    assert!(
+        matches!(fg.poll(), Poll::Ready(Ok(_))),
+        "regular work is not held back by the blocked elastic writer"
+    );
+
+    // Corrections settle both budgets: the bulk write turned out empty, so
+    // its whole estimate comes back to the elastic budget as well, and that
+    // credit admits the blocked elastic writer.
+    queues.correct_tokens(&work(1, Priority::BULK_LOW, 10_000), 10_000, 0);
+    assert!(blocked_bulk.is_woken());
+    assert!(matches!(blocked_bulk.poll(), Poll::Ready(Ok(_))));
+    assert_eq!(queues.elastic().snapshot().granter.available, 400 - 1 - 1);
+
+    // Lifting the regular limit alone does not lift the elastic one.
+    queues.set_limits(None, Some(10_000));
+    assert!(queues.regular().snapshot().granter.unlimited);
+    assert!(!queues.elastic().snapshot().granter.unlimited);
+}
+
+/// A writer granted tokens but dropped before it saw the grant never wrote:
+/// its tokens go back to both budgets and its tenant is not charged, so the
+/// next writer gets them.
+#[tokio::test]
+async fn a_grant_dropped_unseen_returns_its_tokens() {
+    let queues = TokenQueues::new(1_000, 1_000).unwrap();
+    queues.set_limits(Some(1_000), Some(1_000));
+    let mut gone = tokio_test::task::spawn(queues.admit(work(1, Priority::NORMAL, 50)));
+    assert!(gone.poll().is_pending());
+    queues.add_tokens(10, 10);
+    assert_eq!(queues.regular().snapshot().granter.available, -40);
+    drop(gone);
+    assert_eq!(queues.regular().snapshot().granter.available, 10);
+    assert_eq!(queues.elastic().snapshot().granter.available, 10);
+    let tenant = queues
+        .regular()
+        .snapshot()
+        .tenant(TenantId::new(1))
+        .map(|t| t.used);
+    assert!(matches!(tenant, None | Some(0)), "{tenant:?}");
+    let mut next = tokio_test::task::spawn(queues.admit(work(2, Priority::NORMAL, 5)));
+    assert!(matches!(next.poll(), Poll::Ready(Ok(_))));
 }

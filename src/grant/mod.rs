@@ -77,7 +77,7 @@ mod slot;
 mod token;
 
 pub use slot::{SlotGranter, SlotSnapshot, SlotState};
-pub use token::{TokenGranter, TokenSnapshot, TokenState};
+pub use token::{TokenBucket, TokenClass, TokenGranter, TokenSnapshot, TokenState};
 
 use std::fmt::Debug;
 
@@ -104,6 +104,14 @@ pub trait Granter: Debug + Send + Sync + 'static {
     /// Gives back `count` units: a slot after its work completed, or a grant
     /// that was made to a waiter that went away before it could use it.
     fn return_grant(&self, state: &mut Self::State, count: u64);
+
+    /// Takes back `count` units granted to a waiter that went away before
+    /// it saw the grant: the work never ran. Defaults to
+    /// [`return_grant`](Granter::return_grant); a granter whose units are
+    /// consumed at admission (tokens) credits them back here.
+    fn cancel_grant(&self, state: &mut Self::State, count: u64) {
+        self.return_grant(state, count)
+    }
 
     /// Records `count` units taken without asking, by work that bypasses
     /// admission. Capacity in use may exceed the limit as a result.
@@ -151,6 +159,10 @@ impl<G: Granter> Grants<'_, G> {
 
     pub(crate) fn return_grant(&mut self, count: u64) {
         self.granter.return_grant(self.state, count)
+    }
+
+    pub(crate) fn cancel_grant(&mut self, count: u64) {
+        self.granter.cancel_grant(self.state, count)
     }
 
     pub(crate) fn took_without_permission(&mut self, count: u64) {

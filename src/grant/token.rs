@@ -1,10 +1,9 @@
 //! The token granter: a budget of units consumed at admission and never
-//! returned, refilled from a capacity model.
+//! returned, refilled from a capacity model, in two classes.
 //!
 //! Tokens fit work whose true cost lands later (a write's bytes are paid for
 //! when compactions rewrite them), so there is nothing to give back when the
-//! work completes. The balance lives in the granter's [`TokenState`], under
-//! the queue's lock. A request is granted while the balance is positive and
+//! work completes. A request is granted while the balance is positive and
 //! takes its whole (estimated) size, so the balance can go negative: a large
 //! request is never starved by small ones, and the debt is paid by the next
 //! refills before anyone else is admitted. Work taken without permission
@@ -12,39 +11,191 @@
 //! same way. The balance is capped at a burst size, so an idle stretch does
 //! not bank an unbounded allowance.
 //!
-//! Refills come from outside the queue (the IO load listener's
+//! # Regular and elastic tokens
+//!
+//! A [`TokenBucket`] holds two balances. **Regular** tokens admit work at
+//! priority zero and above; **elastic** tokens are a smaller budget inside
+//! them for work below zero (bulk ingest, backfills), which the IO listener
+//! limits earlier and harder. Every admission deducts from *both* balances
+//! (upstream's rule): regular writes use up what elastic work could have had,
+//! so elastic work gets only what is left, while elastic work needs both
+//! balances positive and so can never spend regular work's tokens. A class
+//! that is unlimited is not charged: a healthy store runs up no debt.
+//!
+//! Each class has its own queue (two [`WorkQueue`](crate::WorkQueue)s over
+//! [`TokenGranter::pair`]), so a blocked elastic writer at the head of one
+//! queue never holds back a regular writer in the other. The bucket sits
+//! behind its own small lock, a leaf taken inside either queue's lock and
+//! never the other way round, so the two queues share one balance without a
+//! lock order between them.
+//!
+//! Refills come from outside the queues (the IO load listener's
 //! [`TokenDrip`](crate::io::TokenDrip), every tick) through
-//! [`WorkQueue::add_tokens`](crate::WorkQueue::add_tokens), which grants the
-//! waiters the new tokens cover.
+//! [`WorkQueue::add_tokens`](crate::WorkQueue::add_tokens) or
+//! [`TokenQueues::add_tokens`](crate::queue::TokenQueues::add_tokens), which
+//! grant the waiters the new tokens cover.
 
-use crate::sync::{AtomicBool, AtomicU64, Ordering};
+use std::fmt;
+
+use crate::sync::{Arc, Mutex};
+use crate::work::Priority;
 
 use super::Granter;
+
+/// Which budget a request spends: regular work (priority zero and above) or
+/// elastic work (below zero).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum TokenClass {
+    /// Priority zero and above.
+    Regular,
+    /// Priority below zero: throttled earlier and harder.
+    Elastic,
+}
+
+impl TokenClass {
+    /// The class of work at `priority`.
+    pub fn of(priority: Priority) -> Self {
+        if priority.is_elastic() {
+            TokenClass::Elastic
+        } else {
+            TokenClass::Regular
+        }
+    }
+
+    /// `regular` or `elastic`, for logs and metric labels.
+    pub fn name(self) -> &'static str {
+        match self {
+            TokenClass::Regular => "regular",
+            TokenClass::Elastic => "elastic",
+        }
+    }
+}
+
+/// One class's balance. Negative is debt.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Balance {
+    available: i64,
+    burst: u64,
+    unlimited: bool,
+}
+
+impl Balance {
+    fn new(burst: u64) -> Self {
+        Balance {
+            available: 0,
+            burst,
+            unlimited: true,
+        }
+    }
+
+    fn has_tokens(&self) -> bool {
+        self.unlimited || self.available > 0
+    }
+
+    /// Adds (or, negative, charges) `tokens`: a charge is never refused, a
+    /// credit is capped at the burst. A balance already above the burst
+    /// (the burst was lowered) is not cut, only not raised further. An
+    /// unlimited balance is not charged, so it has no debt when the limit
+    /// comes on.
+    fn adjust(&mut self, tokens: i64) {
+        if self.unlimited {
+            return;
+        }
+        let burst = to_balance(self.burst);
+        let after = self.available.saturating_add(tokens);
+        self.available = if tokens > 0 {
+            after.min(burst.max(self.available))
+        } else {
+            after
+        };
+    }
+}
+
+/// The two balances of a [`TokenGranter`] pair, shared between the regular
+/// and the elastic queue.
+#[derive(Debug)]
+pub struct TokenBucket {
+    balances: Mutex<[Balance; 2]>,
+}
+
+impl TokenBucket {
+    fn new(regular_burst: u64, elastic_burst: u64) -> Self {
+        TokenBucket {
+            balances: Mutex::new([Balance::new(regular_burst), Balance::new(elastic_burst)]),
+        }
+    }
+
+    fn with<R>(&self, f: impl FnOnce(&mut Balance, &mut Balance) -> R) -> R {
+        let mut balances = self.balances.lock();
+        let [regular, elastic] = &mut *balances;
+        f(regular, elastic)
+    }
+
+    fn take(&self, class: TokenClass, count: u64) -> bool {
+        self.with(|regular, elastic| {
+            let allowed = match class {
+                TokenClass::Regular => regular.has_tokens(),
+                TokenClass::Elastic => regular.has_tokens() && elastic.has_tokens(),
+            };
+            if allowed {
+                regular.adjust(-to_balance(count));
+                elastic.adjust(-to_balance(count));
+            }
+            allowed
+        })
+    }
+
+    fn charge_both(&self, tokens: i64) {
+        self.with(|regular, elastic| {
+            regular.adjust(tokens);
+            elastic.adjust(tokens);
+        })
+    }
+
+    fn with_class<R>(&self, class: TokenClass, f: impl FnOnce(&mut Balance) -> R) -> R {
+        self.with(|regular, elastic| match class {
+            TokenClass::Regular => f(regular),
+            TokenClass::Elastic => f(elastic),
+        })
+    }
+}
 
 /// A token budget: consumed at admission, never returned, refilled with
 /// [`WorkQueue::add_tokens`](crate::WorkQueue::add_tokens). The balance may
 /// go negative (a positive balance admits a whole request; bypass and low
 /// estimates add debt) and refills pay the debt first.
-#[derive(Debug)]
+///
+/// A granter spends one [`TokenClass`] of a [`TokenBucket`]; see the
+/// [module documentation](self) for how the classes share it.
 pub struct TokenGranter {
-    burst: AtomicU64,
-    unlimited: AtomicBool,
+    bucket: Arc<TokenBucket>,
+    class: TokenClass,
 }
 
-/// The balance, kept under the owning queue's lock. Negative is debt.
+impl fmt::Debug for TokenGranter {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("TokenGranter")
+            .field("class", &self.class)
+            .field("bucket", &self.bucket)
+            .finish()
+    }
+}
+
+/// The token granter keeps its balances in its [`TokenBucket`], which both
+/// classes' queues share, so there is nothing under the queue's own lock.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct TokenState {
-    available: i64,
-}
+pub struct TokenState;
 
-/// A [`TokenGranter`]'s state at one moment.
+/// A [`TokenGranter`]'s state at one moment: its own class's balance.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct TokenSnapshot {
-    /// Tokens available now; negative while the granter is in debt.
+    /// The class this granter spends.
+    pub class: TokenClass,
+    /// Tokens available now; negative while the class is in debt.
     pub available: i64,
     /// The most that can be banked.
     pub burst: u64,
-    /// Whether admission is unlimited (the store is healthy).
+    /// Whether admission is unlimited for this class.
     pub unlimited: bool,
 }
 
@@ -53,52 +204,73 @@ fn to_balance(tokens: u64) -> i64 {
 }
 
 impl TokenGranter {
-    /// A granter that starts unlimited (a healthy store has no budget) and
-    /// banks at most `burst` tokens once limited.
+    /// A regular-class granter with a bucket of its own that starts
+    /// unlimited (a healthy store has no budget) and banks at most `burst`
+    /// tokens once limited.
     pub fn new(burst: u64) -> Self {
-        TokenGranter {
-            burst: AtomicU64::new(burst),
-            unlimited: AtomicBool::new(true),
-        }
+        Self::pair(burst, burst).0
     }
 
-    /// Whether every request is admitted at once (tokens are still counted).
+    /// A regular and an elastic granter sharing one [`TokenBucket`], both
+    /// starting unlimited, banking at most `regular_burst` and
+    /// `elastic_burst` once limited.
+    pub fn pair(regular_burst: u64, elastic_burst: u64) -> (TokenGranter, TokenGranter) {
+        let bucket = Arc::new(TokenBucket::new(regular_burst, elastic_burst));
+        (
+            TokenGranter {
+                bucket: bucket.clone(),
+                class: TokenClass::Regular,
+            },
+            TokenGranter {
+                bucket,
+                class: TokenClass::Elastic,
+            },
+        )
+    }
+
+    /// The class this granter spends.
+    pub fn class(&self) -> TokenClass {
+        self.class
+    }
+
+    /// Whether this granter's class admits every request at once.
     pub fn is_unlimited(&self) -> bool {
-        self.unlimited.load(Ordering::Acquire)
+        self.bucket
+            .with_class(self.class, |balance| balance.unlimited)
     }
 
-    /// Switches the limit on or off; see
+    /// Switches this class's limit on or off; see
     /// [`WorkQueue::set_token_limit`](crate::WorkQueue::set_token_limit),
-    /// which also grants waiters when the limit goes away.
+    /// which also grants waiters when the limit goes away. A class turning
+    /// limited starts from an empty balance, not from what it banked when
+    /// it was last limited.
     pub fn set_unlimited(&self, unlimited: bool) {
-        self.unlimited.store(unlimited, Ordering::Release);
+        self.bucket.with_class(self.class, |balance| {
+            if balance.unlimited && !unlimited {
+                balance.available = 0;
+            }
+            balance.unlimited = unlimited;
+        });
     }
 
-    /// Sets the most that can be banked (for example an interval's tokens
+    /// Sets the most this class can bank (for example an interval's tokens
     /// over 60, as upstream does).
     pub fn set_burst(&self, burst: u64) {
-        self.burst.store(burst, Ordering::Release);
+        self.bucket
+            .with_class(self.class, |balance| balance.burst = burst);
     }
 
-    pub(crate) fn burst(&self) -> u64 {
-        self.burst.load(Ordering::Acquire)
-    }
-
-    /// Adds `tokens` to the balance, paying debt first, up to the burst.
-    pub(crate) fn add(&self, state: &mut TokenState, tokens: u64) {
-        let burst = to_balance(self.burst());
-        let after = state.available.saturating_add(to_balance(tokens));
-        // A balance already above the burst (the burst was lowered) is not
-        // cut, only not raised further.
-        state.available = after.min(burst.max(state.available));
+    /// Adds `tokens` to this class's balance, paying debt first, up to the
+    /// burst.
+    pub(crate) fn add(&self, tokens: u64) {
+        self.bucket
+            .with_class(self.class, |balance| balance.adjust(to_balance(tokens)));
     }
 
     /// Charges (`delta > 0`) or credits (`delta < 0`) a correction between
-    /// an estimate and the actual cost, never blocking.
-    pub(crate) fn correct(&self, state: &mut TokenState, delta: i64) {
-        let burst = to_balance(self.burst());
-        let after = state.available.saturating_sub(delta);
-        state.available = after.min(burst.max(state.available));
+    /// an estimate and the actual cost to both classes, never blocking.
+    pub(crate) fn correct(&self, delta: i64) {
+        self.bucket.charge_both(delta.saturating_neg());
     }
 }
 
@@ -107,21 +279,11 @@ impl Granter for TokenGranter {
     type Snapshot = TokenSnapshot;
 
     fn initial_state(&self) -> TokenState {
-        TokenState::default()
+        TokenState
     }
 
-    fn try_get(&self, state: &mut TokenState, count: u64) -> bool {
-        // Unlimited means no budget at all: nothing is deducted, so the
-        // first limited interval does not start in a debt run up while the
-        // store was healthy.
-        if self.is_unlimited() {
-            return true;
-        }
-        if state.available > 0 {
-            state.available = state.available.saturating_sub(to_balance(count));
-            return true;
-        }
-        false
+    fn try_get(&self, _state: &mut TokenState, count: u64) -> bool {
+        self.bucket.take(self.class, count)
     }
 
     fn return_grant(&self, _state: &mut TokenState, _count: u64) {
@@ -129,18 +291,23 @@ impl Granter for TokenGranter {
         // the estimate are settled with `WorkQueue::correct_tokens`.
     }
 
-    fn took_without_permission(&self, state: &mut TokenState, count: u64) {
-        if !self.is_unlimited() {
-            state.available = state.available.saturating_sub(to_balance(count));
-        }
+    fn cancel_grant(&self, _state: &mut TokenState, count: u64) {
+        // The write never happened: its tokens go back to both budgets, as
+        // they were taken from both.
+        self.bucket.charge_both(to_balance(count));
     }
 
-    fn snapshot(&self, state: &TokenState) -> TokenSnapshot {
-        TokenSnapshot {
-            available: state.available,
-            burst: self.burst(),
-            unlimited: self.is_unlimited(),
-        }
+    fn took_without_permission(&self, _state: &mut TokenState, count: u64) {
+        self.bucket.charge_both(-to_balance(count));
+    }
+
+    fn snapshot(&self, _state: &TokenState) -> TokenSnapshot {
+        self.bucket.with_class(self.class, |balance| TokenSnapshot {
+            class: self.class,
+            available: balance.available,
+            burst: balance.burst,
+            unlimited: balance.unlimited,
+        })
     }
 }
 
@@ -148,73 +315,148 @@ impl Granter for TokenGranter {
 mod tests {
     use super::*;
 
-    fn limited(burst: u64) -> (TokenGranter, TokenState) {
+    fn limited(burst: u64) -> TokenGranter {
         let granter = TokenGranter::new(burst);
         granter.set_unlimited(false);
-        let state = granter.initial_state();
-        (granter, state)
+        granter
+    }
+
+    fn take(granter: &TokenGranter, count: u64) -> bool {
+        granter.try_get(&mut TokenState, count)
+    }
+
+    fn available(granter: &TokenGranter) -> i64 {
+        granter.snapshot(&TokenState).available
     }
 
     #[test]
     fn a_positive_balance_admits_a_whole_request_and_goes_into_debt() {
-        let (tokens, mut state) = limited(1_000);
-        assert!(!tokens.try_get(&mut state, 1), "nothing banked yet");
-        tokens.add(&mut state, 100);
-        assert!(tokens.try_get(&mut state, 300));
-        assert_eq!(state.available, -200);
-        assert!(!tokens.try_get(&mut state, 1), "in debt");
-        tokens.add(&mut state, 150);
-        assert!(!tokens.try_get(&mut state, 1), "refills pay the debt first");
-        tokens.add(&mut state, 51);
-        assert!(tokens.try_get(&mut state, 1));
+        let tokens = limited(1_000);
+        assert!(!take(&tokens, 1), "nothing banked yet");
+        tokens.add(100);
+        assert!(take(&tokens, 300));
+        assert_eq!(available(&tokens), -200);
+        assert!(!take(&tokens, 1), "in debt");
+        tokens.add(150);
+        assert!(!take(&tokens, 1), "refills pay the debt first");
+        tokens.add(51);
+        assert!(take(&tokens, 1));
     }
 
     #[test]
     fn the_balance_never_banks_past_the_burst() {
-        let (tokens, mut state) = limited(100);
-        tokens.add(&mut state, 1_000);
-        assert_eq!(state.available, 100);
-        tokens.correct(&mut state, -500);
-        assert_eq!(state.available, 100, "credits are capped too");
+        let tokens = limited(100);
+        tokens.add(1_000);
+        assert_eq!(available(&tokens), 100);
+        tokens.correct(-500);
+        assert_eq!(available(&tokens), 100, "credits are capped too");
         tokens.set_burst(10);
-        tokens.add(&mut state, 1);
-        assert_eq!(state.available, 100, "a lowered burst cuts nothing");
+        tokens.add(1);
+        assert_eq!(available(&tokens), 100, "a lowered burst cuts nothing");
     }
 
     #[test]
     fn corrections_charge_or_credit_without_blocking() {
-        let (tokens, mut state) = limited(1_000);
-        tokens.add(&mut state, 500);
-        assert!(tokens.try_get(&mut state, 100));
-        tokens.correct(&mut state, 400); // the write was 500, not 100
-        assert_eq!(state.available, 0);
-        tokens.correct(&mut state, -50); // and then 50 were refunded
-        assert_eq!(state.available, 50);
+        let tokens = limited(1_000);
+        tokens.add(500);
+        assert!(take(&tokens, 100));
+        tokens.correct(400); // the write was 500, not 100
+        assert_eq!(available(&tokens), 0);
+        tokens.correct(-50); // and then 50 were refunded
+        assert_eq!(available(&tokens), 50);
     }
 
     #[test]
     fn unlimited_admits_everything_without_running_up_a_debt() {
         let tokens = TokenGranter::new(10);
-        let mut state = tokens.initial_state();
-        assert!(tokens.try_get(&mut state, 1_000));
-        tokens.took_without_permission(&mut state, 5);
-        assert_eq!(tokens.snapshot(&state).available, 0);
+        assert!(take(&tokens, 1_000));
+        tokens.took_without_permission(&mut TokenState, 5);
+        assert_eq!(available(&tokens), 0);
         tokens.set_unlimited(false);
-        tokens.add(&mut state, 3);
-        assert!(tokens.try_get(&mut state, 7));
-        tokens.return_grant(&mut state, 7);
-        assert_eq!(state.available, -4, "tokens are never returned");
+        tokens.add(3);
+        assert!(take(&tokens, 7));
+        tokens.return_grant(&mut TokenState, 7);
+        assert_eq!(available(&tokens), -4, "tokens are never returned");
     }
 
     #[test]
     fn extreme_values_saturate() {
-        let (tokens, mut state) = limited(u64::MAX);
-        tokens.add(&mut state, u64::MAX);
-        tokens.add(&mut state, u64::MAX);
-        assert_eq!(state.available, i64::MAX);
-        assert!(tokens.try_get(&mut state, u64::MAX));
-        tokens.took_without_permission(&mut state, u64::MAX);
-        tokens.took_without_permission(&mut state, u64::MAX);
-        assert_eq!(state.available, i64::MIN);
+        let tokens = limited(u64::MAX);
+        tokens.add(u64::MAX);
+        tokens.add(u64::MAX);
+        assert_eq!(available(&tokens), i64::MAX);
+        assert!(take(&tokens, u64::MAX));
+        tokens.took_without_permission(&mut TokenState, u64::MAX);
+        tokens.took_without_permission(&mut TokenState, u64::MAX);
+        assert_eq!(available(&tokens), i64::MIN);
+        tokens.correct(i64::MIN);
+        tokens.correct(i64::MAX);
+        assert_eq!(
+            available(&tokens),
+            i64::MIN,
+            "a full credit then a full charge"
+        );
+    }
+
+    fn limited_pair(regular: u64, elastic: u64) -> (TokenGranter, TokenGranter) {
+        let (r, e) = TokenGranter::pair(u64::MAX, u64::MAX);
+        r.set_unlimited(false);
+        e.set_unlimited(false);
+        r.add(regular);
+        e.add(elastic);
+        (r, e)
+    }
+
+    #[test]
+    fn every_admission_deducts_from_both_classes() {
+        let (regular, elastic) = limited_pair(1_000, 100);
+        assert!(take(&regular, 60));
+        assert_eq!((available(&regular), available(&elastic)), (940, 40));
+        assert!(take(&elastic, 50));
+        assert_eq!((available(&regular), available(&elastic)), (890, -10));
+        assert!(!take(&elastic, 1), "elastic is in debt");
+        assert!(take(&regular, 1), "regular work is not held back by it");
+    }
+
+    #[test]
+    fn elastic_work_needs_both_balances_positive() {
+        let (regular, elastic) = limited_pair(0, 500);
+        assert!(!take(&elastic, 1), "no regular tokens: elastic waits too");
+        regular.add(1);
+        assert!(take(&elastic, 10));
+        assert_eq!((available(&regular), available(&elastic)), (-9, 490));
+    }
+
+    #[test]
+    fn regular_writes_use_up_the_elastic_budget() {
+        // Regular unlimited, elastic limited (score between 0.2 and 0.5):
+        // regular work is admitted freely but still uses elastic tokens up.
+        let (regular, elastic) = TokenGranter::pair(u64::MAX, 1_000);
+        elastic.set_unlimited(false);
+        elastic.add(100);
+        assert!(take(&regular, 80));
+        assert!(take(&regular, 80));
+        assert_eq!(available(&regular), 0, "unlimited is not charged");
+        assert_eq!(available(&elastic), -60);
+        assert!(!take(&elastic, 1));
+    }
+
+    #[test]
+    fn corrections_and_bypass_reach_both_classes() {
+        let (regular, elastic) = limited_pair(100, 100);
+        elastic.correct(30);
+        assert_eq!((available(&regular), available(&elastic)), (70, 70));
+        regular.took_without_permission(&mut TokenState, 20);
+        assert_eq!((available(&regular), available(&elastic)), (50, 50));
+    }
+
+    #[test]
+    fn a_class_turning_limited_starts_empty() {
+        let (regular, _elastic) = TokenGranter::pair(100, 100);
+        regular.set_unlimited(false);
+        regular.add(80);
+        regular.set_unlimited(true);
+        regular.set_unlimited(false);
+        assert_eq!(available(&regular), 0);
     }
 }

@@ -10,10 +10,11 @@ use super::drip::TokenDrip;
 use super::listener::{IoLoadConfig, IoLoadListener, IoTokens, Tokens};
 use super::stats::LsmStatsSource;
 use crate::error::ConfigError;
-use crate::grant::TokenGranter;
-use crate::queue::WorkQueue;
+use crate::grant::{TokenClass, TokenGranter};
+use crate::queue::{Admit, TokenQueues};
 use crate::sync::{Arc, Mutex};
 use crate::ticker::Ticker;
+use crate::work::WorkInfo;
 
 /// Ticks while the store has never been limited (upstream: flushes take
 /// about half a second, so coarser drips would allow bursts).
@@ -22,24 +23,25 @@ pub const UNLOADED_TICK: Duration = Duration::from_millis(250);
 /// a millisecond for the next tokens.
 pub const LOADED_TICK: Duration = Duration::from_millis(1);
 
-/// Byte-token admission for one store: a token queue whose budget follows
-/// the engine's L0 debt.
+/// Byte-token admission for one store: regular and elastic token queues
+/// whose budgets follow the engine's L0 debt.
 ///
 /// Every interval (15 s by default) it reads the [`LsmStatsSource`], asks
-/// the [`IoLoadListener`] for the next interval's regular tokens, and hands
-/// them to the queue in ticks through a [`TokenDrip`]: 250 ms ticks until
-/// the store is first limited, 1 ms ticks from then on (a one-way switch, as
-/// upstream). A dedicated thread drives it, or [`step`](Self::step) does in
-/// tests. Writers call [`admit`](WorkQueue::admit) on [`queue`](Self::queue)
-/// with their estimated bytes and settle with
-/// [`correct_tokens`](WorkQueue::correct_tokens).
+/// the [`IoLoadListener`] for the next interval's regular and elastic
+/// tokens, and hands each class's total to its queue in ticks through a
+/// [`TokenDrip`]: 250 ms ticks until the store is first limited, 1 ms ticks
+/// from then on (a one-way switch, as upstream). A dedicated thread drives
+/// it, or [`step`](Self::step) does in tests. Writers call
+/// [`admit`](Self::admit) with their estimated bytes (the work's priority
+/// picks the class) and settle with [`correct_tokens`](Self::correct_tokens)
+/// once the actual bytes are known.
 pub struct IoController {
     core: Arc<IoCore>,
     ticker: Ticker,
 }
 
 struct IoCore {
-    queue: WorkQueue<TokenGranter>,
+    queues: TokenQueues,
     interval: Duration,
     ticking: Mutex<Ticking>,
 }
@@ -47,7 +49,7 @@ struct IoCore {
 struct Ticking {
     source: Box<dyn LsmStatsSource>,
     listener: IoLoadListener,
-    drip: Option<TokenDrip>,
+    drips: [Option<TokenDrip>; 2],
     loaded: bool,
     interval_started: Option<Instant>,
     last: Option<IoTokens>,
@@ -58,8 +60,10 @@ struct Ticking {
 pub struct IoTick {
     /// The interval's decision, when this tick started a new interval.
     pub new_interval: Option<IoTokens>,
-    /// Tokens added to the queue by this tick (`None` while unlimited).
+    /// Regular tokens added by this tick (`None` while unlimited).
     pub added: Option<u64>,
+    /// Elastic tokens added by this tick (`None` while unlimited).
+    pub added_elastic: Option<u64>,
     /// How long until the next tick.
     pub next_tick: Duration,
 }
@@ -73,14 +77,14 @@ impl IoController {
         manual: bool,
     ) -> Result<Self, ConfigError> {
         let listener = IoLoadListener::new(config)?;
-        let queue = WorkQueue::tokens(0)?;
+        let queues = TokenQueues::new(0, 0)?;
         let core = Arc::new(IoCore {
-            queue,
+            queues,
             interval: config.interval,
             ticking: Mutex::new(Ticking {
                 source: Box::new(source),
                 listener,
-                drip: None,
+                drips: [None, None],
                 loaded: false,
                 interval_started: None,
                 last: None,
@@ -100,9 +104,26 @@ impl IoController {
         Ok(IoController { core, ticker })
     }
 
-    /// The token queue writers admit through.
-    pub fn queue(&self) -> &WorkQueue<TokenGranter> {
-        &self.core.queue
+    /// The regular and elastic token queues writers admit through.
+    pub fn queues(&self) -> &TokenQueues {
+        &self.core.queues
+    }
+
+    /// The queue of one class.
+    pub fn queue(&self, class: TokenClass) -> &crate::WorkQueue<TokenGranter> {
+        self.core.queues.queue(class)
+    }
+
+    /// Asks for admission for `work`'s [`requested`](WorkInfo::requested)
+    /// bytes in the queue of its class (elastic below priority zero).
+    pub fn admit(&self, work: WorkInfo) -> Admit<TokenGranter> {
+        self.core.queues.admit(work)
+    }
+
+    /// Settles admitted `work`'s estimate against the bytes it actually
+    /// wrote; see [`TokenQueues::correct_tokens`].
+    pub fn correct_tokens(&self, work: &WorkInfo, estimated: u64, actual: u64) {
+        self.core.queues.correct_tokens(work, estimated, actual);
     }
 
     /// Runs one tick now (the thread's job; for tests and manual driving).
@@ -119,7 +140,7 @@ impl IoController {
     /// also done on drop.
     pub fn close(&self) {
         self.ticker.stop();
-        self.core.queue.close();
+        self.core.queues.close();
     }
 }
 
@@ -132,7 +153,7 @@ impl Drop for IoController {
 impl fmt::Debug for IoController {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("IoController")
-            .field("queue", &self.core.queue)
+            .field("queues", &self.core.queues)
             .field("interval", &self.core.interval)
             .finish_non_exhaustive()
     }
@@ -151,20 +172,21 @@ impl IoCore {
             ticking.interval_started = Some(now);
             ticking.last = Some(tokens);
             new_interval = Some(tokens);
-            match tokens.regular {
-                Tokens::Unlimited => {
-                    ticking.drip = None;
-                    self.queue.set_token_limit(None);
-                }
-                Tokens::Limited(total) => {
-                    ticking.loaded = true;
-                    let ticks = (self.interval.as_nanos() / LOADED_TICK.as_nanos()).max(1);
-                    let ticks = u32::try_from(ticks).unwrap_or(u32::MAX);
-                    ticking.drip = Some(TokenDrip::new(total, ticks));
-                    // Bank at most what 60 ticks of the interval would give.
-                    self.queue.set_token_limit(Some((total / 60).max(1)));
-                }
+            let ticks = (self.interval.as_nanos() / LOADED_TICK.as_nanos()).max(1);
+            let ticks = u32::try_from(ticks).unwrap_or(u32::MAX);
+            let mut limits = [None, None];
+            for (class, budget) in [tokens.regular, tokens.elastic].into_iter().enumerate() {
+                ticking.drips[class] = match budget {
+                    Tokens::Unlimited => None,
+                    Tokens::Limited(total) => {
+                        ticking.loaded = true;
+                        // Bank at most what 60 ticks of the interval give.
+                        limits[class] = Some((total / 60).max(1));
+                        Some(TokenDrip::new(total, ticks))
+                    }
+                };
             }
+            self.queues.set_limits(limits[0], limits[1]);
         }
         // Ticks left from the time left, so a ticker running late still
         // hands out the whole interval's tokens.
@@ -174,13 +196,17 @@ impl IoCore {
             .saturating_sub(now.saturating_duration_since(started));
         let ticks_left =
             u32::try_from(left.as_nanos().div_ceil(LOADED_TICK.as_nanos())).unwrap_or(u32::MAX);
-        let added = ticking.drip.as_mut().map(|drip| drip.take(ticks_left));
-        if let Some(tokens) = added {
-            self.queue.add_tokens(tokens);
+        let [regular, elastic] = &mut ticking.drips;
+        let added = regular.as_mut().map(|drip| drip.take(ticks_left));
+        let added_elastic = elastic.as_mut().map(|drip| drip.take(ticks_left));
+        if added.is_some() || added_elastic.is_some() {
+            self.queues
+                .add_tokens(added.unwrap_or(0), added_elastic.unwrap_or(0));
         }
         IoTick {
             new_interval,
             added,
+            added_elastic,
             next_tick: if ticking.loaded {
                 LOADED_TICK
             } else {

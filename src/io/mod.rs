@@ -32,6 +32,8 @@
 
 mod controller;
 mod drip;
+#[cfg(feature = "fjall")]
+pub mod fjall;
 mod listener;
 mod stats;
 

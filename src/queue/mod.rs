@@ -17,10 +17,12 @@ mod pacing;
 mod permit;
 mod state;
 mod tenant;
+mod tokens;
 
 pub use admit::Admit;
 pub use epoch::EpochLifo;
 pub use permit::SlotPermit;
+pub use tokens::TokenQueues;
 
 use std::fmt;
 use std::time::Duration;
@@ -29,7 +31,7 @@ use rustc_hash::FxHashMap;
 
 use self::state::{Charge, Limits, QueueState, WakeList};
 use crate::error::ConfigError;
-use crate::grant::{Granter, Grants, Requester, SlotGranter, SlotSnapshot, TokenGranter};
+use crate::grant::{Granter, Grants, Requester, SlotGranter, SlotSnapshot};
 use crate::observe::QueueSnapshot;
 use crate::sync::{Arc, Mutex};
 use crate::work::{TenantId, TenantWeight, WorkInfo};
@@ -192,60 +194,6 @@ impl WorkQueue<SlotGranter> {
         if !enforcing {
             self.granted();
         }
-    }
-}
-
-impl WorkQueue<TokenGranter> {
-    /// A token queue: unlimited until [`set_token_limit`](Self::set_token_limit)
-    /// turns the budget on, then admitting while tokens last.
-    ///
-    /// Tenants are ordered by the tokens they were granted since the last
-    /// reset ([`Usage::Granted`]): tokens are consumed, nothing comes back
-    /// when the work completes.
-    pub fn tokens(burst: u64) -> Result<Self, ConfigError> {
-        WorkQueueBuilder::default()
-            .usage(Usage::Granted)
-            .build_with(TokenGranter::new(burst))
-    }
-
-    /// Adds `tokens` (one tick of a [`TokenDrip`](crate::io::TokenDrip)):
-    /// debt is paid first, the balance is capped at the burst, and waiters
-    /// the new tokens cover are granted in order.
-    pub fn add_tokens(&self, tokens: u64) {
-        self.shared.with_state(|queue, grants, wakes| {
-            grants.granter.add(grants.state, tokens);
-            queue.grant_waiting(grants, wakes);
-        });
-    }
-
-    /// Turns the budget on with `burst` as the most that can be banked, or
-    /// (`None`) off: unlimited admission, every waiter granted at once.
-    pub fn set_token_limit(&self, burst: Option<u64>) {
-        match burst {
-            Some(burst) => {
-                self.shared.granter.set_burst(burst);
-                self.shared.granter.set_unlimited(false);
-            }
-            None => {
-                self.shared.granter.set_unlimited(true);
-                self.granted();
-            }
-        }
-    }
-
-    /// Settles an admitted request's estimate against its actual cost: the
-    /// difference is charged to (or credited back to) the balance and the
-    /// tenant's usage at once, never blocking. A credit may admit waiters.
-    pub fn correct_tokens(&self, tenant: TenantId, estimated: u64, actual: u64) {
-        let delta = i128::from(actual) - i128::from(estimated);
-        let delta = i64::try_from(delta).unwrap_or(if delta > 0 { i64::MAX } else { i64::MIN });
-        self.shared.with_state(|queue, grants, wakes| {
-            grants.granter.correct(grants.state, delta);
-            queue.adjust_used(tenant, delta);
-            if delta < 0 {
-                queue.grant_waiting(grants, wakes);
-            }
-        });
     }
 }
 

@@ -705,12 +705,16 @@ impl QueueState {
         } = waiter.state
         {
             self.pacing.settled(pacing_epoch);
-            // The slot was never used: no hold time to learn from.
+            // The grant was never used: the granter takes it back as if it
+            // had not been made (tokens are credited, not only slots), the
+            // tenant is un-charged whatever the usage mode, and there is no
+            // hold time to learn from.
             let unused = Charge {
                 admitted_at: None,
                 ..charge
             };
-            self.release(waiter.tenant, unused, grants, wakes);
+            grants.cancel_grant(unused.count);
+            self.forget(waiter.tenant, unused, true, wakes, grants);
         }
     }
 
@@ -725,6 +729,19 @@ impl QueueState {
         wakes: &mut WakeList,
     ) {
         grants.return_grant(charge.count);
+        self.forget(tenant, charge, false, wakes, grants);
+    }
+
+    /// Takes a finished (`unused`: never observed) grant off the books and
+    /// passes its capacity on to waiters.
+    fn forget<G: Granter>(
+        &mut self,
+        tenant: TenantId,
+        charge: Charge,
+        unused: bool,
+        wakes: &mut WakeList,
+        grants: &mut Grants<'_, G>,
+    ) {
         self.drain.completions += 1;
         if charge.priority.is_elastic() {
             self.elastic_held = self.elastic_held.saturating_sub(charge.count);
@@ -736,7 +753,7 @@ impl QueueState {
         // A permit from before the last reset was already forgotten; its
         // tenant record may even be gone. Counting grants, nothing is
         // returned before the reset.
-        if self.limits.usage == Usage::Held
+        if (unused || self.limits.usage == Usage::Held)
             && charge.generation == self.generation
             && self.tenants.contains_key(&tenant)
         {

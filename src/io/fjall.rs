@@ -1,0 +1,143 @@
+//! An [`LsmStatsSource`] for [`fjall`], a pure-Rust LSM-tree key-value store.
+//!
+//! fjall exposes less than Pebble or RocksDB, so part of [`LsmStats`] is
+//! derived rather than read:
+//!
+//! * **L0 files** are the keyspace's L0 table count, and **sub-levels** are
+//!   L0's *runs*: every flush adds an overlapping run, which is what a
+//!   sub-level is, and what fjall itself throttles on (a write stall from
+//!   [`FJALL_STALL_RUNS`] runs, a halt from [`FJALL_HALT_RUNS`]).
+//! * **L0 bytes** are L0's on-disk size.
+//! * **Flushed bytes** are not counted by fjall. The adapter compares the L0
+//!   table ids it sees with those of its previous reading: the tables that
+//!   survived are charged at the previous mean table size and whatever L0
+//!   holds beyond them is new. A table flushed *and* compacted away between
+//!   two readings is never seen, so the derived compaction throughput is a
+//!   lower bound, and admission errs on the cautious side; read at least as
+//!   often as L0 turns over (the controller's interval does).
+//! * **Write stalls** count readings that found L0 in fjall's stall range.
+//!
+//! [`FjallStats::report`] adds what fjall reports about compaction progress
+//! and disk growth, for observability; it is not an admission input.
+//!
+//! fjall 3 needs Rust 1.90, above this crate's 1.85, so the adapter is
+//! behind the `fjall` feature.
+
+use std::collections::HashSet;
+use std::fmt;
+use std::time::Duration;
+
+use fjall::{AbstractTree, Database, Keyspace};
+
+use super::stats::{LsmStats, LsmStatsSource};
+
+/// L0 runs from which fjall slows every writer down.
+pub const FJALL_STALL_RUNS: u64 = 20;
+/// L0 runs from which fjall halts every writer until compactions catch up.
+pub const FJALL_HALT_RUNS: u64 = 30;
+
+/// Reads one fjall keyspace's L0 as [`LsmStats`]; see the
+/// [module documentation](self) for what is derived and how.
+pub struct FjallStats {
+    database: Database,
+    keyspace: Keyspace,
+    previous_tables: HashSet<u64>,
+    previous_mean_table_bytes: u64,
+    flushed_bytes: u64,
+    write_stalls: u64,
+}
+
+/// What fjall reports about a keyspace beyond [`LsmStats`]: compaction
+/// progress and disk growth.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FjallReport {
+    /// The admission inputs, as of this reading.
+    pub stats: LsmStats,
+    /// The keyspace's size on disk, all levels.
+    pub disk_bytes: u64,
+    /// Tables in every level.
+    pub tables: u64,
+    /// Compactions completed since the database opened.
+    pub compactions_completed: u64,
+    /// Compactions running now.
+    pub active_compactions: u64,
+    /// Time spent compacting since the database opened.
+    pub time_compacting: Duration,
+}
+
+impl FjallStats {
+    /// Reads `keyspace` of `database`. The first reading counts the L0 it
+    /// finds as flushed, so deltas start from there.
+    pub fn new(database: Database, keyspace: Keyspace) -> Self {
+        FjallStats {
+            database,
+            keyspace,
+            previous_tables: HashSet::new(),
+            previous_mean_table_bytes: 0,
+            flushed_bytes: 0,
+            write_stalls: 0,
+        }
+    }
+
+    /// Takes a reading, updating the derived counters.
+    pub fn read(&mut self) -> LsmStats {
+        let version = self.keyspace.tree.current_version();
+        let l0 = version.l0();
+        let tables: HashSet<u64> = l0.list_ids().into_iter().collect();
+        let l0_bytes = l0.size();
+        let l0_files = u64::try_from(tables.len()).unwrap_or(u64::MAX);
+        let runs = u64::try_from(l0.run_count()).unwrap_or(u64::MAX);
+
+        let survivors =
+            u64::try_from(tables.intersection(&self.previous_tables).count()).unwrap_or(u64::MAX);
+        let surviving_bytes = survivors
+            .saturating_mul(self.previous_mean_table_bytes)
+            .min(l0_bytes);
+        self.flushed_bytes = self
+            .flushed_bytes
+            .saturating_add(l0_bytes - surviving_bytes);
+        self.previous_mean_table_bytes = l0_bytes.checked_div(l0_files).unwrap_or(0);
+        self.previous_tables = tables;
+        if runs >= FJALL_STALL_RUNS {
+            self.write_stalls = self.write_stalls.saturating_add(1);
+        }
+        LsmStats {
+            l0_files,
+            l0_sublevels: Some(runs),
+            l0_bytes,
+            flushed_bytes: self.flushed_bytes,
+            ingested_bytes: 0,
+            write_stalls: self.write_stalls,
+        }
+    }
+
+    /// Takes a reading and adds fjall's compaction and disk figures.
+    pub fn report(&mut self) -> FjallReport {
+        let stats = self.read();
+        let to_u64 = |n: usize| u64::try_from(n).unwrap_or(u64::MAX);
+        FjallReport {
+            stats,
+            disk_bytes: self.keyspace.disk_space(),
+            tables: to_u64(self.keyspace.table_count()),
+            compactions_completed: to_u64(self.database.compactions_completed()),
+            active_compactions: to_u64(self.database.active_compactions()),
+            time_compacting: self.database.time_compacting(),
+        }
+    }
+}
+
+impl LsmStatsSource for FjallStats {
+    fn stats(&mut self) -> LsmStats {
+        self.read()
+    }
+}
+
+impl fmt::Debug for FjallStats {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("FjallStats")
+            .field("l0_tables", &self.previous_tables.len())
+            .field("flushed_bytes", &self.flushed_bytes)
+            .field("write_stalls", &self.write_stalls)
+            .finish_non_exhaustive()
+    }
+}

@@ -1,0 +1,196 @@
+//! Token queues: a queue per token class over one shared bucket.
+
+use crate::error::ConfigError;
+use crate::grant::{Requester, TokenClass, TokenGranter};
+use crate::work::{TenantId, WorkInfo};
+
+use super::{Admit, Usage, WorkQueue, WorkQueueBuilder};
+
+fn token_builder(builder: WorkQueueBuilder) -> WorkQueueBuilder {
+    // Tokens are consumed: a tenant's usage is what it was granted, since
+    // nothing comes back when its work completes.
+    builder.usage(Usage::Granted)
+}
+
+fn saturating_delta(estimated: u64, actual: u64) -> i64 {
+    let delta = i128::from(actual) - i128::from(estimated);
+    i64::try_from(delta).unwrap_or(if delta > 0 { i64::MAX } else { i64::MIN })
+}
+
+impl WorkQueue<TokenGranter> {
+    /// A token queue of its own (regular class): unlimited until
+    /// [`set_token_limit`](Self::set_token_limit) turns the budget on, then
+    /// admitting while tokens last. For separate regular and elastic budgets
+    /// use [`TokenQueues`].
+    ///
+    /// Tenants are ordered by the tokens they were granted since the last
+    /// reset ([`Usage::Granted`]): tokens are consumed, nothing comes back
+    /// when the work completes.
+    pub fn tokens(burst: u64) -> Result<Self, ConfigError> {
+        token_builder(WorkQueueBuilder::default()).build_with(TokenGranter::new(burst))
+    }
+
+    /// Adds `tokens` to this queue's class (one tick of a
+    /// [`TokenDrip`](crate::io::TokenDrip)): debt is paid first, the balance
+    /// is capped at the burst, and waiters the new tokens cover are granted
+    /// in order.
+    pub fn add_tokens(&self, tokens: u64) {
+        self.shared.with_state(|queue, grants, wakes| {
+            grants.granter.add(tokens);
+            queue.grant_waiting(grants, wakes);
+        });
+    }
+
+    /// Turns this class's budget on with `burst` as the most that can be
+    /// banked, or (`None`) off: unlimited admission, every waiter granted at
+    /// once.
+    pub fn set_token_limit(&self, burst: Option<u64>) {
+        match burst {
+            Some(burst) => {
+                self.shared.granter.set_burst(burst);
+                self.shared.granter.set_unlimited(false);
+            }
+            None => {
+                self.shared.granter.set_unlimited(true);
+                self.granted();
+            }
+        }
+    }
+
+    /// Settles an admitted request's estimate against its actual cost: the
+    /// difference is charged to (or credited back to) the balances and the
+    /// tenant's usage at once, never blocking. A credit may admit waiters.
+    pub fn correct_tokens(&self, tenant: TenantId, estimated: u64, actual: u64) {
+        let delta = saturating_delta(estimated, actual);
+        self.shared.with_state(|queue, grants, wakes| {
+            grants.granter.correct(delta);
+            queue.adjust_used(tenant, delta);
+            if delta < 0 {
+                queue.grant_waiting(grants, wakes);
+            }
+        });
+    }
+}
+
+/// Byte-token admission with separate **regular** and **elastic** budgets:
+/// two [`WorkQueue`]s, one per [`TokenClass`], spending one shared
+/// [`TokenBucket`](crate::grant::TokenBucket).
+///
+/// [`admit`](Self::admit) routes work by its priority: zero and above to the
+/// regular queue, below zero to the elastic one. Every admission deducts
+/// from both budgets, and elastic work also needs the regular budget to be
+/// positive, so elastic work gets only what regular work leaves and is
+/// throttled first; because each class waits in its own queue, a blocked
+/// elastic writer never delays a regular one.
+///
+/// ```
+/// use admission::queue::TokenQueues;
+/// use admission::{Priority, TenantId, WorkInfo};
+///
+/// # tokio::runtime::Runtime::new().unwrap().block_on(async {
+/// let queues = TokenQueues::new(1_000, 100).unwrap();
+/// queues.set_limits(Some(1_000), Some(100));
+/// queues.add_tokens(500, 50);
+///
+/// let bulk = WorkInfo::builder()
+///     .tenant(TenantId::new(1))
+///     .priority(Priority::BULK_NORMAL)
+///     .requested(80)
+///     .build();
+/// queues.admit(bulk).await.unwrap();
+/// // Elastic work spent 80 of both budgets; the elastic one is now in debt.
+/// assert_eq!(queues.elastic().snapshot().granter.available, -30);
+/// assert_eq!(queues.regular().snapshot().granter.available, 420);
+/// # });
+/// ```
+#[derive(Clone, Debug)]
+pub struct TokenQueues {
+    regular: WorkQueue<TokenGranter>,
+    elastic: WorkQueue<TokenGranter>,
+}
+
+impl TokenQueues {
+    /// Two default token queues over one bucket, both unlimited until
+    /// [`set_limits`](Self::set_limits), banking at most the given bursts.
+    pub fn new(regular_burst: u64, elastic_burst: u64) -> Result<Self, ConfigError> {
+        Self::with_builder(WorkQueueBuilder::default(), regular_burst, elastic_burst)
+    }
+
+    /// Like [`new`](Self::new), with both queues built from `builder`
+    /// (waiter bound, fairness reset period, pacing...). Usage is always
+    /// [`Usage::Granted`].
+    pub fn with_builder(
+        builder: WorkQueueBuilder,
+        regular_burst: u64,
+        elastic_burst: u64,
+    ) -> Result<Self, ConfigError> {
+        let (regular, elastic) = TokenGranter::pair(regular_burst, elastic_burst);
+        Ok(TokenQueues {
+            regular: token_builder(builder.clone()).build_with(regular)?,
+            elastic: token_builder(builder).build_with(elastic)?,
+        })
+    }
+
+    /// The queue of work at priority zero and above.
+    pub fn regular(&self) -> &WorkQueue<TokenGranter> {
+        &self.regular
+    }
+
+    /// The queue of work below priority zero.
+    pub fn elastic(&self) -> &WorkQueue<TokenGranter> {
+        &self.elastic
+    }
+
+    /// The queue that admits work of `class`.
+    pub fn queue(&self, class: TokenClass) -> &WorkQueue<TokenGranter> {
+        match class {
+            TokenClass::Regular => &self.regular,
+            TokenClass::Elastic => &self.elastic,
+        }
+    }
+
+    /// Asks for admission for `work` (its [`requested`](WorkInfo::requested)
+    /// bytes) in the queue of its class.
+    pub fn admit(&self, work: WorkInfo) -> Admit<TokenGranter> {
+        self.queue(TokenClass::of(work.priority())).admit(work)
+    }
+
+    /// Adds one tick's tokens to each class and grants waiters, regular
+    /// first, so that regular work sees new tokens before elastic work does.
+    pub fn add_tokens(&self, regular: u64, elastic: u64) {
+        self.elastic.shared.granter.add(elastic);
+        self.regular.add_tokens(regular);
+        self.elastic.granted();
+    }
+
+    /// Sets each class's limit: `Some(burst)` turns its budget on, `None`
+    /// makes it unlimited (and grants its waiters).
+    pub fn set_limits(&self, regular: Option<u64>, elastic: Option<u64>) {
+        self.regular.set_token_limit(regular);
+        self.elastic.set_token_limit(elastic);
+        // A regular budget lifted lets blocked elastic work through too.
+        self.elastic.granted();
+    }
+
+    /// Settles admitted work's estimate against its actual bytes, in the
+    /// queue of its class; both budgets are charged or credited, and a
+    /// credit may admit waiters of either class.
+    pub fn correct_tokens(&self, work: &WorkInfo, estimated: u64, actual: u64) {
+        let class = TokenClass::of(work.priority());
+        self.queue(class)
+            .correct_tokens(work.tenant(), estimated, actual);
+        if actual < estimated {
+            let other = match class {
+                TokenClass::Regular => &self.elastic,
+                TokenClass::Elastic => &self.regular,
+            };
+            other.granted();
+        }
+    }
+
+    /// Closes both queues.
+    pub fn close(&self) {
+        self.regular.close();
+        self.elastic.close();
+    }
+}

@@ -1,0 +1,112 @@
+//! The fjall adapter against a real fjall database: L0 tables, runs and
+//! bytes as fjall has them, flushed bytes derived from table ids, and the
+//! listener seeing compactions pay the debt down.
+
+#![cfg(feature = "fjall")]
+
+use std::sync::Arc;
+
+use admission::io::fjall::{FjallStats, FJALL_STALL_RUNS};
+use admission::io::{IoLoadConfig, IoLoadListener, LsmStatsSource, Tokens};
+use fjall::compaction::Fifo;
+use fjall::{Database, Keyspace, KeyspaceCreateOptions};
+
+/// A database whose L0 is never compacted on its own (FIFO compaction with
+/// no size limit keeps every table in L0), so every flush stays in L0 until
+/// the test compacts.
+fn open(dir: &tempfile::TempDir) -> (Database, Keyspace) {
+    let database = Database::builder(dir.path()).open().unwrap();
+    let keyspace = database
+        .keyspace("writes", || {
+            KeyspaceCreateOptions::default()
+                .compaction_strategy(Arc::new(Fifo::new(u64::MAX, None)))
+        })
+        .unwrap();
+    (database, keyspace)
+}
+
+/// Writes `rows` rows from `start` and flushes them into one L0 table. Keys
+/// only grow (FIFO compaction needs disjoint tables), so the tables share
+/// one L0 run, as non-overlapping files share a sub-level.
+fn flush_rows(keyspace: &Keyspace, start: u64, rows: u64) {
+    for key in start..start + rows {
+        keyspace
+            .insert(key.to_be_bytes(), [key as u8; 200])
+            .unwrap();
+    }
+    keyspace.rotate_memtable_and_wait().unwrap();
+}
+
+#[test]
+fn reads_l0_tables_runs_and_bytes_and_derives_flushed_bytes() {
+    let dir = tempfile::tempdir().unwrap();
+    let (database, keyspace) = open(&dir);
+    let mut source = FjallStats::new(database, keyspace.clone());
+    assert_eq!(source.stats().l0_files, 0);
+
+    for flush in 0..3 {
+        flush_rows(&keyspace, flush * 1_000, 1_000);
+    }
+    let first = source.stats();
+    assert_eq!(first.l0_files, 3);
+    assert_eq!(first.l0_sublevels, Some(1), "disjoint tables share a run");
+    assert!(first.l0_bytes > 0);
+    assert_eq!(
+        first.flushed_bytes, first.l0_bytes,
+        "everything in L0 is new"
+    );
+
+    flush_rows(&keyspace, 3_000, 1_000);
+    let second = source.stats();
+    assert_eq!(second.l0_files, 4);
+    let added = second.flushed_bytes - first.flushed_bytes;
+    let table = second.l0_bytes - first.l0_bytes;
+    // Survivors are charged at the previous mean table size, so the new
+    // table's bytes come out within the tables' difference in size.
+    assert!(
+        added.abs_diff(table) <= table / 100,
+        "derived {added}, new table {table}"
+    );
+    assert_eq!(
+        second.write_stalls, 0,
+        "{FJALL_STALL_RUNS} runs are far away"
+    );
+}
+
+#[test]
+fn a_compaction_shows_as_compacted_bytes_in_the_listener() {
+    let dir = tempfile::tempdir().unwrap();
+    let (database, keyspace) = open(&dir);
+    let mut source = FjallStats::new(database, keyspace.clone());
+    let config = IoLoadConfig {
+        l0_file_threshold: 4,
+        l0_sublevel_threshold: 4,
+        ..IoLoadConfig::default()
+    };
+    let mut listener = IoLoadListener::new(config).unwrap();
+    listener.next_interval(&source.stats());
+
+    for flush in 0..4 {
+        flush_rows(&keyspace, flush * 1_000, 1_000);
+    }
+    let loaded = source.stats();
+    let decision = listener.next_interval(&loaded);
+    assert_eq!(decision.added, loaded.l0_bytes);
+    assert_eq!(decision.compacted, 0, "nothing left L0 yet");
+    assert!(decision.score >= 2.0, "{decision:?}");
+    assert!(matches!(decision.regular, Tokens::Limited(_)));
+
+    keyspace.major_compact().unwrap();
+    let drained = source.stats();
+    assert_eq!(drained.l0_files, 0);
+    let decision = listener.next_interval(&drained);
+    assert_eq!(
+        decision.compacted, loaded.l0_bytes,
+        "all of L0 compacted out"
+    );
+    assert_eq!(decision.regular, Tokens::Unlimited, "L0 is healthy again");
+
+    let report = source.report();
+    assert!(report.compactions_completed >= 1);
+    assert!(report.disk_bytes > 0);
+}
