@@ -45,6 +45,15 @@
 //! worker and its report goes to [`EnvelopeSpec::report_sink`] (and to
 //! `tracing` when it is not clean). Releasing the lane, grant and slot in
 //! the ledger is the caller's, and comes after the teardown.
+//!
+//! **The teardown callback** ([`AdmissionEnvelope::on_teardown`]) is how
+//! the caller learns that the physical resources are gone, whichever way the
+//! teardown ran: it is called once, with the report, right after either
+//! teardown (awaited or implicit) finished on the worker, or in place of a
+//! teardown that could not run at all (an abandoned report). The query
+//! service releases the grant there, so a handle dropped without release
+//! still returns its grant, after its resources, and without blocking in
+//! `Drop`.
 
 use std::fmt;
 
@@ -574,6 +583,21 @@ fn deliver(sink: Option<&tokio_mpsc::UnboundedSender<TeardownReport>>, report: T
     }
 }
 
+/// Called once with the report of an envelope's teardown; see
+/// [`AdmissionEnvelope::on_teardown`].
+pub type TeardownCallback = Box<dyn FnOnce(&TeardownReport) + Send + 'static>;
+
+type CallbackSlot = StdArc<Mutex<Option<TeardownCallback>>>;
+
+/// Runs the callback in `slot`, if one is still there. The slot's lock is
+/// released before the call, so the callback may take other locks.
+fn run_callback(slot: &CallbackSlot, report: &TeardownReport) {
+    let callback = slot.lock().take();
+    if let Some(callback) = callback {
+        callback(report);
+    }
+}
+
 /// Sets the flag when the build future is dropped.
 struct CancelOnDrop(StdArc<AtomicBool>);
 
@@ -603,6 +627,7 @@ struct Shared {
     idle: Notify,
     torn_down: AtomicBool,
     deferred: StdArc<Mutex<Vec<BackendError>>>,
+    on_teardown: CallbackSlot,
 }
 
 impl fmt::Debug for Shared {
@@ -631,6 +656,7 @@ impl Shared {
         let backend = self.backend.clone();
         let domain = self.domain.clone();
         let deferred = self.deferred.clone();
+        let on_teardown = self.on_teardown.clone();
         let (device, grant, lane, root, scope) = (
             self.spec.device,
             self.spec.grant_bytes,
@@ -655,14 +681,16 @@ impl Shared {
             };
             undo(&backend, progress, false, &mut steps);
             let errors = std::mem::take(&mut *deferred.lock());
-            TeardownReport::finish(
+            let report = TeardownReport::finish(
                 device,
                 grant,
                 implicit,
                 steps,
                 errors,
                 Some((&domain, leaked)),
-            )
+            );
+            run_callback(&on_teardown, &report);
+            report
         }
     }
 }
@@ -679,10 +707,9 @@ impl Drop for Shared {
             deliver(sink.as_ref(), report);
         });
         if submitted.is_err() {
-            deliver(
-                self.spec.report_sink.as_ref(),
-                TeardownReport::abandoned(self.spec.device, self.spec.grant_bytes, true),
-            );
+            let report = TeardownReport::abandoned(self.spec.device, self.spec.grant_bytes, true);
+            run_callback(&self.on_teardown, &report);
+            deliver(self.spec.report_sink.as_ref(), report);
         }
     }
 }
@@ -772,6 +799,7 @@ impl AdmissionEnvelope {
                             idle: Notify::new(),
                             torn_down: AtomicBool::new(false),
                             deferred: StdArc::new(Mutex::new(Vec::new())),
+                            on_teardown: StdArc::new(Mutex::new(None)),
                         }),
                     })
                 }
@@ -814,6 +842,17 @@ impl AdmissionEnvelope {
     /// The grant's bytes (the domain's ceiling).
     pub fn grant_bytes(&self) -> u64 {
         self.shared.spec.grant_bytes
+    }
+
+    /// Sets the callback called once with the report of this envelope's
+    /// teardown, on the worker right after the teardown finished, whether
+    /// it was awaited ([`teardown`](Self::teardown)) or queued because the
+    /// envelope was dropped; or, when the worker is gone and no teardown can
+    /// run, with an abandoned report on the thread that found out. Replaces
+    /// an earlier callback. The callback must not block: it runs on the
+    /// device's worker thread.
+    pub fn on_teardown(&self, callback: impl FnOnce(&TeardownReport) + Send + 'static) {
+        *self.shared.on_teardown.lock() = Some(Box::new(callback));
     }
 
     /// The per-attempt bounds.
@@ -899,7 +938,14 @@ impl AdmissionEnvelope {
         let job = shared.teardown_job(false);
         match shared.worker.submit(job).await {
             Ok(report) => report,
-            Err(_) => TeardownReport::abandoned(shared.spec.device, shared.spec.grant_bytes, false),
+            Err(_) => {
+                // The job never ran (or its result was lost with the
+                // thread): the callback still learns the outcome once.
+                let report =
+                    TeardownReport::abandoned(shared.spec.device, shared.spec.grant_bytes, false);
+                run_callback(&shared.on_teardown, &report);
+                report
+            }
         }
     }
 }

@@ -344,10 +344,16 @@ pub struct ReleaseOutcome {
 #[derive(Debug)]
 pub struct ForeignGrant {
     grant: MemoryGrant,
-    ledger: DeviceOrdinal,
+    ledger: Option<DeviceOrdinal>,
 }
 
 impl ForeignGrant {
+    /// A grant refused by `ledger`, or by a set of ledgers none of which is
+    /// on the grant's device (`None`).
+    pub(crate) fn new(grant: MemoryGrant, ledger: Option<DeviceOrdinal>) -> Self {
+        ForeignGrant { grant, ledger }
+    }
+
     /// The grant, unreleased.
     pub fn into_grant(self) -> MemoryGrant {
         self.grant
@@ -356,11 +362,18 @@ impl ForeignGrant {
 
 impl fmt::Display for ForeignGrant {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "{} on {} was not issued by the ledger of {}",
-            self.grant.id, self.grant.device, self.ledger
-        )
+        match self.ledger {
+            Some(ledger) => write!(
+                f,
+                "{} on {} was not issued by the ledger of {ledger}",
+                self.grant.id, self.grant.device
+            ),
+            None => write!(
+                f,
+                "{} on {} was not issued here: no ledger manages that device",
+                self.grant.id, self.grant.device
+            ),
+        }
     }
 }
 
@@ -729,10 +742,7 @@ impl DeviceLedger {
         let issued_here = grant.device == self.device()
             && self.grants.get(&grant.id.0).copied() == Some(grant.bytes);
         if !issued_here {
-            return Err(ForeignGrant {
-                grant,
-                ledger: self.device(),
-            });
+            return Err(ForeignGrant::new(grant, Some(self.device())));
         }
         self.grants.remove(&grant.id.0);
         // The grant was in the table, so both counters include it; a failure

@@ -21,7 +21,7 @@ use std::time::Duration;
 
 use super::backend::{BackendError, BackendOp, DeviceOrdinal};
 use super::profile::fmt_bytes;
-use super::proof::{CapabilitySet, IssuerId, LoweringError};
+use super::proof::{CapabilitySet, IssuerId, LoweringError, PlanFingerprint};
 
 /// The policy-neutral class of a [`GpuAdmitError`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -149,6 +149,25 @@ pub enum GpuAdmitError {
     /// A resource-only handle (manual admission) was presented to authorize
     /// a native plan; only an engine-issued proof can.
     ResourceOnlyHandle,
+    /// A handle admitted for one plan was presented to authorize another.
+    ProofMismatch {
+        /// The fingerprint of the plan the handle was admitted for.
+        admitted: PlanFingerprint,
+        /// The fingerprint of the plan presented.
+        presented: PlanFingerprint,
+    },
+    /// The selected device's worker thread is gone, so the envelope's state
+    /// is unknown; the backend's ledgers were closed.
+    WorkerGone {
+        /// The device.
+        device: DeviceOrdinal,
+    },
+    /// The device profile's bounds leave no room for an envelope (a
+    /// configuration error; nothing was built).
+    EnvelopeInvalid {
+        /// What was wrong.
+        message: String,
+    },
 }
 
 impl GpuAdmitError {
@@ -158,7 +177,10 @@ impl GpuAdmitError {
         match self {
             GpuAdmitError::NoCapableDevice { .. }
             | GpuAdmitError::ForeignProof { .. }
-            | GpuAdmitError::ResourceOnlyHandle => O::Capability,
+            | GpuAdmitError::ResourceOnlyHandle
+            | GpuAdmitError::ProofMismatch { .. } => O::Capability,
+            GpuAdmitError::EnvelopeInvalid { .. } => O::Configuration,
+            GpuAdmitError::WorkerGone { .. } => O::DeviceFault,
             GpuAdmitError::UnresolvedOwner { .. }
             | GpuAdmitError::UnresolvedPhase { .. }
             | GpuAdmitError::PreflightFailed { .. }
@@ -199,6 +221,9 @@ impl GpuAdmitError {
             GpuAdmitError::EnvelopeStepFailed { .. } => "envelope_step_failed",
             GpuAdmitError::ForeignProof { .. } => "foreign_proof",
             GpuAdmitError::ResourceOnlyHandle => "resource_only_handle",
+            GpuAdmitError::ProofMismatch { .. } => "proof_mismatch",
+            GpuAdmitError::WorkerGone { .. } => "worker_gone",
+            GpuAdmitError::EnvelopeInvalid { .. } => "envelope_invalid",
         }
     }
 }
@@ -277,6 +302,20 @@ impl fmt::Display for GpuAdmitError {
                 "a resource-only admission handle cannot authorize a native plan; \
                  an engine-issued capability proof is required",
             ),
+            GpuAdmitError::ProofMismatch {
+                admitted,
+                presented,
+            } => write!(
+                f,
+                "the handle was admitted for plan {admitted}, not for plan {presented}"
+            ),
+            GpuAdmitError::WorkerGone { device } => write!(
+                f,
+                "the worker thread of {device} is gone; the backend's ledgers are closed"
+            ),
+            GpuAdmitError::EnvelopeInvalid { message } => {
+                write!(f, "cannot build an admission envelope: {message}")
+            }
         }
     }
 }

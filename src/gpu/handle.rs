@@ -1,0 +1,266 @@
+//! The published admission result: [`QueryHandle`], and the sealed
+//! [`AttemptReport`] its release returns.
+//!
+//! # Publication and release
+//!
+//! A handle exists only after the ledger committed its slot and grant *and*
+//! all five envelope steps validated; nothing partial is ever visible. The
+//! grant itself is not in the handle: at publication it moves into the
+//! envelope's teardown callback, which runs on the device worker right after
+//! the physical teardown, however that teardown came about:
+//!
+//! * [`QueryHandle::release`] waits until every execution context and
+//!   source permit is dropped, tears the envelope down, and returns the
+//!   report once the callback has sealed it and released the grant;
+//! * dropping the handle drops the envelope, which queues the same teardown
+//!   when its last execution context goes, and the callback releases the
+//!   grant then. `Drop` never blocks.
+//!
+//! Either way the order is the same: physical resources destroyed, report
+//! sealed, fault isolated (quarantine or close), grant released, queued
+//! work woken.
+
+use std::fmt;
+use std::time::Duration;
+
+use tokio::sync::oneshot;
+
+use super::backend::DeviceOrdinal;
+use super::envelope::{
+    AdmissionEnvelope, DeviceHealth, Disposition, EnvelopeError, ExecutionContext, SourcePermit,
+    TeardownReport,
+};
+use super::ledger::{GrantId, MemoryGrant, WaiterId};
+use super::outcome::GpuAdmitError;
+use super::proof::{CapabilityProof, PlanFingerprint};
+use super::service::Inner;
+use crate::sync::StdArc;
+
+/// The sealed record of one attempt, from admission to release.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct AttemptReport {
+    /// The waiter (its FIFO sequence number).
+    pub waiter: WaiterId,
+    /// The device the attempt ran on.
+    pub device: DeviceOrdinal,
+    /// The grant's id on that device's ledger.
+    pub grant: GrantId,
+    /// The grant's bytes.
+    pub grant_bytes: u64,
+    /// The floor the grant was sized against.
+    pub required_floor: u64,
+    /// The admitted plan; `None` for a resource-only attempt.
+    pub plan: Option<PlanFingerprint>,
+    /// How long admission waited, from submission to grant.
+    pub waited: Duration,
+    /// How the teardown ended.
+    pub disposition: Disposition,
+    /// The device's health as the teardown saw it.
+    pub health: DeviceHealth,
+    /// The teardown itself.
+    pub teardown: TeardownReport,
+    /// Whether the grant went back to its ledger (false only on an
+    /// accounting bug, which is logged).
+    pub ledger_released: bool,
+}
+
+impl AttemptReport {
+    pub(crate) fn seal(
+        grant: &MemoryGrant,
+        waiter: WaiterId,
+        proof: Option<&CapabilityProof>,
+        waited: Duration,
+        teardown: TeardownReport,
+    ) -> Self {
+        AttemptReport {
+            waiter,
+            device: grant.device(),
+            grant: grant.id(),
+            grant_bytes: grant.bytes(),
+            required_floor: grant.required_floor(),
+            plan: proof.map(CapabilityProof::fingerprint),
+            waited,
+            disposition: teardown.disposition,
+            health: teardown.health,
+            teardown,
+            ledger_released: false,
+        }
+    }
+}
+
+/// One admitted attempt: a device, an immutable grant and the envelope
+/// built around it. See the [module documentation](self).
+pub struct QueryHandle {
+    envelope: AdmissionEnvelope,
+    report: oneshot::Receiver<AttemptReport>,
+    proof: Option<CapabilityProof>,
+    waiter: WaiterId,
+    grant: GrantId,
+    grant_bytes: u64,
+    required_floor: u64,
+    waited: Duration,
+}
+
+impl fmt::Debug for QueryHandle {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("QueryHandle")
+            .field("waiter", &self.waiter)
+            .field("device", &self.envelope.device())
+            .field("grant", &self.grant)
+            .field("grant_bytes", &self.grant_bytes)
+            .field("resource_only", &self.proof.is_none())
+            .finish()
+    }
+}
+
+impl QueryHandle {
+    /// Publishes a handle over a validated envelope; the grant moves into
+    /// the envelope's teardown callback.
+    pub(crate) fn publish(
+        inner: StdArc<Inner>,
+        envelope: AdmissionEnvelope,
+        grant: MemoryGrant,
+        waiter: WaiterId,
+        proof: Option<CapabilityProof>,
+        waited: Duration,
+    ) -> Self {
+        let (tx, rx) = oneshot::channel();
+        let (id, bytes, floor) = (grant.id(), grant.bytes(), grant.required_floor());
+        let callback_proof = proof.clone();
+        envelope.on_teardown(move |teardown| {
+            let report =
+                inner.finish_attempt(grant, waiter, callback_proof.as_ref(), waited, teardown);
+            // Nobody awaits the report of a dropped handle.
+            let _ = tx.send(report);
+        });
+        QueryHandle {
+            envelope,
+            report: rx,
+            proof,
+            waiter,
+            grant: id,
+            grant_bytes: bytes,
+            required_floor: floor,
+            waited,
+        }
+    }
+
+    /// The selected device.
+    pub fn device(&self) -> DeviceOrdinal {
+        self.envelope.device()
+    }
+
+    /// The grant's id on the device's ledger.
+    pub fn grant_id(&self) -> GrantId {
+        self.grant
+    }
+
+    /// The immutable grant's bytes: the allocation domain's ceiling.
+    pub fn grant_bytes(&self) -> u64 {
+        self.grant_bytes
+    }
+
+    /// The floor the grant was sized against.
+    pub fn required_floor(&self) -> u64 {
+        self.required_floor
+    }
+
+    /// The waiter this attempt was admitted as (its FIFO sequence number).
+    pub fn waiter(&self) -> WaiterId {
+        self.waiter
+    }
+
+    /// How long admission waited, from submission to grant.
+    pub fn waited(&self) -> Duration {
+        self.waited
+    }
+
+    /// The admitted proof, bound to this device and grant; `None` for a
+    /// resource-only handle.
+    pub fn proof(&self) -> Option<&CapabilityProof> {
+        self.proof.as_ref()
+    }
+
+    /// Whether this handle came from a manual, resource-only admission.
+    pub fn is_resource_only(&self) -> bool {
+        self.proof.is_none()
+    }
+
+    /// Checks that this handle authorizes the native plan `proof` proves:
+    /// the handle must have been admitted for that exact proof (same issuer,
+    /// same fingerprint). A resource-only handle authorizes nothing.
+    pub fn authorize(&self, proof: &CapabilityProof) -> Result<(), GpuAdmitError> {
+        let Some(admitted) = &self.proof else {
+            return Err(GpuAdmitError::ResourceOnlyHandle);
+        };
+        if admitted.issuer_id() != proof.issuer_id() {
+            return Err(GpuAdmitError::ForeignProof {
+                expected: admitted.issuer_id(),
+                found: proof.issuer_id(),
+            });
+        }
+        if admitted.fingerprint() != proof.fingerprint() {
+            return Err(GpuAdmitError::ProofMismatch {
+                admitted: admitted.fingerprint(),
+                presented: proof.fingerprint(),
+            });
+        }
+        Ok(())
+    }
+
+    /// The envelope: lane, root stream, allocation domain, worker scope.
+    pub fn envelope(&self) -> &AdmissionEnvelope {
+        &self.envelope
+    }
+
+    /// A stream forked from the root for one execution, within the
+    /// profile's stream bound; allocations through it are charged to the
+    /// grant.
+    pub fn execution_context(&self) -> Result<ExecutionContext, EnvelopeError> {
+        self.envelope.execution_context()
+    }
+
+    /// A permit for one concurrent source read, within the profile's
+    /// source-work allowance.
+    pub fn try_source_permit(&self) -> Result<SourcePermit, EnvelopeError> {
+        self.envelope.try_source_permit()
+    }
+
+    /// Releases the attempt: waits until every execution context and source
+    /// permit is dropped, tears the envelope down, seals the report, isolates
+    /// a device fault, and only then releases the grant and wakes queued
+    /// work. Dropping this future part-way still releases the grant after
+    /// the teardown.
+    pub async fn release(self) -> AttemptReport {
+        let QueryHandle {
+            envelope,
+            report,
+            proof,
+            waiter,
+            grant,
+            grant_bytes,
+            required_floor,
+            waited,
+        } = self;
+        let teardown = envelope.teardown().await;
+        match report.await {
+            Ok(report) => report,
+            // The callback was dropped without running: the teardown ran
+            // but the grant's fate is unknown here (logged where it was lost).
+            Err(_) => AttemptReport {
+                waiter,
+                device: teardown.device,
+                grant,
+                grant_bytes,
+                required_floor,
+                plan: proof.as_ref().map(CapabilityProof::fingerprint),
+                waited,
+                disposition: teardown.disposition,
+                health: teardown.health,
+                teardown,
+                ledger_released: false,
+            },
+        }
+    }
+}

@@ -1,0 +1,148 @@
+//! Observation records of the GPU admission lifecycle.
+//!
+//! # Projections, not a second state machine
+//!
+//! The query service's state is its queue and ledgers; an [`Observation`]
+//! is a flat record of one thing that happened to them (a submission, a
+//! rejection, a protection, a grant, an envelope failure, a release, a
+//! quarantine), stamped with the queue depth at that moment. Records are
+//! built under the service's lock, so each one is consistent with the
+//! ledger transaction it describes, and delivered to the observer *after*
+//! the lock is released, so a slow observer never holds up admission.
+//!
+//! The observer is called on whichever thread made the change: a tokio
+//! worker, or a device worker thread for a release that follows a teardown.
+//! It must not block. With the `config` feature, [`jsonl_observer`] writes
+//! one JSON object per line; the authoritative current state remains
+//! [`QueryService::device_ledger_reports`](super::service::QueryService::device_ledger_reports).
+
+use std::time::Duration;
+
+/// What happened.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "config", derive(serde::Serialize))]
+#[cfg_attr(feature = "config", serde(rename_all = "snake_case"))]
+#[non_exhaustive]
+pub enum ObservationKind {
+    /// A submission reserved a pending slot and its sequence number.
+    Submitted,
+    /// A submission was refused without being queued (queue full, closed,
+    /// capability, configuration, preflight, deadline already passed).
+    Rejected,
+    /// A submission resolved and joined the queue.
+    Queued,
+    /// An overtaken waiter protected a slot and bytes on a device.
+    Protected,
+    /// A waiter's protection was dropped (device lost, admitted elsewhere,
+    /// withdrawn).
+    ProtectionDropped,
+    /// A waiter was granted a slot and bytes on a device.
+    Admitted,
+    /// The envelope of a grant could not be built; the grant was released.
+    EnvelopeFailed,
+    /// A handle was published: its envelope validated.
+    Published,
+    /// A queued or granted waiter left without a handle (cancel, deadline,
+    /// close, no healthy device).
+    Removed,
+    /// An attempt's resources were torn down and its grant released.
+    Released,
+    /// A device was quarantined after a proven device-local fault.
+    Quarantined,
+    /// A ledger was closed (fault of unknown reach, or service close).
+    LedgerClosed,
+}
+
+impl ObservationKind {
+    /// A short, stable snake_case name.
+    pub fn name(self) -> &'static str {
+        match self {
+            ObservationKind::Submitted => "submitted",
+            ObservationKind::Rejected => "rejected",
+            ObservationKind::Queued => "queued",
+            ObservationKind::Protected => "protected",
+            ObservationKind::ProtectionDropped => "protection_dropped",
+            ObservationKind::Admitted => "admitted",
+            ObservationKind::EnvelopeFailed => "envelope_failed",
+            ObservationKind::Published => "published",
+            ObservationKind::Removed => "removed",
+            ObservationKind::Released => "released",
+            ObservationKind::Quarantined => "quarantined",
+            ObservationKind::LedgerClosed => "ledger_closed",
+        }
+    }
+}
+
+/// One record of the admission lifecycle. Fields that do not apply to the
+/// kind are `None`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "config", derive(serde::Serialize))]
+#[non_exhaustive]
+pub struct Observation {
+    /// Microseconds since the service was built.
+    pub elapsed_us: u64,
+    /// What happened.
+    pub kind: ObservationKind,
+    /// The waiter's sequence number.
+    pub waiter: Option<u64>,
+    /// The device ordinal.
+    pub device: Option<u32>,
+    /// The grant's bytes.
+    pub grant_bytes: Option<u64>,
+    /// Queued plus pending submissions after the event.
+    pub queue_depth: usize,
+    /// Of those, submissions still resolving (preflights).
+    pub pending_preflights: usize,
+    /// The error's stable reason ([`GpuAdmitError::reason`](super::GpuAdmitError::reason)).
+    pub reason: Option<&'static str>,
+    /// The error's policy-neutral outcome
+    /// ([`QueryAdmissionOutcome::name`](super::QueryAdmissionOutcome::name)).
+    pub outcome: Option<&'static str>,
+    /// A fault code (quarantine).
+    pub code: Option<u32>,
+    /// The waiter's overtake count (protection).
+    pub overtakes: Option<u32>,
+    /// A human-readable detail (an error's message, a teardown's
+    /// disposition).
+    pub detail: Option<String>,
+}
+
+impl Observation {
+    pub(crate) fn new(kind: ObservationKind, elapsed: Duration) -> Self {
+        Observation {
+            elapsed_us: u64::try_from(elapsed.as_micros()).unwrap_or(u64::MAX),
+            kind,
+            waiter: None,
+            device: None,
+            grant_bytes: None,
+            queue_depth: 0,
+            pending_preflights: 0,
+            reason: None,
+            outcome: None,
+            code: None,
+            overtakes: None,
+            detail: None,
+        }
+    }
+}
+
+/// An observer writing each [`Observation`] as one line of JSON to
+/// `writer`. A write error is reported through `tracing` and the record is
+/// dropped: observability must never fail an admission. The writer is
+/// behind a lock of its own; give it a buffered or non-blocking sink.
+#[cfg(feature = "config")]
+pub fn jsonl_observer<W>(writer: W) -> impl Fn(&Observation) + Send + Sync + 'static
+where
+    W: std::io::Write + Send + 'static,
+{
+    let writer = crate::sync::Mutex::new(writer);
+    move |observation: &Observation| {
+        let mut writer = writer.lock();
+        let written = serde_json::to_writer(&mut *writer, observation)
+            .map_err(std::io::Error::from)
+            .and_then(|()| writer.write_all(b"\n"));
+        if let Err(error) = written {
+            tracing::warn!(target: "admission", %error, "cannot write a GPU admission observation");
+        }
+    }
+}

@@ -1,0 +1,741 @@
+//! The synchronous core of the GPU query service: the one bounded queue, the
+//! per-device ledgers, and every scheduling decision over them.
+//!
+//! # Why a plain struct
+//!
+//! [`AdmissionCore`] holds no lock, spawns nothing, calls no backend and never
+//! awaits. The [`QueryService`](super::service::QueryService) keeps it behind
+//! its one mutex, so each `&mut self` call is one transaction over the queue
+//! and all the ledgers together: a decision and its commit cannot be split by
+//! another thread, and a grant released by one thread is visible to the next
+//! scheduling pass of any other. Keeping the async glue (preflights, timers,
+//! envelopes, wakers) outside is what lets the loom models and the property
+//! tests drive exactly the code the service runs.
+//!
+//! # Life of a waiter
+//!
+//! ```text
+//! reserve ──▶ pending ──resolve──▶ queued ──schedule──▶ granted ──take_outcome──▶ caller
+//!    │           │                    │                    │
+//!    └─ QueueFull└─ cancel            └─ cancel/close/     └─ cancel releases
+//!       Closed                           no healthy device     the grant
+//! ```
+//!
+//! * [`reserve`](AdmissionCore::reserve) takes a FIFO sequence number and a
+//!   pending slot before anything device-specific is known: the bound
+//!   `max_pending` counts pending and queued requests together, so a burst
+//!   of slow preflights cannot overflow it.
+//! * **Pending submissions are an ordering barrier**: no waiter younger than
+//!   the oldest pending submission is admitted, so a slow preflight is never
+//!   bypassed by younger work.
+//! * [`schedule`](AdmissionCore::schedule) scans the queue in sequence
+//!   order and admits every waiter that some compatible ledger can take now,
+//!   on the device [`rank_devices`] ranks first. A waiter blocked on all its
+//!   devices is skipped, so it does not idle another device that can run
+//!   younger work.
+//! * A granted waiter's grant is parked until its future takes it; a future
+//!   dropped in between has the grant released by
+//!   [`cancel`](AdmissionCore::cancel), so nothing is lost.
+//!
+//! # Overtaking and protection
+//!
+//! Each time a younger waiter is admitted on a device that an older, blocked
+//! waiter could also use, the older waiter's overtake count rises. Once it
+//! exceeds the queue's `overtake_budget`, the older waiter
+//! [protects](DeviceLedger::protect) one future slot and released bytes up
+//! to its floor on one compatible healthy ledger that holds no other
+//! protection: the one with the fewest running attempts, then the most
+//! unclaimed bytes, then the lowest ordinal, so the protection completes
+//! soonest. Its own commit consumes the protection in the same transaction;
+//! when it is admitted on another device instead, the protection is dropped.
+//! When the protected ledger is quarantined or closed, the ledger drops the
+//! protection and the core retargets it to another compatible healthy
+//! ledger. Protection is not priority: it only stops younger work from
+//! taking what the older waiter is accumulating.
+//!
+//! A waiter whose every compatible device is quarantined or closed leaves
+//! the queue with [`GpuAdmitError::NoHealthyDevice`].
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::backend::DeviceOrdinal;
+use super::ledger::{
+    Decision, DeviceLedger, ForeignGrant, GrantId, GrantRequest, LedgerHealth, LedgerReport,
+    MemoryGrant, ReleaseOutcome, WaiterId,
+};
+use super::outcome::GpuAdmitError;
+use super::placement::{rank_devices, DeviceLoad};
+use super::profile::{DeviceSet, QueueBounds};
+
+/// Something the core did that the service reports or wakes a waiter for.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum CoreEvent {
+    /// A waiter was granted a slot and bytes on a device; its grant is
+    /// parked until [`AdmissionCore::take_outcome`].
+    Admitted {
+        /// The waiter.
+        waiter: WaiterId,
+        /// The selected device.
+        device: DeviceOrdinal,
+        /// The grant's id on that device's ledger.
+        grant: GrantId,
+        /// The grant's bytes.
+        grant_bytes: u64,
+    },
+    /// A waiter left the queue with an error (no healthy device, close).
+    Failed {
+        /// The waiter.
+        waiter: WaiterId,
+        /// Why.
+        error: GpuAdmitError,
+    },
+    /// A waiter, overtaken more than its budget, protected a slot and bytes
+    /// on a device.
+    Protected {
+        /// The waiter.
+        waiter: WaiterId,
+        /// The device holding the protection.
+        device: DeviceOrdinal,
+        /// The bytes the protection accumulates up to.
+        target_bytes: u64,
+        /// The bytes claimed at once.
+        accumulated_bytes: u64,
+        /// The waiter's overtake count.
+        overtakes: u32,
+    },
+    /// A waiter's protection was dropped (its device closed or was
+    /// quarantined, or the waiter was admitted elsewhere or left).
+    ProtectionDropped {
+        /// The waiter.
+        waiter: WaiterId,
+        /// The device that held it.
+        device: DeviceOrdinal,
+    },
+    /// A ledger was quarantined after a proven device-local fault.
+    Quarantined {
+        /// The device.
+        device: DeviceOrdinal,
+        /// The fault code.
+        code: u32,
+    },
+    /// A ledger was closed (fault of unknown reach, or service close).
+    LedgerClosed {
+        /// The device.
+        device: DeviceOrdinal,
+    },
+}
+
+impl CoreEvent {
+    /// The waiter a future is waiting on to see this event, if any.
+    pub fn resolves(&self) -> Option<WaiterId> {
+        match self {
+            CoreEvent::Admitted { waiter, .. } | CoreEvent::Failed { waiter, .. } => Some(*waiter),
+            _ => None,
+        }
+    }
+}
+
+/// Where a withdrawn request was when [`AdmissionCore::cancel`] removed it.
+#[derive(Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Withdrawn {
+    /// Reserved, its resolution (capabilities, preflights) not finished.
+    Pending,
+    /// Queued; the device its protection was dropped from, if it held one.
+    Queued {
+        /// The device whose protection was returned.
+        unprotected: Option<DeviceOrdinal>,
+    },
+    /// Granted but not yet taken: the grant went back to its ledger.
+    Granted(ReleaseOutcome),
+    /// Already failed; the failure was discarded.
+    Failed,
+}
+
+/// One queued waiter as [`AdmissionCore::snapshot`] shows it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct WaiterSnapshot {
+    /// The waiter (its FIFO sequence number).
+    pub waiter: WaiterId,
+    /// How long it has been waiting since it reserved its slot.
+    pub age: Duration,
+    /// Whether it is still pending resolution (preflight) rather than
+    /// queued.
+    pub pending: bool,
+    /// How often younger work was admitted past it.
+    pub overtakes: u32,
+    /// The device where it holds a protection.
+    pub protected_on: Option<DeviceOrdinal>,
+    /// Its compatible devices (empty while pending).
+    pub candidates: Vec<DeviceOrdinal>,
+    /// Its required phase floor (before the attempt floor).
+    pub phase_floor: u64,
+}
+
+/// One device as [`AdmissionCore::snapshot`] summarizes it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct DeviceSummary {
+    /// The device.
+    pub device: DeviceOrdinal,
+    /// Admission health.
+    pub health: LedgerHealth,
+    /// Attempts running.
+    pub active_attempts: u32,
+    /// The active-attempt limit.
+    pub max_active_attempts: u32,
+    /// Bytes committed to running attempts.
+    pub live_grants_bytes: u64,
+    /// Bytes held for a protected waiter.
+    pub protected_bytes: u64,
+    /// The protected waiter, if any.
+    pub protected_for: Option<WaiterId>,
+    /// Jobs queued on the device's worker thread.
+    pub worker_depth: u64,
+}
+
+/// A point-in-time view of the queue and devices. See
+/// [`QueryService::admission_snapshot`](super::service::QueryService::admission_snapshot).
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct AdmissionSnapshot {
+    /// Waiters queued (resolved, waiting for a device).
+    pub queued: usize,
+    /// Submissions reserved and still resolving (preflights).
+    pub pending_preflights: usize,
+    /// Granted waiters whose futures have not taken the grant yet.
+    pub granted_unobserved: usize,
+    /// The bound on `queued + pending_preflights`.
+    pub max_pending: usize,
+    /// Whether the service is closed.
+    pub closed: bool,
+    /// Every pending and queued waiter, oldest first.
+    pub waiters: Vec<WaiterSnapshot>,
+    /// Every device, in ordinal order.
+    pub devices: Vec<DeviceSummary>,
+}
+
+#[derive(Debug)]
+struct Waiter {
+    request: GrantRequest,
+    candidates: Vec<DeviceOrdinal>,
+    submitted_at: Instant,
+    overtakes: u32,
+    protected_on: Option<DeviceOrdinal>,
+}
+
+#[derive(Debug)]
+enum Outcome {
+    Granted(MemoryGrant),
+    Failed(GpuAdmitError),
+}
+
+/// The queue, the ledgers and the scheduler, as one plain value. See the
+/// [module documentation](self).
+#[derive(Debug)]
+pub struct AdmissionCore {
+    ledgers: Vec<DeviceLedger>,
+    bounds: QueueBounds,
+    next_seq: u64,
+    pending: BTreeMap<u64, Instant>,
+    queued: BTreeMap<u64, Waiter>,
+    outcomes: BTreeMap<u64, Outcome>,
+    closed: bool,
+}
+
+impl AdmissionCore {
+    /// One empty ledger per installed device and an empty queue.
+    pub fn new(devices: &DeviceSet, bounds: QueueBounds) -> Self {
+        AdmissionCore {
+            ledgers: devices
+                .profiles()
+                .map(|p| DeviceLedger::new(p.clone()))
+                .collect(),
+            bounds,
+            next_seq: 1,
+            pending: BTreeMap::new(),
+            queued: BTreeMap::new(),
+            outcomes: BTreeMap::new(),
+            closed: false,
+        }
+    }
+
+    /// The queue bounds.
+    pub fn bounds(&self) -> QueueBounds {
+        self.bounds
+    }
+
+    /// Whether [`close`](Self::close) was called.
+    pub fn is_closed(&self) -> bool {
+        self.closed
+    }
+
+    /// The ledger of `device`.
+    pub fn ledger(&self, device: DeviceOrdinal) -> Option<&DeviceLedger> {
+        self.index(device).and_then(|i| self.ledgers.get(i))
+    }
+
+    /// Every ledger's report, in ordinal order.
+    pub fn ledger_reports(&self) -> Vec<LedgerReport> {
+        self.ledgers.iter().map(DeviceLedger::report).collect()
+    }
+
+    /// Queued plus pending submissions: what `max_pending` bounds.
+    pub fn depth(&self) -> usize {
+        self.pending.len().saturating_add(self.queued.len())
+    }
+
+    /// Submissions still resolving.
+    pub fn pending_preflights(&self) -> usize {
+        self.pending.len()
+    }
+
+    /// Reserves a pending slot and the next FIFO sequence number. Refused
+    /// at once when the service is closed or `max_pending` submissions are
+    /// already pending or queued.
+    pub fn reserve(&mut self, now: Instant) -> Result<WaiterId, GpuAdmitError> {
+        if self.closed {
+            return Err(GpuAdmitError::Closed);
+        }
+        if self.depth() >= self.bounds.max_pending() {
+            return Err(GpuAdmitError::QueueFull {
+                max_pending: self.bounds.max_pending(),
+            });
+        }
+        let seq = self.next_seq;
+        // 2^64 submissions cannot happen in one process; refusing is still
+        // better than reusing a sequence number.
+        self.next_seq = seq.checked_add(1).ok_or(GpuAdmitError::QueueFull {
+            max_pending: self.bounds.max_pending(),
+        })?;
+        self.pending.insert(seq, now);
+        Ok(WaiterId::new(seq))
+    }
+
+    /// Moves a pending submission into the queue with its request and the
+    /// compatible devices that passed preflight. The request is bound to the
+    /// waiter ([`GrantRequest::for_waiter`]) here. Fails (and forgets the
+    /// submission) when it was withdrawn, the service closed meanwhile, or
+    /// none of `candidates` is healthy.
+    pub fn resolve(
+        &mut self,
+        waiter: WaiterId,
+        request: GrantRequest,
+        candidates: Vec<DeviceOrdinal>,
+    ) -> Result<(), GpuAdmitError> {
+        let Some(submitted_at) = self.pending.remove(&waiter.get()) else {
+            return Err(if self.closed {
+                GpuAdmitError::Closed
+            } else {
+                GpuAdmitError::Cancelled
+            });
+        };
+        if self.closed {
+            return Err(GpuAdmitError::Closed);
+        }
+        let healthy = candidates.iter().any(|d| {
+            self.ledger(*d)
+                .is_some_and(|l| l.health() == LedgerHealth::Healthy)
+        });
+        if !healthy {
+            return Err(GpuAdmitError::NoHealthyDevice {
+                devices: candidates,
+            });
+        }
+        self.queued.insert(
+            waiter.get(),
+            Waiter {
+                request: request.for_waiter(waiter),
+                candidates,
+                submitted_at,
+                overtakes: 0,
+                protected_on: None,
+            },
+        );
+        Ok(())
+    }
+
+    /// Takes the outcome of a waiter once the scheduler has granted or
+    /// failed it; `None` while it is pending or queued.
+    pub fn take_outcome(&mut self, waiter: WaiterId) -> Option<Result<MemoryGrant, GpuAdmitError>> {
+        self.outcomes.remove(&waiter.get()).map(|o| match o {
+            Outcome::Granted(grant) => Ok(grant),
+            Outcome::Failed(error) => Err(error),
+        })
+    }
+
+    /// Withdraws a waiter wherever it is (pending, queued, granted but not
+    /// taken, failed): a protection it holds is returned and an untaken
+    /// grant goes back to its ledger. `None` if the core does not know it.
+    pub fn cancel(&mut self, waiter: WaiterId) -> Option<Withdrawn> {
+        let seq = waiter.get();
+        if self.pending.remove(&seq).is_some() {
+            return Some(Withdrawn::Pending);
+        }
+        if let Some(w) = self.queued.remove(&seq) {
+            let unprotected = w.protected_on.filter(|d| self.unprotect(waiter, *d));
+            return Some(Withdrawn::Queued { unprotected });
+        }
+        match self.outcomes.remove(&seq)? {
+            Outcome::Failed(_) => Some(Withdrawn::Failed),
+            Outcome::Granted(grant) => match self.release(grant) {
+                Ok(released) => Some(Withdrawn::Granted(released)),
+                // The grant came from one of these ledgers; a refusal is an
+                // accounting bug, already reported by the ledger's debug
+                // assertions. The grant is dropped rather than re-parked.
+                Err(_) => Some(Withdrawn::Failed),
+            },
+        }
+    }
+
+    /// Returns a grant to the ledger that issued it (every health state:
+    /// in-flight grants of a quarantined or closed ledger drain normally).
+    pub fn release(&mut self, grant: MemoryGrant) -> Result<ReleaseOutcome, ForeignGrant> {
+        match self.index(grant.device()) {
+            Some(i) => match self.ledgers.get_mut(i) {
+                Some(ledger) => ledger.release(grant),
+                None => Err(self.foreign(grant)),
+            },
+            None => Err(self.foreign(grant)),
+        }
+    }
+
+    /// Quarantines `device` after a proven device-local fault and retargets
+    /// the protection it held. Call [`schedule`](Self::schedule) next, so
+    /// waiters left without a healthy device get their outcome.
+    pub fn quarantine(&mut self, device: DeviceOrdinal, code: u32) -> Vec<CoreEvent> {
+        let mut events = Vec::new();
+        let Some(ledger) = self.index(device).and_then(|i| self.ledgers.get_mut(i)) else {
+            return events;
+        };
+        let was_healthy = ledger.health() == LedgerHealth::Healthy;
+        let holder = ledger.quarantine(code);
+        if was_healthy {
+            events.push(CoreEvent::Quarantined { device, code });
+        }
+        self.retarget(holder, device, &mut events);
+        events
+    }
+
+    /// Closes every ledger (a fault whose isolation cannot be established):
+    /// nothing new is issued anywhere, in-flight grants drain. Queued
+    /// waiters fail at the next [`schedule`](Self::schedule).
+    pub fn close_ledgers(&mut self) -> Vec<CoreEvent> {
+        let mut events = Vec::new();
+        for i in 0..self.ledgers.len() {
+            let Some(ledger) = self.ledgers.get_mut(i) else {
+                continue;
+            };
+            let device = ledger.device();
+            if ledger.health() != LedgerHealth::Closed {
+                events.push(CoreEvent::LedgerClosed { device });
+            }
+            let holder = ledger.close();
+            self.retarget(holder, device, &mut events);
+        }
+        events
+    }
+
+    /// Closes the service: new submissions are refused, every queued waiter
+    /// fails with [`GpuAdmitError::Closed`], every ledger closes. Pending
+    /// submissions fail when they try to [`resolve`](Self::resolve).
+    /// In-flight grants drain normally.
+    pub fn close(&mut self) -> Vec<CoreEvent> {
+        self.closed = true;
+        let mut events = self.close_ledgers();
+        for seq in std::mem::take(&mut self.queued).into_keys() {
+            // Closing every ledger dropped every protection: nothing is
+            // left to return.
+            self.outcomes
+                .insert(seq, Outcome::Failed(GpuAdmitError::Closed));
+            events.push(CoreEvent::Failed {
+                waiter: WaiterId::new(seq),
+                error: GpuAdmitError::Closed,
+            });
+        }
+        events
+    }
+
+    /// One scheduling pass: admits, oldest first, every queued waiter some
+    /// compatible ledger can take now, up to the oldest pending submission;
+    /// counts overtakes and protects overtaken waiters; fails waiters with
+    /// no healthy device left. `worker_depth` reports each device worker's
+    /// queued jobs, a ranking input.
+    pub fn schedule(&mut self, worker_depth: &dyn Fn(DeviceOrdinal) -> u64) -> Vec<CoreEvent> {
+        let mut events = Vec::new();
+        if self.closed {
+            return events;
+        }
+        let barrier = self.pending.keys().next().copied().unwrap_or(u64::MAX);
+        let order: Vec<u64> = self.queued.range(..barrier).map(|(seq, _)| *seq).collect();
+        // Older waiters found blocked in this pass, oldest first.
+        let mut blocked: Vec<u64> = Vec::new();
+        for seq in order {
+            let waiter = WaiterId::new(seq);
+            let Some(w) = self.queued.get(&seq) else {
+                continue;
+            };
+            let ranked = {
+                let candidates = w.candidates.iter().filter_map(|d| {
+                    let ledger = self.ledger(*d)?;
+                    Some((ledger, self.load(ledger, worker_depth)))
+                });
+                rank_devices(&w.request, candidates)
+            };
+            let Some(best) = ranked.first() else {
+                if self.may_wait(seq) {
+                    blocked.push(seq);
+                } else {
+                    self.fail_unhealthy(seq, &mut events);
+                }
+                continue;
+            };
+            let device = best.device;
+            let committed = self
+                .index(device)
+                .and_then(|i| self.ledgers.get_mut(i))
+                .map(|ledger| ledger.commit(&w.request));
+            let Some(Ok(grant)) = committed else {
+                // Admit was decided under this same borrow of the core, so a
+                // refused commit is an accounting bug; wait rather than lose
+                // the waiter.
+                blocked.push(seq);
+                continue;
+            };
+            let Some(w) = self.queued.remove(&seq) else {
+                continue;
+            };
+            if let Some(p) = w.protected_on.filter(|p| *p != device) {
+                if self.unprotect(waiter, p) {
+                    events.push(CoreEvent::ProtectionDropped { waiter, device: p });
+                }
+            }
+            events.push(CoreEvent::Admitted {
+                waiter,
+                device,
+                grant: grant.id(),
+                grant_bytes: grant.bytes(),
+            });
+            self.outcomes.insert(seq, Outcome::Granted(grant));
+            self.count_overtakes(&blocked, device, &mut events);
+        }
+        events
+    }
+
+    /// A view of the queue and devices at `now`.
+    pub fn snapshot(
+        &self,
+        now: Instant,
+        worker_depth: &dyn Fn(DeviceOrdinal) -> u64,
+    ) -> AdmissionSnapshot {
+        let pending = self.pending.iter().map(|(seq, at)| WaiterSnapshot {
+            waiter: WaiterId::new(*seq),
+            age: now.saturating_duration_since(*at),
+            pending: true,
+            overtakes: 0,
+            protected_on: None,
+            candidates: Vec::new(),
+            phase_floor: 0,
+        });
+        let queued = self.queued.iter().map(|(seq, w)| WaiterSnapshot {
+            waiter: WaiterId::new(*seq),
+            age: now.saturating_duration_since(w.submitted_at),
+            pending: false,
+            overtakes: w.overtakes,
+            protected_on: w.protected_on,
+            candidates: w.candidates.clone(),
+            phase_floor: w.request.phase_floor(),
+        });
+        let mut waiters: Vec<WaiterSnapshot> = pending.chain(queued).collect();
+        waiters.sort_by_key(|w| w.waiter);
+        AdmissionSnapshot {
+            queued: self.queued.len(),
+            pending_preflights: self.pending.len(),
+            granted_unobserved: self
+                .outcomes
+                .values()
+                .filter(|o| matches!(o, Outcome::Granted(_)))
+                .count(),
+            max_pending: self.bounds.max_pending(),
+            closed: self.closed,
+            waiters,
+            devices: self
+                .ledgers
+                .iter()
+                .map(|l| {
+                    let r = l.report();
+                    DeviceSummary {
+                        device: r.device,
+                        health: r.health,
+                        active_attempts: r.active_attempts,
+                        max_active_attempts: r.max_active_attempts,
+                        live_grants_bytes: r.live_grants_bytes,
+                        protected_bytes: r.protected_bytes,
+                        protected_for: r.protection.map(|p| p.waiter),
+                        worker_depth: worker_depth(r.device),
+                    }
+                })
+                .collect(),
+        }
+    }
+
+    fn index(&self, device: DeviceOrdinal) -> Option<usize> {
+        self.ledgers
+            .binary_search_by_key(&device, DeviceLedger::device)
+            .ok()
+    }
+
+    fn foreign(&self, grant: MemoryGrant) -> ForeignGrant {
+        ForeignGrant::new(grant, None)
+    }
+
+    fn load(
+        &self,
+        ledger: &DeviceLedger,
+        worker_depth: &dyn Fn(DeviceOrdinal) -> u64,
+    ) -> DeviceLoad {
+        let profile = ledger.profile();
+        let report = ledger.report();
+        let open_slots = report
+            .max_active_attempts
+            .saturating_sub(report.active_attempts);
+        DeviceLoad {
+            worker_depth: u32::try_from(worker_depth(profile.ordinal())).unwrap_or(u32::MAX),
+            available_streams: open_slots.saturating_mul(profile.streams_per_attempt()),
+        }
+    }
+
+    /// Whether some compatible ledger may still admit the waiter later.
+    fn may_wait(&self, seq: u64) -> bool {
+        let Some(w) = self.queued.get(&seq) else {
+            return false;
+        };
+        w.candidates.iter().any(|d| {
+            self.ledger(*d)
+                .is_some_and(|l| !matches!(l.decide(&w.request), Decision::Never { .. }))
+        })
+    }
+
+    fn fail_unhealthy(&mut self, seq: u64, events: &mut Vec<CoreEvent>) {
+        let Some(w) = self.queued.remove(&seq) else {
+            return;
+        };
+        let waiter = WaiterId::new(seq);
+        if let Some(p) = w.protected_on {
+            if self.unprotect(waiter, p) {
+                events.push(CoreEvent::ProtectionDropped { waiter, device: p });
+            }
+        }
+        let error = GpuAdmitError::NoHealthyDevice {
+            devices: w.candidates,
+        };
+        self.outcomes.insert(seq, Outcome::Failed(error.clone()));
+        events.push(CoreEvent::Failed { waiter, error });
+    }
+
+    /// Returns `waiter`'s protection on `device`; whether it held one.
+    fn unprotect(&mut self, waiter: WaiterId, device: DeviceOrdinal) -> bool {
+        self.index(device)
+            .and_then(|i| self.ledgers.get_mut(i))
+            .is_some_and(|l| l.unprotect(waiter).is_ok())
+    }
+
+    fn count_overtakes(
+        &mut self,
+        blocked: &[u64],
+        device: DeviceOrdinal,
+        events: &mut Vec<CoreEvent>,
+    ) {
+        let budget = self.bounds.overtake_budget();
+        for seq in blocked {
+            let Some(w) = self.queued.get_mut(seq) else {
+                continue;
+            };
+            if !w.candidates.contains(&device) {
+                continue;
+            }
+            w.overtakes = w.overtakes.saturating_add(1);
+            if w.overtakes > budget && w.protected_on.is_none() {
+                self.protect(*seq, events);
+            }
+        }
+    }
+
+    /// Protects a slot and bytes for waiter `seq` on its best compatible
+    /// healthy ledger without a protection (see the module docs).
+    fn protect(&mut self, seq: u64, events: &mut Vec<CoreEvent>) {
+        let Some(w) = self.queued.get(&seq) else {
+            return;
+        };
+        let waiter = WaiterId::new(seq);
+        let floor = w.request.phase_floor();
+        let overtakes = w.overtakes;
+        let mut options: Vec<(u32, std::cmp::Reverse<u64>, DeviceOrdinal)> = w
+            .candidates
+            .iter()
+            .filter_map(|d| self.ledger(*d))
+            .filter(|l| l.health() == LedgerHealth::Healthy && l.protection_holder().is_none())
+            .map(|l| {
+                let r = l.report();
+                let claimed = r
+                    .live_grants_bytes
+                    .saturating_add(r.cache_evictable_bytes)
+                    .saturating_add(r.cache_pinned_bytes);
+                (
+                    r.active_attempts,
+                    std::cmp::Reverse(r.managed_capacity.saturating_sub(claimed)),
+                    r.device,
+                )
+            })
+            .collect();
+        options.sort();
+        for (_, _, device) in options {
+            let Some(ledger) = self.index(device).and_then(|i| self.ledgers.get_mut(i)) else {
+                continue;
+            };
+            if let Ok(report) = ledger.protect(waiter, floor) {
+                if let Some(w) = self.queued.get_mut(&seq) {
+                    w.protected_on = Some(device);
+                }
+                events.push(CoreEvent::Protected {
+                    waiter,
+                    device,
+                    target_bytes: report.target_bytes,
+                    accumulated_bytes: report.accumulated_bytes,
+                    overtakes,
+                });
+                return;
+            }
+        }
+    }
+
+    /// After `device` dropped `holder`'s protection: forget it and protect
+    /// again elsewhere if the waiter is still over its budget.
+    fn retarget(
+        &mut self,
+        holder: Option<WaiterId>,
+        device: DeviceOrdinal,
+        events: &mut Vec<CoreEvent>,
+    ) {
+        let Some(waiter) = holder else {
+            return;
+        };
+        events.push(CoreEvent::ProtectionDropped { waiter, device });
+        let budget = self.bounds.overtake_budget();
+        let over = match self.queued.get_mut(&waiter.get()) {
+            Some(w) => {
+                w.protected_on = None;
+                w.overtakes > budget
+            }
+            None => false,
+        };
+        if over {
+            self.protect(waiter.get(), events);
+        }
+    }
+}

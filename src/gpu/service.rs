@@ -1,0 +1,1002 @@
+//! The query service: one per process, one bounded queue across every
+//! device, one ledger and one worker thread per device.
+//!
+//! # From proof to handle
+//!
+//! ```text
+//! ProofIssuer::lower ──▶ CapabilityProof ──service.ticket──▶ AdmissionTicket   (reserves nothing)
+//!        ticket.admit().await:
+//!          reserve a pending slot + FIFO sequence   (QueueFull / Closed at once)
+//!          resolve outside the lock: compatible devices, floor, preflights
+//!          queue ──scheduler──▶ ledger commit (slot + immutable grant)
+//!          build the AdmissionEnvelope outside the lock (five steps)
+//!        ──▶ QueryHandle ──release().await──▶ AttemptReport
+//! ```
+//!
+//! Planning may hold a ticket without ever admitting (an explain does
+//! exactly that): a ticket is a proof and a service reference, nothing
+//! more. A resource-only handle ([`QueryService::admit_resources`]) has
+//! bytes and a device but no proof, so it cannot authorize a native plan.
+//!
+//! # One lock, never across an await
+//!
+//! Every ledger and the queue live in one [`AdmissionCore`] behind one
+//! mutex. The lock is held for plain arithmetic only: no `.await`, no
+//! backend call and no observer call happens under it. Wakers of waiters
+//! resolved by a transaction are collected under the lock and woken after
+//! it is released, so woken futures never contend with the transaction
+//! that woke them, and queued work always sees the ledger state that
+//! already includes the release that woke it.
+//!
+//! # Cancel safety
+//!
+//! The admit future owns its progress through a guard whose `Drop` undoes
+//! exactly what is held at that point:
+//!
+//! * pending or queued: the waiter is withdrawn (a protection it holds is
+//!   returned) and the queue rescheduled;
+//! * granted but not yet observed: the parked grant goes back to its ledger
+//!   in the same transaction;
+//! * building the envelope: the envelope's build job rolls itself back on
+//!   the device worker; the guard queues the grant's release as the *next*
+//!   job on that worker, so the bytes return only after the physical
+//!   rollback finished.
+//!
+//! # Release without blocking in `Drop`
+//!
+//! A published handle registers a teardown callback on its envelope
+//! ([`AdmissionEnvelope::on_teardown`]). Whether the handle is released
+//! (the teardown is awaited) or dropped (the envelope queues its own
+//! teardown when the last execution context goes), the callback runs on the
+//! device worker right after the physical teardown: it seals the
+//! [`AttemptReport`], quarantines the device on a proven stream-sync fault
+//! (or closes every ledger when the fault's reach is unknown), and only then
+//! releases the grant and reschedules. `Drop` only queues work.
+//!
+//! # Faults
+//!
+//! A [`FaultIsolation::Device`] fault quarantines that ledger; an
+//! [`FaultIsolation::Unknown`] one (abandoned clean-up, a gone worker)
+//! closes every ledger. In-flight grants of a quarantined or closed ledger
+//! stay valid and drain normally; nothing new is issued there, a protection
+//! held there moves to another compatible healthy ledger, and a waiter
+//! left without any healthy compatible device fails with
+//! [`GpuAdmitError::NoHealthyDevice`].
+
+use std::collections::{BTreeMap, HashMap};
+use std::fmt;
+use std::future::{poll_fn, Future};
+use std::pin::{pin, Pin};
+use std::task::{Poll, Waker};
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::backend::{BackendError, DeviceOrdinal, FaultIsolation, SharedBackend};
+use super::envelope::{AdmissionEnvelope, AttemptBounds, BuildError, EnvelopeSpec, TeardownReport};
+use super::handle::{AttemptReport, QueryHandle};
+use super::ledger::{GrantRequest, LedgerReport, MemoryGrant, WaiterId};
+use super::observe::{Observation, ObservationKind};
+use super::outcome::GpuAdmitError;
+use super::placement::compatible_devices;
+use super::profile::{DeviceSet, QueueBounds};
+use super::proof::{CapabilityProof, ProofIssuer};
+use super::scheduler::{AdmissionCore, AdmissionSnapshot, CoreEvent, Withdrawn};
+use super::worker::DeviceWorker;
+use crate::sync::{Mutex, StdArc};
+
+/// The future a preflight hook returns: `Ok` when the device can run the
+/// request, `Err(message)` when the preflight is unresolved (the request is
+/// then rejected, never queued).
+pub type PreflightFuture = Pin<Box<dyn Future<Output = Result<(), String>> + Send + 'static>>;
+
+type PreflightHook = dyn Fn(&PreflightRequest) -> PreflightFuture + Send + Sync + 'static;
+type ObserverHook = dyn Fn(&Observation) + Send + Sync + 'static;
+
+/// What a preflight hook is asked about: one submission on one candidate
+/// device.
+#[derive(Clone, Debug)]
+#[non_exhaustive]
+pub struct PreflightRequest {
+    /// The submission's waiter id (its FIFO sequence number).
+    pub waiter: WaiterId,
+    /// The candidate device.
+    pub device: DeviceOrdinal,
+    /// The plan's proof; `None` for a resource-only request.
+    pub proof: Option<CapabilityProof>,
+}
+
+/// Why a [`QueryService`] could not be built.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ServiceError {
+    /// The backend could not list its devices.
+    Inventory(BackendError),
+    /// A profiled ordinal is not a device of the backend.
+    DeviceNotInstalled {
+        /// The profiled ordinal.
+        ordinal: DeviceOrdinal,
+        /// The ordinals the backend manages.
+        installed: Vec<DeviceOrdinal>,
+    },
+}
+
+impl fmt::Display for ServiceError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ServiceError::Inventory(error) => {
+                write!(f, "cannot list the backend's devices: {error}")
+            }
+            ServiceError::DeviceNotInstalled { ordinal, installed } => {
+                write!(
+                    f,
+                    "{ordinal} has a device profile but is not a device of the backend (it has "
+                )?;
+                for (i, device) in installed.iter().enumerate() {
+                    if i > 0 {
+                        f.write_str(", ")?;
+                    }
+                    write!(f, "{device}")?;
+                }
+                f.write_str(")")
+            }
+        }
+    }
+}
+
+impl std::error::Error for ServiceError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            ServiceError::Inventory(error) => Some(error),
+            ServiceError::DeviceNotInstalled { .. } => None,
+        }
+    }
+}
+
+/// Builds a [`QueryService`]; see [`QueryService::builder`].
+pub struct QueryServiceBuilder {
+    backend: SharedBackend,
+    devices: DeviceSet,
+    bounds: QueueBounds,
+    issuer: Option<ProofIssuer>,
+    preflight: Option<Box<PreflightHook>>,
+    observer: Option<Box<ObserverHook>>,
+}
+
+impl fmt::Debug for QueryServiceBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("QueryServiceBuilder")
+            .field("backend", &self.backend.name())
+            .field("devices", &self.devices.ordinals())
+            .field("bounds", &self.bounds)
+            .field("preflight", &self.preflight.is_some())
+            .field("observer", &self.observer.is_some())
+            .finish()
+    }
+}
+
+impl QueryServiceBuilder {
+    /// The engine-side proof issuer whose proofs the service accepts.
+    /// Default: a new issuer, reachable through [`QueryService::issuer`].
+    pub fn issuer(mut self, issuer: ProofIssuer) -> Self {
+        self.issuer = Some(issuer);
+        self
+    }
+
+    /// An async device preflight, run for every compatible candidate device
+    /// of every submission before it is queued (outside the service's
+    /// lock). A failing preflight rejects the submission; a pending one
+    /// holds back every younger submission.
+    pub fn preflight<F>(mut self, preflight: F) -> Self
+    where
+        F: Fn(&PreflightRequest) -> PreflightFuture + Send + Sync + 'static,
+    {
+        self.preflight = Some(Box::new(preflight));
+        self
+    }
+
+    /// An observer of the admission lifecycle; see [`super::observe`].
+    pub fn observer<F>(mut self, observer: F) -> Self
+    where
+        F: Fn(&Observation) + Send + Sync + 'static,
+    {
+        self.observer = Some(Box::new(observer));
+        self
+    }
+
+    /// Checks that every profiled ordinal is a device of the backend, then
+    /// creates one ledger and one worker thread per device.
+    pub fn build(self) -> Result<QueryService, ServiceError> {
+        let inventory = self.backend.inventory().map_err(ServiceError::Inventory)?;
+        let installed: Vec<DeviceOrdinal> = inventory.iter().map(|f| f.ordinal).collect();
+        for ordinal in self.devices.ordinals() {
+            if !installed.contains(&ordinal) {
+                return Err(ServiceError::DeviceNotInstalled { ordinal, installed });
+            }
+        }
+        let workers = self
+            .devices
+            .ordinals()
+            .into_iter()
+            .map(|d| (d, StdArc::new(DeviceWorker::spawn(d))))
+            .collect();
+        let core = AdmissionCore::new(&self.devices, self.bounds);
+        Ok(QueryService {
+            inner: StdArc::new(Inner {
+                backend: self.backend,
+                devices: self.devices,
+                issuer: self.issuer.unwrap_or_default(),
+                workers,
+                state: Mutex::new(State {
+                    core,
+                    wakers: HashMap::new(),
+                }),
+                preflight: self.preflight,
+                observer: self.observer,
+                epoch: Instant::now(),
+            }),
+        })
+    }
+}
+
+/// The process's GPU query service. Cheap to clone: clones share the queue,
+/// ledgers and workers. See the [module documentation](self).
+#[derive(Clone)]
+pub struct QueryService {
+    inner: StdArc<Inner>,
+}
+
+impl fmt::Debug for QueryService {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("QueryService")
+            .field("backend", &self.inner.backend.name())
+            .field("devices", &self.inner.devices.ordinals())
+            .finish()
+    }
+}
+
+impl QueryService {
+    /// A builder over `backend`, the installed `devices` and the queue's
+    /// `bounds`.
+    pub fn builder(
+        backend: SharedBackend,
+        devices: DeviceSet,
+        bounds: QueueBounds,
+    ) -> QueryServiceBuilder {
+        QueryServiceBuilder {
+            backend,
+            devices,
+            bounds,
+            issuer: None,
+            preflight: None,
+            observer: None,
+        }
+    }
+
+    /// A service with a new proof issuer, no preflight and no observer.
+    pub fn new(
+        backend: SharedBackend,
+        devices: DeviceSet,
+        bounds: QueueBounds,
+    ) -> Result<Self, ServiceError> {
+        Self::builder(backend, devices, bounds).build()
+    }
+
+    /// The proof issuer whose proofs this service accepts: the engine
+    /// lowers plans through it.
+    pub fn issuer(&self) -> &ProofIssuer {
+        &self.inner.issuer
+    }
+
+    /// The installed devices.
+    pub fn devices(&self) -> &DeviceSet {
+        &self.inner.devices
+    }
+
+    /// A lazy admission ticket for the plan `proof` proves. Reserves
+    /// nothing; dropping it unused costs nothing. Refuses a proof from
+    /// another issuer.
+    pub fn ticket(&self, proof: &CapabilityProof) -> Result<AdmissionTicket, GpuAdmitError> {
+        self.inner.issuer.verify(proof)?;
+        Ok(AdmissionTicket {
+            inner: self.inner.clone(),
+            proof: Some(proof.clone()),
+            request: GrantRequest::for_proof(proof),
+            deadline: None,
+        })
+    }
+
+    /// A lazy resource-only ticket: at least `min_bytes` (raised to the
+    /// attempt floor) on any healthy device. Its handle cannot authorize a
+    /// native plan.
+    pub fn resource_ticket(&self, min_bytes: u64) -> AdmissionTicket {
+        AdmissionTicket {
+            inner: self.inner.clone(),
+            proof: None,
+            request: GrantRequest::resource_only(min_bytes),
+            deadline: None,
+        }
+    }
+
+    /// Manual, resource-only admission: [`resource_ticket`](Self::resource_ticket)
+    /// admitted at once.
+    pub fn admit_resources(
+        &self,
+        min_bytes: u64,
+    ) -> impl Future<Output = Result<QueryHandle, GpuAdmitError>> + Send + 'static {
+        self.resource_ticket(min_bytes).admit()
+    }
+
+    /// The queue and devices now: depth, pending preflights, every waiter's
+    /// sequence, age, overtakes and protection, and a summary per device.
+    pub fn admission_snapshot(&self) -> AdmissionSnapshot {
+        let inner = &self.inner;
+        let now = Instant::now();
+        let depth = |d| inner.worker_depth(d);
+        inner.state.lock().core.snapshot(now, &depth)
+    }
+
+    /// Every ledger's report, in ordinal order: the authoritative view of
+    /// grants, protection, cache charges and device admission health.
+    pub fn device_ledger_reports(&self) -> Vec<LedgerReport> {
+        self.inner.state.lock().core.ledger_reports()
+    }
+
+    /// Quarantines `device` (an operator's or a health check's decision):
+    /// nothing new is issued there, in-flight grants drain, a protection
+    /// there is retargeted, waiters left without a healthy device fail.
+    pub fn quarantine(&self, device: DeviceOrdinal, code: u32) {
+        self.inner.transact(|core, _| core.quarantine(device, code));
+    }
+
+    /// Closes the service: new submissions and every queued waiter fail
+    /// with [`GpuAdmitError::Closed`], every ledger closes. In-flight
+    /// handles keep working and release normally.
+    pub fn close(&self) {
+        self.inner.transact(|core, _| core.close());
+    }
+
+    /// Waits until every job queued on the device workers so far has run:
+    /// teardowns of dropped handles, rollbacks of cancelled builds, and the
+    /// grant releases queued after them.
+    pub async fn settle(&self) {
+        let jobs: Vec<_> = self
+            .inner
+            .workers
+            .values()
+            .map(|w| w.submit(|| ()))
+            .collect();
+        for job in jobs {
+            // A gone worker has nothing left to run.
+            let _ = job.await;
+        }
+    }
+}
+
+/// A lazy admission ticket: a proof (or a resource-only minimum) and the
+/// service, nothing reserved. [`admit`](Self::admit) submits it.
+#[derive(Debug)]
+pub struct AdmissionTicket {
+    inner: StdArc<Inner>,
+    proof: Option<CapabilityProof>,
+    request: GrantRequest,
+    deadline: Option<Instant>,
+}
+
+impl AdmissionTicket {
+    /// A deadline of the request's own; the effective deadline is the
+    /// earlier of this and the queue's `max_wait` from submission.
+    pub fn with_deadline(mut self, deadline: Instant) -> Self {
+        self.deadline = Some(deadline);
+        self
+    }
+
+    /// A descriptive working-set estimate: the grant is this value clamped
+    /// between the required floor and what the device has room for. Never a
+    /// reason to admit.
+    pub fn with_working_set_hint(mut self, bytes: u64) -> Self {
+        self.request = self.request.with_working_set_hint(bytes);
+        self
+    }
+
+    /// The proof the ticket admits; `None` for a resource-only ticket.
+    pub fn proof(&self) -> Option<&CapabilityProof> {
+        self.proof.as_ref()
+    }
+
+    /// Submits the ticket and resolves to a published [`QueryHandle`] once
+    /// a device is granted and its envelope validated. Cancel-safe:
+    /// dropping the future at any point loses no slot, byte or resource.
+    pub fn admit(
+        self,
+    ) -> impl Future<Output = Result<QueryHandle, GpuAdmitError>> + Send + 'static {
+        admit(self)
+    }
+}
+
+struct State {
+    core: AdmissionCore,
+    wakers: HashMap<u64, Waker>,
+}
+
+pub(crate) struct Inner {
+    backend: SharedBackend,
+    devices: DeviceSet,
+    issuer: ProofIssuer,
+    workers: BTreeMap<DeviceOrdinal, StdArc<DeviceWorker>>,
+    state: Mutex<State>,
+    preflight: Option<Box<PreflightHook>>,
+    observer: Option<Box<ObserverHook>>,
+    epoch: Instant,
+}
+
+impl fmt::Debug for Inner {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("QueryServiceInner")
+            .field("backend", &self.backend.name())
+            .finish()
+    }
+}
+
+/// Collects observation records under the lock, stamped with the queue
+/// depth of the transaction that produced them.
+pub(crate) struct Recorder {
+    epoch: Instant,
+    records: Vec<Observation>,
+}
+
+impl Recorder {
+    pub(crate) fn push(&mut self, kind: ObservationKind) -> &mut Observation {
+        let elapsed = Instant::now().saturating_duration_since(self.epoch);
+        self.records.push(Observation::new(kind, elapsed));
+        let last = self.records.len().saturating_sub(1);
+        &mut self.records[last]
+    }
+}
+
+impl Inner {
+    fn worker_depth(&self, device: DeviceOrdinal) -> u64 {
+        self.workers.get(&device).map_or(0, |w| w.depth())
+    }
+
+    /// One transaction: `f` over the core, then a scheduling pass; wakers
+    /// of resolved waiters are woken and observations delivered after the
+    /// lock is released.
+    pub(crate) fn transact<R>(&self, f: impl FnOnce(&mut AdmissionCore, &mut Recorder) -> R) -> R
+    where
+        R: EventSource,
+    {
+        let mut recorder = Recorder {
+            epoch: self.epoch,
+            records: Vec::new(),
+        };
+        let mut wake = Vec::new();
+        let result = {
+            let mut state = self.state.lock();
+            let state = &mut *state;
+            let result = f(&mut state.core, &mut recorder);
+            let depth = |d| self.worker_depth(d);
+            let mut events = result.events().to_vec();
+            events.extend(state.core.schedule(&depth));
+            for event in &events {
+                record_event(&mut recorder, event);
+                if let Some(waiter) = event.resolves() {
+                    if let Some(waker) = state.wakers.remove(&waiter.get()) {
+                        wake.push(waker);
+                    }
+                }
+            }
+            let (depth, pending) = (state.core.depth(), state.core.pending_preflights());
+            for record in &mut recorder.records {
+                record.queue_depth = depth;
+                record.pending_preflights = pending;
+            }
+            result
+        };
+        for waker in wake {
+            waker.wake();
+        }
+        self.deliver(recorder.records);
+        result
+    }
+
+    fn deliver(&self, records: Vec<Observation>) {
+        if let Some(observer) = &self.observer {
+            for record in &records {
+                observer(record);
+            }
+        }
+    }
+
+    fn observe_rejection(&self, waiter: Option<WaiterId>, error: &GpuAdmitError) {
+        let elapsed = Instant::now().saturating_duration_since(self.epoch);
+        let mut record = Observation::new(ObservationKind::Rejected, elapsed);
+        record.waiter = waiter.map(WaiterId::get);
+        set_error(&mut record, error);
+        {
+            let state = self.state.lock();
+            record.queue_depth = state.core.depth();
+            record.pending_preflights = state.core.pending_preflights();
+        }
+        self.deliver(vec![record]);
+    }
+
+    /// Applies a fault's isolation: quarantine the device, or close every
+    /// ledger when its reach is unknown.
+    fn isolate(core: &mut AdmissionCore, isolation: FaultIsolation, code: u32) -> Vec<CoreEvent> {
+        match isolation {
+            FaultIsolation::Device(device) => core.quarantine(device, code),
+            FaultIsolation::Unknown => core.close_ledgers(),
+        }
+    }
+
+    /// The end of an attempt, on the device worker right after its
+    /// teardown: seal the report, isolate a fault, then release the grant.
+    pub(crate) fn finish_attempt(
+        &self,
+        grant: MemoryGrant,
+        waiter: WaiterId,
+        proof: Option<&CapabilityProof>,
+        waited: Duration,
+        teardown: &TeardownReport,
+    ) -> AttemptReport {
+        let mut report = AttemptReport::seal(&grant, waiter, proof, waited, teardown.clone());
+        let released = self.transact(|core, recorder| {
+            let mut events = Vec::new();
+            if let Some(isolation) = teardown.fault_isolation() {
+                events.extend(Self::isolate(core, isolation, fault_code(teardown)));
+            }
+            let released = core.release(grant);
+            let record = recorder.push(ObservationKind::Released);
+            record.waiter = Some(waiter.get());
+            record.device = Some(teardown.device.0);
+            record.grant_bytes = Some(teardown.grant_bytes);
+            record.detail = Some(format!("{:?}", teardown.disposition));
+            if let Err(foreign) = &released {
+                tracing::error!(target: "admission", %foreign, "cannot release a GPU grant");
+            }
+            Evented(released.is_ok(), events)
+        });
+        report.ledger_released = released.0;
+        report
+    }
+
+    /// Releases a grant whose envelope was never published: rolled back
+    /// already (`fault` from the build), or about to be (a cancelled build).
+    fn release_unpublished(
+        &self,
+        grant: MemoryGrant,
+        waiter: WaiterId,
+        isolation: Option<(FaultIsolation, u32)>,
+        error: Option<&GpuAdmitError>,
+    ) {
+        self.transact(|core, recorder| {
+            let mut events = Vec::new();
+            if let Some((isolation, code)) = isolation {
+                events.extend(Self::isolate(core, isolation, code));
+            }
+            let device = grant.device();
+            let bytes = grant.bytes();
+            if let Err(foreign) = core.release(grant) {
+                tracing::error!(target: "admission", %foreign, "cannot release a GPU grant");
+            }
+            let kind = if error.is_some() {
+                ObservationKind::EnvelopeFailed
+            } else {
+                ObservationKind::Removed
+            };
+            let record = recorder.push(kind);
+            record.waiter = Some(waiter.get());
+            record.device = Some(device.0);
+            record.grant_bytes = Some(bytes);
+            match error {
+                Some(error) => set_error(record, error),
+                None => set_error(record, &GpuAdmitError::Cancelled),
+            }
+            Evented((), events)
+        });
+    }
+}
+
+/// The result of a transaction's closure, and the core events it caused
+/// before the scheduling pass.
+pub(crate) trait EventSource {
+    fn events(&self) -> &[CoreEvent];
+}
+
+impl EventSource for Vec<CoreEvent> {
+    fn events(&self) -> &[CoreEvent] {
+        self
+    }
+}
+
+/// A value with the core events that came with it.
+pub(crate) struct Evented<T>(pub(crate) T, pub(crate) Vec<CoreEvent>);
+
+impl<T> EventSource for Evented<T> {
+    fn events(&self) -> &[CoreEvent] {
+        &self.1
+    }
+}
+
+fn fault_code(report: &TeardownReport) -> u32 {
+    match report.health {
+        super::envelope::DeviceHealth::Faulted { code, .. } => code,
+        _ => 0,
+    }
+}
+
+fn set_error(record: &mut Observation, error: &GpuAdmitError) {
+    record.reason = Some(error.reason());
+    record.outcome = Some(error.outcome().name());
+    record.detail = Some(error.to_string());
+}
+
+fn record_event(recorder: &mut Recorder, event: &CoreEvent) {
+    match event {
+        CoreEvent::Admitted {
+            waiter,
+            device,
+            grant_bytes,
+            ..
+        } => {
+            let r = recorder.push(ObservationKind::Admitted);
+            r.waiter = Some(waiter.get());
+            r.device = Some(device.0);
+            r.grant_bytes = Some(*grant_bytes);
+        }
+        CoreEvent::Failed { waiter, error } => {
+            let r = recorder.push(ObservationKind::Removed);
+            r.waiter = Some(waiter.get());
+            set_error(r, error);
+        }
+        CoreEvent::Protected {
+            waiter,
+            device,
+            target_bytes,
+            overtakes,
+            ..
+        } => {
+            let r = recorder.push(ObservationKind::Protected);
+            r.waiter = Some(waiter.get());
+            r.device = Some(device.0);
+            r.grant_bytes = Some(*target_bytes);
+            r.overtakes = Some(*overtakes);
+        }
+        CoreEvent::ProtectionDropped { waiter, device } => {
+            let r = recorder.push(ObservationKind::ProtectionDropped);
+            r.waiter = Some(waiter.get());
+            r.device = Some(device.0);
+        }
+        CoreEvent::Quarantined { device, code } => {
+            let r = recorder.push(ObservationKind::Quarantined);
+            r.device = Some(device.0);
+            r.code = Some(*code);
+        }
+        CoreEvent::LedgerClosed { device } => {
+            let r = recorder.push(ObservationKind::LedgerClosed);
+            r.device = Some(device.0);
+        }
+    }
+}
+
+/// What the admit future holds, and what its guard undoes on drop.
+enum Stage {
+    /// Pending, queued, or granted but not yet taken: withdraw it.
+    Waiting,
+    /// Grant taken, envelope building: release the grant after the build's
+    /// rollback, on the device worker.
+    Building(MemoryGrant),
+    /// Nothing left to undo.
+    Done,
+}
+
+struct AdmitGuard {
+    inner: StdArc<Inner>,
+    waiter: WaiterId,
+    stage: Stage,
+}
+
+impl AdmitGuard {
+    /// Ends the submission with `error`: withdraws whatever the core holds.
+    fn fail(&mut self, error: GpuAdmitError, rejected: bool) -> GpuAdmitError {
+        let waiter = self.waiter;
+        self.stage = Stage::Done;
+        let withdrawn = self.inner.transact(|core, recorder| {
+            let withdrawn = core.cancel(waiter);
+            if !rejected && withdrawn.is_some() {
+                let r = recorder.push(ObservationKind::Removed);
+                r.waiter = Some(waiter.get());
+                set_error(r, &error);
+            }
+            Evented(withdrawn, Vec::new())
+        });
+        if rejected {
+            self.inner.observe_rejection(Some(waiter), &error);
+        }
+        drop(withdrawn);
+        error
+    }
+}
+
+impl Drop for AdmitGuard {
+    fn drop(&mut self) {
+        match std::mem::replace(&mut self.stage, Stage::Done) {
+            Stage::Done => {}
+            Stage::Waiting => {
+                let waiter = self.waiter;
+                self.inner.transact(|core, recorder| {
+                    if let Some(withdrawn) = core.cancel(waiter) {
+                        if !matches!(withdrawn, Withdrawn::Failed) {
+                            let r = recorder.push(ObservationKind::Removed);
+                            r.waiter = Some(waiter.get());
+                            set_error(r, &GpuAdmitError::Cancelled);
+                        }
+                    }
+                    Evented((), Vec::new())
+                });
+                self.inner.state.lock().wakers.remove(&waiter.get());
+            }
+            Stage::Building(grant) => {
+                // The build job is queued on this worker ahead of us and rolls
+                // itself back once it sees the cancellation; the worker's FIFO
+                // order puts this release after that rollback.
+                let device = grant.device();
+                let waiter = self.waiter;
+                let slot = StdArc::new(Mutex::new(Some(grant)));
+                let job_slot = slot.clone();
+                let inner = self.inner.clone();
+                let queued = self.inner.workers.get(&device).map(|worker| {
+                    worker.submit_detached(move || {
+                        let grant = job_slot.lock().take();
+                        if let Some(grant) = grant {
+                            inner.release_unpublished(grant, waiter, None, None);
+                        }
+                    })
+                });
+                if !matches!(queued, Some(Ok(()))) {
+                    // No worker to order the release after the rollback: the
+                    // device's state is unknown, so nothing may reuse it.
+                    let grant = slot.lock().take();
+                    if let Some(grant) = grant {
+                        self.inner.release_unpublished(
+                            grant,
+                            waiter,
+                            Some((FaultIsolation::Unknown, 0)),
+                            None,
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
+async fn admit(ticket: AdmissionTicket) -> Result<QueryHandle, GpuAdmitError> {
+    let AdmissionTicket {
+        inner,
+        proof,
+        request,
+        deadline,
+    } = ticket;
+    let now = Instant::now();
+    let max_wait = inner.state.lock().core.bounds().max_wait();
+    let queue_deadline = now.checked_add(max_wait);
+    let deadline = match (deadline, queue_deadline) {
+        (Some(own), Some(queue)) => Some(own.min(queue)),
+        (own, queue) => own.or(queue),
+    };
+    if deadline.is_some_and(|d| d <= now) {
+        let error = GpuAdmitError::DeadlinePassed;
+        inner.observe_rejection(None, &error);
+        return Err(error);
+    }
+
+    // 1. A pending slot and a FIFO sequence, before anything else.
+    let reserved = inner.transact(|core, recorder| {
+        let reserved = core.reserve(now);
+        if let Ok(waiter) = &reserved {
+            let r = recorder.push(ObservationKind::Submitted);
+            r.waiter = Some(waiter.get());
+        }
+        Evented(reserved, Vec::new())
+    });
+    let waiter = match reserved.0 {
+        Ok(waiter) => waiter,
+        Err(error) => {
+            inner.observe_rejection(None, &error);
+            return Err(error);
+        }
+    };
+    let mut guard = AdmitGuard {
+        inner: inner.clone(),
+        waiter,
+        stage: Stage::Waiting,
+    };
+
+    // 2. Resolution outside the lock: capabilities, the floor, preflights.
+    let candidates = match compatible_devices(&request, inner.devices.profiles()) {
+        Ok(candidates) => candidates,
+        Err(error) => return Err(guard.fail(error, true)),
+    };
+    if let Some(preflight) = &inner.preflight {
+        for device in &candidates {
+            let check = preflight(&PreflightRequest {
+                waiter,
+                device: *device,
+                proof: proof.clone(),
+            });
+            let outcome = match deadline {
+                Some(d) => tokio::time::timeout_at(d, check).await.ok(),
+                None => Some(check.await),
+            };
+            match outcome {
+                Some(Ok(())) => {}
+                Some(Err(message)) => {
+                    let error = GpuAdmitError::PreflightFailed {
+                        device: Some(*device),
+                        message,
+                    };
+                    return Err(guard.fail(error, true));
+                }
+                None => {
+                    let error = GpuAdmitError::DeadlineExceeded {
+                        waited: Instant::now().saturating_duration_since(now),
+                    };
+                    return Err(guard.fail(error, false));
+                }
+            }
+        }
+    }
+
+    // 3. Into the queue; the scheduling pass may admit it at once.
+    let resolved = inner.transact(|core, recorder| {
+        let resolved = core.resolve(waiter, request, candidates);
+        if resolved.is_ok() {
+            let r = recorder.push(ObservationKind::Queued);
+            r.waiter = Some(waiter.get());
+        }
+        Evented(resolved, Vec::new())
+    });
+    if let Err(error) = resolved.0 {
+        return Err(guard.fail(error, true));
+    }
+
+    // 4. Wait for the scheduler's outcome or the deadline.
+    let grant = match wait(&inner, waiter, deadline, now).await {
+        Ok(grant) => grant,
+        Err(error) => {
+            guard.stage = Stage::Done;
+            return Err(error);
+        }
+    };
+    let waited = Instant::now().saturating_duration_since(now);
+
+    // 5. The envelope, outside the lock.
+    let device = grant.device();
+    let grant_bytes = grant.bytes();
+    guard.stage = Stage::Building(grant);
+    let (Some(profile), Some(worker)) = (inner.devices.profile(device), inner.workers.get(&device))
+    else {
+        // The core only grants on installed devices; refuse rather than
+        // build on an unknown one.
+        let error = GpuAdmitError::EnvelopeInvalid {
+            message: format!("{device} has no profile or worker"),
+        };
+        if let Stage::Building(grant) = std::mem::replace(&mut guard.stage, Stage::Done) {
+            inner.release_unpublished(grant, waiter, None, Some(&error));
+        }
+        return Err(error);
+    };
+    let spec = EnvelopeSpec {
+        device,
+        grant_bytes,
+        bounds: AttemptBounds {
+            max_streams: profile.streams_per_attempt(),
+            max_workers: profile.workers_per_attempt(),
+            max_lanes: profile.lanes_per_attempt(),
+            source_work_allowance: profile.source_work_allowance(),
+        },
+        report_sink: None,
+    };
+    let built = AdmissionEnvelope::build(inner.backend.clone(), worker.clone(), spec).await;
+    let Stage::Building(grant) = std::mem::replace(&mut guard.stage, Stage::Done) else {
+        // Set just above and only taken here.
+        return Err(GpuAdmitError::Cancelled);
+    };
+    match built {
+        Ok(envelope) => Ok(QueryHandle::publish(
+            inner.clone(),
+            envelope,
+            grant,
+            waiter,
+            proof,
+            waited,
+        )),
+        Err(build_error) => {
+            let (error, isolation) = build_failure(device, &build_error);
+            inner.release_unpublished(grant, waiter, isolation, Some(&error));
+            Err(error)
+        }
+    }
+}
+
+/// The admission error of a failed build, and the fault to isolate.
+fn build_failure(
+    device: DeviceOrdinal,
+    error: &BuildError,
+) -> (GpuAdmitError, Option<(FaultIsolation, u32)>) {
+    let code = match error {
+        BuildError::Step {
+            error, rollback, ..
+        } => std::iter::once(error)
+            .chain(rollback.errors())
+            .find_map(|e| match e {
+                BackendError::Fault { code, .. } => Some(*code),
+                _ => None,
+            })
+            .unwrap_or(0),
+        _ => 0,
+    };
+    let isolation = error.fault().map(|i| (i, code));
+    let admit_error = match error {
+        BuildError::Step { step, error, .. } => GpuAdmitError::EnvelopeStepFailed {
+            step: step.op(),
+            error: error.clone(),
+        },
+        BuildError::WorkerGone(_) => GpuAdmitError::WorkerGone { device },
+        BuildError::InvalidBounds { .. } | BuildError::WrongWorker { .. } => {
+            GpuAdmitError::EnvelopeInvalid {
+                message: error.to_string(),
+            }
+        }
+    };
+    (admit_error, isolation)
+}
+
+/// Waits for the waiter's outcome; at the deadline, withdraws it unless the
+/// outcome arrived first (checked in the same transaction).
+async fn wait(
+    inner: &StdArc<Inner>,
+    waiter: WaiterId,
+    deadline: Option<Instant>,
+    submitted: Instant,
+) -> Result<MemoryGrant, GpuAdmitError> {
+    let mut sleep = pin!(deadline.map(tokio::time::sleep_until));
+    poll_fn(|cx| {
+        {
+            let mut state = inner.state.lock();
+            if let Some(outcome) = state.core.take_outcome(waiter) {
+                state.wakers.remove(&waiter.get());
+                return Poll::Ready(outcome);
+            }
+            state.wakers.insert(waiter.get(), cx.waker().clone());
+        }
+        let expired = match sleep.as_mut().as_pin_mut() {
+            Some(sleep) => sleep.poll(cx).is_ready(),
+            None => false,
+        };
+        if !expired {
+            return Poll::Pending;
+        }
+        let error = GpuAdmitError::DeadlineExceeded {
+            waited: Instant::now().saturating_duration_since(submitted),
+        };
+        let outcome = inner.transact(|core, recorder| {
+            let outcome = match core.take_outcome(waiter) {
+                Some(outcome) => outcome,
+                None => {
+                    core.cancel(waiter);
+                    let r = recorder.push(ObservationKind::Removed);
+                    r.waiter = Some(waiter.get());
+                    set_error(r, &error);
+                    Err(error.clone())
+                }
+            };
+            Evented(outcome, Vec::new())
+        });
+        inner.state.lock().wakers.remove(&waiter.get());
+        Poll::Ready(outcome.0)
+    })
+    .await
+}

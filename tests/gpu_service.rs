@@ -1,0 +1,447 @@
+//! The query service end to end on simulated devices: tickets and proofs,
+//! the envelope transaction (failure at every step, cancellation at every
+//! stage), release and drop, quarantine, close and observations.
+
+mod gpu_rig;
+
+use std::sync::Arc;
+
+use admission::gpu::backend::sim::{SimBackend, SimDevice};
+use admission::gpu::backend::{BackendError, BackendOp, FaultIsolation};
+use admission::gpu::envelope::{BuildStep, DeviceHealth, Disposition};
+use admission::gpu::{
+    DeviceSet, GpuAdmitError, LedgerHealth, MemoryOwnership, ObservationKind, ProofIssuer,
+    QueryAdmissionOutcome, QueryService, ServiceError,
+};
+use futures::poll;
+use gpu_rig::*;
+
+fn one_device(slots: u32) -> Rig {
+    Rig::new(vec![profile(0, 16, slots, &["hash_join"])], bounds(16, 4))
+}
+
+#[test]
+fn construction_needs_every_profiled_ordinal_in_the_inventory() {
+    let sim = Arc::new(SimBackend::new([SimDevice::new(0, 16 * GIB)]));
+    let profiles = vec![profile(0, 16, 2, &[]), profile(2, 16, 2, &[])];
+    let ownerships = vec![
+        MemoryOwnership::exclusive(dev(0)),
+        MemoryOwnership::exclusive(dev(2)),
+    ];
+    let devices = DeviceSet::new(profiles, ownerships).unwrap();
+    let error = QueryService::new(sim, devices, bounds(4, 1)).unwrap_err();
+    assert_eq!(
+        error,
+        ServiceError::DeviceNotInstalled {
+            ordinal: dev(2),
+            installed: vec![dev(0)],
+        }
+    );
+}
+
+#[tokio::test]
+async fn a_lazy_ticket_reserves_nothing_and_a_foreign_proof_is_refused() {
+    let rig = one_device(2);
+    rig.sim.clear_log(); // construction listed the inventory
+    let before = rig.reports();
+    let proof = rig.proof(1, GIB, &["hash_join"]);
+    let ticket = rig.service.ticket(&proof).unwrap();
+    assert_eq!(ticket.proof(), Some(&proof));
+    // Planning only (an explain): the ticket is dropped unused.
+    drop(ticket);
+    let snapshot = rig.service.admission_snapshot();
+    assert_eq!(snapshot.queued + snapshot.pending_preflights, 0);
+    assert_eq!(rig.reports(), before);
+    assert!(rig.sim.ops().is_empty(), "no backend call");
+    assert!(rig.observed.lock().unwrap().is_empty(), "nothing submitted");
+
+    let foreign = ProofIssuer::new()
+        .lower(&admission::gpu::PlanDescription::new(
+            admission::gpu::PlanFingerprint(1),
+        ))
+        .unwrap();
+    let error = rig.service.ticket(&foreign).unwrap_err();
+    assert!(matches!(error, GpuAdmitError::ForeignProof { .. }));
+    assert_eq!(error.outcome(), QueryAdmissionOutcome::Capability);
+}
+
+#[tokio::test]
+async fn a_proof_ticket_admits_one_device_one_grant_and_release_returns_everything() {
+    let rig = one_device(2);
+    let proof = rig.proof(7, 3 * GIB, &["hash_join"]);
+    let handle = rig
+        .service
+        .ticket(&proof)
+        .unwrap()
+        .with_working_set_hint(5 * GIB)
+        .admit()
+        .await
+        .unwrap();
+    assert_eq!(handle.device(), dev(0));
+    assert_eq!(handle.grant_bytes(), 5 * GIB);
+    assert_eq!(handle.required_floor(), 3 * GIB);
+    assert_eq!(handle.envelope().grant_bytes(), 5 * GIB);
+    handle.authorize(&proof).unwrap();
+    let r = rig.report(0);
+    assert_eq!((r.live_grant_count, r.live_grants_bytes), (1, 5 * GIB));
+
+    // The envelope's bounds come from the profile: two streams (root + one
+    // context) and two source reads.
+    let ctx = handle.execution_context().unwrap();
+    assert!(handle.execution_context().is_err());
+    let ptr = ctx.alloc(GIB).unwrap();
+    ctx.free(ptr).unwrap();
+    let permits = (
+        handle.try_source_permit().unwrap(),
+        handle.try_source_permit().unwrap(),
+    );
+    assert!(handle.try_source_permit().is_err());
+    drop(permits);
+    drop(ctx);
+
+    let report = handle.release().await;
+    assert!(report.ledger_released);
+    assert_eq!(report.disposition, Disposition::Clean);
+    assert_eq!(report.health, DeviceHealth::Healthy);
+    assert_eq!(report.plan, Some(proof.fingerprint()));
+    assert_eq!(report.grant_bytes, 5 * GIB);
+    rig.assert_idle();
+    assert_eq!(
+        rig.kinds_of(report.waiter.get()),
+        vec![
+            ObservationKind::Submitted,
+            ObservationKind::Queued,
+            ObservationKind::Admitted,
+            ObservationKind::Released,
+        ]
+    );
+}
+
+#[tokio::test]
+async fn a_resource_only_handle_cannot_authorize_a_plan_and_a_handle_authorizes_only_its_own() {
+    let rig = one_device(3);
+    let proof = rig.proof(1, GIB, &[]);
+    let manual = rig.service.admit_resources(GIB).await.unwrap();
+    assert!(manual.is_resource_only());
+    let error = manual.authorize(&proof).unwrap_err();
+    assert_eq!(error, GpuAdmitError::ResourceOnlyHandle);
+    assert_eq!(error.outcome(), QueryAdmissionOutcome::Capability);
+
+    let handle = rig.service.ticket(&proof).unwrap().admit().await.unwrap();
+    handle.authorize(&proof).unwrap();
+    let other = rig.proof(2, GIB, &[]);
+    assert!(matches!(
+        handle.authorize(&other),
+        Err(GpuAdmitError::ProofMismatch { .. })
+    ));
+    let foreign = ProofIssuer::new()
+        .lower(&admission::gpu::PlanDescription::new(proof.fingerprint()))
+        .unwrap();
+    assert!(matches!(
+        handle.authorize(&foreign),
+        Err(GpuAdmitError::ForeignProof { .. })
+    ));
+    manual.release().await;
+    handle.release().await;
+    rig.assert_idle();
+}
+
+#[tokio::test]
+async fn a_composed_proof_is_one_ticket_one_device_one_grant() {
+    let rig = one_device(3);
+    let issuer = rig.service.issuer();
+    let producer = rig.proof(1, 2 * GIB, &[]);
+    let consumer = rig.proof(2, 3 * GIB, &["hash_join"]);
+    let composed = issuer.compose(std::slice::from_ref(&producer), &consumer).unwrap();
+    let handle = rig
+        .service
+        .ticket(&composed)
+        .unwrap()
+        .admit()
+        .await
+        .unwrap();
+    handle.authorize(&composed).unwrap();
+    assert!(handle.authorize(&consumer).is_err());
+    assert_eq!(handle.required_floor(), 3 * GIB);
+    assert_eq!(rig.report(0).live_grant_count, 1);
+    handle.release().await;
+    rig.assert_idle();
+}
+
+#[tokio::test]
+async fn impossible_requests_are_rejected_at_once_and_never_queued() {
+    let rig = one_device(2);
+    let needs_gpu_sort = rig.proof(1, GIB, &["gpu_sort"]);
+    let error = rig
+        .service
+        .ticket(&needs_gpu_sort)
+        .unwrap()
+        .admit()
+        .await
+        .unwrap_err();
+    assert!(matches!(error, GpuAdmitError::NoCapableDevice { .. }));
+    assert_eq!(error.outcome(), QueryAdmissionOutcome::Capability);
+
+    // 16 GiB, two slots, 2 GiB floor: at most 14 GiB for one attempt.
+    let error = rig.service.admit_resources(15 * GIB).await.unwrap_err();
+    assert!(matches!(error, GpuAdmitError::FloorNeverFits { .. }));
+    assert_eq!(error.outcome(), QueryAdmissionOutcome::Configuration);
+
+    let observed = rig.observed.lock().unwrap().clone();
+    assert!(observed.iter().all(|o| o.kind != ObservationKind::Queued));
+    assert_eq!(
+        observed
+            .iter()
+            .filter(|o| o.kind == ObservationKind::Rejected)
+            .count(),
+        2
+    );
+    drop(observed);
+    rig.assert_idle();
+}
+
+fn driver_error(op: BackendOp) -> BackendError {
+    BackendError::Driver {
+        op,
+        code: 1,
+        message: "invalid value".into(),
+    }
+}
+
+#[tokio::test]
+async fn an_envelope_failure_at_each_step_releases_the_grant_and_publishes_nothing() {
+    for step in BuildStep::ALL {
+        let rig = one_device(2);
+        let held = rig.service.admit_resources(GIB).await.unwrap();
+        let before = rig.reports();
+        rig.sim.fail_nth(step.op(), 1, driver_error(step.op()));
+        let error = rig.service.admit_resources(GIB).await.unwrap_err();
+        assert_eq!(
+            error,
+            GpuAdmitError::EnvelopeStepFailed {
+                step: step.op(),
+                error: driver_error(step.op()),
+            },
+            "{step:?}"
+        );
+        assert_eq!(error.outcome(), QueryAdmissionOutcome::DeviceFault);
+        assert_eq!(
+            rig.reports(),
+            before,
+            "ledger back to its prior state at {step:?}"
+        );
+        let kinds = rig.kinds_of(2);
+        assert!(
+            kinds.contains(&ObservationKind::EnvelopeFailed),
+            "{kinds:?}"
+        );
+        assert!(!kinds.contains(&ObservationKind::Published));
+        held.release().await;
+        rig.assert_idle();
+    }
+}
+
+#[tokio::test]
+async fn a_device_fault_while_building_quarantines_the_device() {
+    let rig = Rig::new(
+        vec![profile(0, 16, 2, &[]), profile(1, 16, 2, &[])],
+        bounds(8, 4),
+    );
+    rig.sim.fail_nth(
+        BackendOp::OpenDomain,
+        1,
+        BackendError::Fault {
+            op: BackendOp::OpenDomain,
+            code: 700,
+            isolation: FaultIsolation::Device(dev(0)),
+        },
+    );
+    let error = rig.service.admit_resources(GIB).await.unwrap_err();
+    assert_eq!(error.outcome(), QueryAdmissionOutcome::DeviceFault);
+    assert_eq!(
+        rig.report(0).health,
+        LedgerHealth::Quarantined { code: 700 }
+    );
+    // The next request goes to the healthy device.
+    let handle = rig.service.admit_resources(GIB).await.unwrap();
+    assert_eq!(handle.device(), dev(1));
+    handle.release().await;
+    for r in rig.reports() {
+        assert_eq!((r.live_grant_count, r.active_attempts), (0, 0));
+    }
+}
+
+#[tokio::test]
+async fn cancelling_while_queued_returns_everything() {
+    let rig = one_device(1);
+    let held = rig.service.admit_resources(GIB).await.unwrap();
+    let before = rig.reports();
+    let mut queued = Box::pin(rig.service.admit_resources(GIB));
+    assert!(poll!(&mut queued).is_pending());
+    assert_eq!(rig.service.admission_snapshot().queued, 1);
+    drop(queued);
+    let snapshot = rig.service.admission_snapshot();
+    assert_eq!((snapshot.queued, snapshot.pending_preflights), (0, 0));
+    assert_eq!(rig.reports(), before);
+    held.release().await;
+    rig.assert_idle();
+}
+
+#[tokio::test]
+async fn cancelling_after_the_grant_before_it_is_observed_releases_it() {
+    let rig = one_device(1);
+    let held = rig.service.admit_resources(GIB).await.unwrap();
+    let mut waiting = Box::pin(rig.service.admit_resources(GIB));
+    assert!(poll!(&mut waiting).is_pending());
+    held.release().await;
+    // The release granted the waiter, whose future has not run since.
+    let snapshot = rig.service.admission_snapshot();
+    assert_eq!(snapshot.granted_unobserved, 1);
+    assert_eq!(rig.report(0).live_grant_count, 1);
+    drop(waiting);
+    assert_eq!(rig.service.admission_snapshot().granted_unobserved, 0);
+    rig.assert_idle();
+}
+
+#[tokio::test]
+async fn cancelling_during_the_envelope_build_rolls_back_then_releases() {
+    let rig = one_device(2);
+    let before = rig.reports();
+    let gate = rig.sim.gate(BackendOp::OpenDomain);
+    let mut building = Box::pin(rig.service.admit_resources(GIB));
+    assert!(poll!(&mut building).is_pending());
+    assert!(gate.reached(), "the build is at step 3");
+    assert_eq!(rig.report(0).live_grant_count, 1);
+    drop(building);
+    gate.open();
+    rig.service.settle().await;
+    assert_eq!(rig.reports(), before);
+    rig.assert_idle();
+}
+
+#[tokio::test]
+async fn a_dropped_handle_releases_its_grant_after_its_teardown() {
+    let rig = one_device(2);
+    let handle = rig.service.admit_resources(GIB).await.unwrap();
+    let ctx = handle.execution_context().unwrap();
+    drop(handle);
+    rig.service.settle().await;
+    // A live execution context keeps the envelope and so the grant.
+    assert_eq!(rig.report(0).live_grant_count, 1);
+    drop(ctx);
+    rig.service.settle().await;
+    rig.assert_idle();
+    let kinds: Vec<_> = rig.kinds_of(1);
+    assert_eq!(kinds.last(), Some(&ObservationKind::Released));
+}
+
+#[tokio::test]
+async fn a_sync_fault_at_release_quarantines_in_flight_work_drains_and_waiters_get_their_outcome() {
+    let rig = Rig::new(
+        vec![profile(0, 16, 2, &["x"]), profile(1, 16, 2, &[])],
+        bounds(8, 4),
+    );
+    let needs_x = rig.proof(1, GIB, &["x"]);
+    let a = rig.service.ticket(&needs_x).unwrap().admit().await.unwrap();
+    let b = rig.service.ticket(&needs_x).unwrap().admit().await.unwrap();
+    assert_eq!((a.device(), b.device()), (dev(0), dev(0)));
+    let mut only_x = Box::pin(rig.service.ticket(&needs_x).unwrap().admit());
+    assert!(poll!(&mut only_x).is_pending());
+
+    rig.sim.inject_sync_fault(dev(0), 700);
+    let report = a.release().await;
+    assert!(report.ledger_released);
+    assert_eq!(report.disposition, Disposition::DeviceFault);
+    assert_eq!(
+        rig.report(0).health,
+        LedgerHealth::Quarantined { code: 700 }
+    );
+    let error = only_x.await.unwrap_err();
+    assert_eq!(
+        error,
+        GpuAdmitError::NoHealthyDevice {
+            devices: vec![dev(0)]
+        }
+    );
+    assert_eq!(error.outcome(), QueryAdmissionOutcome::DeviceFault);
+
+    // The other in-flight handle drains normally; nothing new is granted
+    // on the quarantined device.
+    assert_eq!(rig.report(0).live_grant_count, 1);
+    let report = b.release().await;
+    assert!(report.ledger_released);
+    assert_eq!(rig.report(0).live_grant_count, 0);
+    let error = rig
+        .service
+        .ticket(&needs_x)
+        .unwrap()
+        .admit()
+        .await
+        .unwrap_err();
+    assert!(matches!(error, GpuAdmitError::NoHealthyDevice { .. }));
+    let elsewhere = rig.service.admit_resources(GIB).await.unwrap();
+    assert_eq!(elsewhere.device(), dev(1));
+    elsewhere.release().await;
+    assert!(rig
+        .observed
+        .lock()
+        .unwrap()
+        .iter()
+        .any(|o| o.kind == ObservationKind::Quarantined && o.code == Some(700)));
+}
+
+#[tokio::test]
+async fn close_fails_waiters_and_new_submissions_while_handles_drain() {
+    let rig = one_device(1);
+    let held = rig.service.admit_resources(GIB).await.unwrap();
+    let mut queued = Box::pin(rig.service.admit_resources(GIB));
+    assert!(poll!(&mut queued).is_pending());
+    rig.service.close();
+    assert_eq!(queued.await.unwrap_err(), GpuAdmitError::Closed);
+    let error = rig.service.admit_resources(GIB).await.unwrap_err();
+    assert_eq!(error, GpuAdmitError::Closed);
+    assert_eq!(error.outcome(), QueryAdmissionOutcome::Closed);
+    assert_eq!(rig.report(0).health, LedgerHealth::Closed);
+    let report = held.release().await;
+    assert!(report.ledger_released);
+    rig.assert_idle();
+    assert!(rig.service.admission_snapshot().closed);
+}
+
+#[cfg(feature = "config")]
+#[tokio::test]
+async fn observations_are_written_as_jsonl() {
+    use std::io::Write;
+    use std::sync::Mutex;
+
+    #[derive(Clone, Default)]
+    struct Buffer(Arc<Mutex<Vec<u8>>>);
+    impl Write for Buffer {
+        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(bytes);
+            Ok(bytes.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    let buffer = Buffer::default();
+    let writer = buffer.clone();
+    let rig = Rig::with(vec![profile(0, 16, 2, &[])], bounds(4, 1), |b| {
+        b.observer(admission::gpu::jsonl_observer(writer))
+    });
+    let handle = rig.service.admit_resources(GIB).await.unwrap();
+    let grant = handle.grant_bytes();
+    handle.release().await;
+    let text = String::from_utf8(buffer.0.lock().unwrap().clone()).unwrap();
+    let lines: Vec<serde_json::Value> = text
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let kinds: Vec<&str> = lines.iter().map(|l| l["kind"].as_str().unwrap()).collect();
+    assert_eq!(kinds, ["submitted", "queued", "admitted", "released"]);
+    assert_eq!(lines[2]["device"], 0);
+    assert_eq!(lines[2]["grant_bytes"], grant);
+    assert_eq!(lines[2]["waiter"], 1);
+}
