@@ -152,7 +152,9 @@ async fn a_composed_proof_is_one_ticket_one_device_one_grant() {
     let issuer = rig.service.issuer();
     let producer = rig.proof(1, 2 * GIB, &[]);
     let consumer = rig.proof(2, 3 * GIB, &["hash_join"]);
-    let composed = issuer.compose(std::slice::from_ref(&producer), &consumer).unwrap();
+    let composed = issuer
+        .compose(std::slice::from_ref(&producer), &consumer)
+        .unwrap();
     let handle = rig
         .service
         .ticket(&composed)

@@ -1,0 +1,527 @@
+//! The one GPU admission queue: FIFO order, oldest-runnable selection across
+//! devices, overtaking and protection (with retargeting), the pending bound
+//! and the preflight barrier, deadlines under paused time, and a property
+//! test of the synchronous core.
+
+mod gpu_rig;
+
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use admission::gpu::backend::DeviceOrdinal;
+use admission::gpu::{
+    AdmissionCore, CoreEvent, DeviceSet, GpuAdmitError, GrantRequest, LedgerHealth, MemoryGrant,
+    MemoryOwnership, ObservationKind, PreflightRequest, QueryAdmissionOutcome, QueueBounds,
+    WaiterId,
+};
+use futures::poll;
+use gpu_rig::*;
+use proptest::prelude::*;
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+#[tokio::test]
+async fn waiters_are_admitted_in_fifo_order() {
+    let rig = Rig::new(vec![profile(0, 16, 1, &[])], bounds(8, 4));
+    let mut held = rig.service.admit_resources(GIB).await.unwrap();
+    let mut waiting: Vec<_> = (0..3)
+        .map(|_| Box::pin(rig.service.admit_resources(GIB)))
+        .collect();
+    for w in &mut waiting {
+        assert!(poll!(w).is_pending());
+    }
+    let snapshot = rig.service.admission_snapshot();
+    let queued: Vec<u64> = snapshot.waiters.iter().map(|w| w.waiter.get()).collect();
+    assert_eq!(queued, [2, 3, 4]);
+    for w in waiting {
+        held.release().await;
+        held = w.await.unwrap();
+    }
+    held.release().await;
+    assert_eq!(rig.admitted_order(), [1, 2, 3, 4]);
+    rig.assert_idle();
+}
+
+#[tokio::test]
+async fn a_blocked_waiter_does_not_idle_another_device() {
+    // Device 0 offers `x`; device 1 does not. Both run one attempt at a time.
+    let rig = Rig::new(
+        vec![profile(0, 16, 1, &["x"]), profile(1, 16, 1, &[])],
+        bounds(8, 4),
+    );
+    let h0 = rig.service.admit_resources(GIB).await.unwrap();
+    let h1 = rig.service.admit_resources(GIB).await.unwrap();
+    assert_eq!((h0.device(), h1.device()), (dev(0), dev(1)));
+    let needs_x = rig.proof(1, GIB, &["x"]);
+    let mut old = Box::pin(rig.service.ticket(&needs_x).unwrap().admit());
+    let mut young = Box::pin(rig.service.admit_resources(GIB));
+    assert!(poll!(&mut old).is_pending());
+    assert!(poll!(&mut young).is_pending());
+
+    // Device 1 frees: the older waiter cannot use it, the younger one runs.
+    h1.release().await;
+    let young = young.await.unwrap();
+    assert_eq!(young.device(), dev(1));
+    assert!(poll!(&mut old).is_pending());
+    let snapshot = rig.service.admission_snapshot();
+    assert_eq!(snapshot.waiters.len(), 1);
+    // Overtaking counts only on devices the older waiter could use.
+    assert_eq!(snapshot.waiters[0].overtakes, 0);
+
+    h0.release().await;
+    let old = old.await.unwrap();
+    assert_eq!(old.device(), dev(0));
+    old.release().await;
+    young.release().await;
+    rig.assert_idle();
+}
+
+#[tokio::test]
+async fn the_oldest_runnable_waiter_goes_first_on_a_freed_device() {
+    let rig = Rig::new(
+        vec![profile(0, 16, 1, &[]), profile(1, 16, 1, &[])],
+        bounds(8, 4),
+    );
+    let h0 = rig.service.admit_resources(GIB).await.unwrap();
+    let h1 = rig.service.admit_resources(GIB).await.unwrap();
+    let mut a = Box::pin(rig.service.admit_resources(GIB));
+    let mut b = Box::pin(rig.service.admit_resources(GIB));
+    assert!(poll!(&mut a).is_pending());
+    assert!(poll!(&mut b).is_pending());
+    h1.release().await;
+    let a = a.await.unwrap();
+    assert_eq!(a.device(), dev(1));
+    assert!(poll!(&mut b).is_pending());
+    h0.release().await;
+    let b = b.await.unwrap();
+    assert_eq!(b.device(), dev(0));
+    assert_eq!(rig.admitted_order(), [1, 2, 3, 4]);
+    a.release().await;
+    b.release().await;
+    rig.assert_idle();
+}
+
+/// One 16 GiB device with three slots (2 GiB floor): a 10 GiB attempt
+/// runs, so a 5 GiB floor must wait while 2 GiB requests still fit.
+#[tokio::test]
+async fn an_overtaken_waiter_protects_a_slot_that_younger_work_cannot_take() {
+    let rig = Rig::new(vec![profile(0, 16, 3, &[])], bounds(8, 0));
+    let big = rig
+        .service
+        .resource_ticket(0)
+        .with_working_set_hint(10 * GIB)
+        .admit()
+        .await
+        .unwrap();
+    let mut old = Box::pin(rig.service.admit_resources(5 * GIB));
+    assert!(poll!(&mut old).is_pending());
+
+    // A younger 2 GiB request is admitted past the blocked one: with a
+    // budget of 0 the older waiter protects a slot and bytes at once.
+    let young = rig
+        .service
+        .resource_ticket(0)
+        .with_working_set_hint(2 * GIB)
+        .admit()
+        .await
+        .unwrap();
+    let snapshot = rig.service.admission_snapshot();
+    let old_waiter = &snapshot.waiters[0];
+    assert_eq!(old_waiter.waiter, WaiterId::new(2));
+    assert_eq!(old_waiter.overtakes, 1);
+    assert_eq!(old_waiter.protected_on, Some(dev(0)));
+    let protection = rig.report(0).protection.expect("protected");
+    assert_eq!(protection.waiter, WaiterId::new(2));
+    assert_eq!(protection.target_bytes, 5 * GIB);
+    assert_eq!(protection.accumulated_bytes, 4 * GIB);
+    assert!(rig.kinds_of(2).contains(&ObservationKind::Protected));
+
+    // Without the protection this request would fit (a slot and 4 GiB are
+    // free); the protected slot is not its to take.
+    let mut younger = Box::pin(
+        rig.service
+            .resource_ticket(0)
+            .with_working_set_hint(2 * GIB)
+            .admit(),
+    );
+    assert!(poll!(&mut younger).is_pending());
+
+    // The next release completes the protection: the protected waiter gets
+    // the next grant on the device, consuming the protection.
+    big.release().await;
+    let old = old.await.unwrap();
+    assert_eq!(old.device(), dev(0));
+    assert!(old.grant_bytes() >= 5 * GIB);
+    let order = rig.admitted_order();
+    assert_eq!(&order[..3], [1, 3, 2]);
+    let younger = younger.await.unwrap();
+    assert_eq!(rig.admitted_order(), [1, 3, 2, 4]);
+    assert!(rig.report(0).protection.is_none());
+    for h in [old, young, younger] {
+        h.release().await;
+    }
+    rig.assert_idle();
+}
+
+#[tokio::test]
+async fn a_protection_moves_when_its_device_is_quarantined() {
+    let rig = Rig::new(
+        vec![profile(0, 16, 3, &[]), profile(1, 16, 3, &[])],
+        bounds(8, 0),
+    );
+    let hinted = |gib| {
+        rig.service
+            .resource_ticket(0)
+            .with_working_set_hint(gib * GIB)
+            .admit()
+    };
+    let h0 = hinted(10).await.unwrap();
+    let h1 = hinted(10).await.unwrap();
+    assert_eq!((h0.device(), h1.device()), (dev(0), dev(1)));
+    let mut old = Box::pin(rig.service.admit_resources(5 * GIB));
+    assert!(poll!(&mut old).is_pending());
+    let young = hinted(2).await.unwrap();
+    assert_eq!(young.device(), dev(0));
+    // Protected where it completes soonest: the device with fewer attempts.
+    let protection = rig.report(1).protection.expect("protected on 1");
+    assert_eq!(protection.waiter, WaiterId::new(3));
+
+    // A proven stream-sync fault at the release of device 1's attempt
+    // quarantines it; the protection moves to device 0.
+    rig.sim.inject_sync_fault(dev(1), 700);
+    let report = h1.release().await;
+    assert!(report.ledger_released);
+    assert_eq!(
+        rig.report(1).health,
+        LedgerHealth::Quarantined { code: 700 }
+    );
+    assert!(rig.report(1).protection.is_none());
+    assert_eq!(
+        rig.report(0).protection.map(|p| p.waiter),
+        Some(WaiterId::new(3))
+    );
+    assert_eq!(
+        rig.service.admission_snapshot().waiters[0].protected_on,
+        Some(dev(0))
+    );
+    assert!(poll!(&mut old).is_pending());
+
+    h0.release().await;
+    let old = old.await.unwrap();
+    assert_eq!(old.device(), dev(0));
+    assert!(rig.report(0).protection.is_none());
+    old.release().await;
+    young.release().await;
+    for r in rig.reports() {
+        assert_eq!((r.live_grant_count, r.active_attempts), (0, 0));
+    }
+}
+
+/// A preflight that holds every submission whose waiter is in `held` until
+/// the watch flips to true.
+fn gated_preflight(
+    held: Arc<Mutex<HashSet<u64>>>,
+    open: watch::Receiver<bool>,
+) -> impl Fn(&PreflightRequest) -> admission::gpu::PreflightFuture + Send + Sync + 'static {
+    move |request: &PreflightRequest| {
+        let hold = held.lock().unwrap().contains(&request.waiter.get());
+        let mut open = open.clone();
+        Box::pin(async move {
+            if hold {
+                open.wait_for(|o| *o).await.map_err(|e| e.to_string())?;
+            }
+            Ok(())
+        })
+    }
+}
+
+#[tokio::test]
+async fn pending_preflights_count_against_the_bound_and_hold_back_younger_work() {
+    let held = Arc::new(Mutex::new(HashSet::from([2])));
+    let (open_tx, open_rx) = watch::channel(false);
+    let rig = Rig::with(vec![profile(0, 16, 1, &[])], bounds(2, 4), |b| {
+        b.preflight(gated_preflight(held.clone(), open_rx))
+    });
+    let first = rig.service.admit_resources(GIB).await.unwrap();
+    let mut slow = Box::pin(rig.service.admit_resources(GIB));
+    let mut fast = Box::pin(rig.service.admit_resources(GIB));
+    assert!(poll!(&mut slow).is_pending());
+    assert!(poll!(&mut fast).is_pending());
+    let snapshot = rig.service.admission_snapshot();
+    assert_eq!((snapshot.pending_preflights, snapshot.queued), (1, 1));
+
+    // Queued plus pending is at the bound: refused at once.
+    let error = rig.service.admit_resources(GIB).await.unwrap_err();
+    assert_eq!(error, GpuAdmitError::QueueFull { max_pending: 2 });
+    assert_eq!(error.outcome(), QueryAdmissionOutcome::CapacityPressure);
+
+    // The device frees, but the younger waiter may not pass the pending one.
+    first.release().await;
+    assert!(poll!(&mut fast).is_pending());
+    assert_eq!(rig.report(0).active_attempts, 0);
+
+    // The preflight resolves: the older submission goes first.
+    open_tx.send(true).unwrap();
+    let slow = slow.await.unwrap();
+    assert!(poll!(&mut fast).is_pending());
+    slow.release().await;
+    let fast = fast.await.unwrap();
+    fast.release().await;
+    assert_eq!(rig.admitted_order(), [1, 2, 3]);
+    rig.assert_idle();
+}
+
+#[tokio::test]
+async fn a_failed_preflight_rejects_and_lifts_the_barrier() {
+    let rig = Rig::with(vec![profile(0, 16, 1, &[])], bounds(4, 4), |b| {
+        b.preflight(|r: &PreflightRequest| {
+            let fail = r.waiter.get() == 1;
+            Box::pin(async move {
+                if fail {
+                    Err("no kernel for this device".to_string())
+                } else {
+                    Ok(())
+                }
+            })
+        })
+    });
+    let error = rig.service.admit_resources(GIB).await.unwrap_err();
+    assert!(matches!(
+        error,
+        GpuAdmitError::PreflightFailed { device: Some(d), .. } if d == dev(0)
+    ));
+    assert_eq!(error.outcome(), QueryAdmissionOutcome::Configuration);
+    let handle = rig.service.admit_resources(GIB).await.unwrap();
+    handle.release().await;
+    rig.assert_idle();
+}
+
+#[tokio::test(start_paused = true)]
+async fn max_wait_and_request_deadlines_remove_waiters() {
+    let rig = Rig::new(
+        vec![profile(0, 16, 1, &[])],
+        QueueBounds::new(8, Duration::from_secs(10), 4).unwrap(),
+    );
+    let held = rig.service.admit_resources(GIB).await.unwrap();
+    let before = rig.reports();
+
+    let error = rig.service.admit_resources(GIB).await.unwrap_err();
+    assert_eq!(
+        error,
+        GpuAdmitError::DeadlineExceeded {
+            waited: Duration::from_secs(10)
+        }
+    );
+    assert_eq!(error.outcome(), QueryAdmissionOutcome::Deadline);
+
+    let own = Instant::now() + Duration::from_secs(3);
+    let error = rig
+        .service
+        .resource_ticket(GIB)
+        .with_deadline(own)
+        .admit()
+        .await
+        .unwrap_err();
+    assert_eq!(
+        error,
+        GpuAdmitError::DeadlineExceeded {
+            waited: Duration::from_secs(3)
+        }
+    );
+
+    let error = rig
+        .service
+        .resource_ticket(GIB)
+        .with_deadline(Instant::now())
+        .admit()
+        .await
+        .unwrap_err();
+    assert_eq!(error, GpuAdmitError::DeadlinePassed);
+
+    let snapshot = rig.service.admission_snapshot();
+    assert_eq!((snapshot.queued, snapshot.pending_preflights), (0, 0));
+    assert_eq!(rig.reports(), before);
+    held.release().await;
+    rig.assert_idle();
+}
+
+#[tokio::test(start_paused = true)]
+async fn snapshot_ages_follow_tokio_time() {
+    let rig = Rig::new(vec![profile(0, 16, 1, &[])], bounds(8, 4));
+    let held = rig.service.admit_resources(GIB).await.unwrap();
+    let mut waiting = Box::pin(rig.service.admit_resources(GIB));
+    assert!(poll!(&mut waiting).is_pending());
+    tokio::time::advance(Duration::from_secs(5)).await;
+    let snapshot = rig.service.admission_snapshot();
+    assert_eq!(snapshot.waiters[0].age, Duration::from_secs(5));
+    assert_eq!(snapshot.devices[0].active_attempts, 1);
+    drop(waiting);
+    held.release().await;
+}
+
+// ---------------------------------------------------------------------------
+// The synchronous core under random operation sequences.
+
+#[derive(Clone, Debug)]
+enum Op {
+    Submit {
+        floor_gib: u64,
+        hint_gib: Option<u64>,
+        only: Option<u32>,
+    },
+    Take(usize),
+    Release(usize),
+    Cancel(usize),
+    Quarantine(u32),
+    CloseLedgers,
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        4 => (0u64..14, proptest::option::of(0u64..16), proptest::option::of(0u32..3))
+            .prop_map(|(floor_gib, hint_gib, only)| Op::Submit { floor_gib, hint_gib, only }),
+        3 => (0usize..16).prop_map(Op::Take),
+        3 => (0usize..16).prop_map(Op::Release),
+        2 => (0usize..16).prop_map(Op::Cancel),
+        1 => (0u32..3).prop_map(Op::Quarantine),
+        1 => Just(Op::CloseLedgers),
+    ]
+}
+
+fn core() -> AdmissionCore {
+    let profiles = vec![
+        profile(0, 16, 3, &[]),
+        profile(1, 16, 2, &[]),
+        profile(2, 8, 4, &[]),
+    ];
+    let ownerships = profiles
+        .iter()
+        .map(|p| MemoryOwnership::exclusive(p.ordinal()))
+        .collect();
+    AdmissionCore::new(
+        &DeviceSet::new(profiles, ownerships).unwrap(),
+        QueueBounds::new(12, Duration::from_secs(60), 1).unwrap(),
+    )
+}
+
+fn assert_within_capacity(core: &AdmissionCore) {
+    for r in core.ledger_reports() {
+        let spoken = r.live_grants_bytes
+            + r.cache_evictable_bytes
+            + r.cache_pinned_bytes
+            + r.protected_bytes
+            + if r.health == LedgerHealth::Healthy {
+                r.attempt_floor * u64::from(r.empty_unprotected_slots)
+            } else {
+                0
+            };
+        assert!(
+            r.live_grants_bytes + r.protected_bytes <= r.managed_capacity,
+            "{r:?}"
+        );
+        if r.health == LedgerHealth::Healthy {
+            assert!(spoken <= r.managed_capacity, "{r:?}");
+        }
+        assert!(r.active_attempts <= r.max_active_attempts, "{r:?}");
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(256))]
+
+    #[test]
+    fn the_core_never_overcommits_and_everything_comes_back(ops in proptest::collection::vec(op(), 1..80)) {
+        let mut core = core();
+        let now = Instant::now();
+        let no_depth = |_: DeviceOrdinal| 0u64;
+        let mut waiters: Vec<WaiterId> = Vec::new();
+        // Grants taken by their waiters, with the bytes they had at commit.
+        let mut running: Vec<(MemoryGrant, u64)> = Vec::new();
+        let mut admitted_bytes = std::collections::HashMap::new();
+        for op in ops {
+            let mut events = Vec::new();
+            match op {
+                Op::Submit { floor_gib, hint_gib, only } => {
+                    if let Ok(w) = core.reserve(now) {
+                        let mut request = GrantRequest::resource_only(floor_gib * GIB);
+                        if let Some(h) = hint_gib {
+                            request = request.with_working_set_hint(h * GIB);
+                        }
+                        let candidates = match only {
+                            Some(d) => vec![dev(d)],
+                            None => vec![dev(0), dev(1), dev(2)],
+                        };
+                        let candidates: Vec<_> = candidates
+                            .into_iter()
+                            .filter(|d| core.ledger(*d).unwrap().profile().largest_possible_grant() >= floor_gib * GIB)
+                            .collect();
+                        if candidates.is_empty() {
+                            core.cancel(w);
+                        } else if core.resolve(w, request, candidates).is_ok() {
+                            waiters.push(w);
+                        }
+                    }
+                }
+                Op::Take(i) => {
+                    if !waiters.is_empty() {
+                        let w = waiters[i % waiters.len()];
+                        if let Some(outcome) = core.take_outcome(w) {
+                            waiters.retain(|x| *x != w);
+                            if let Ok(grant) = outcome {
+                                let bytes = grant.bytes();
+                                prop_assert_eq!(admitted_bytes.get(&w).copied(), Some(bytes));
+                                running.push((grant, bytes));
+                            }
+                        }
+                    }
+                }
+                Op::Release(i) => {
+                    if !running.is_empty() {
+                        let (grant, bytes) = running.swap_remove(i % running.len());
+                        prop_assert_eq!(grant.bytes(), bytes, "grants never change");
+                        let released = core.release(grant).expect("issued here");
+                        prop_assert_eq!(released.bytes, bytes);
+                    }
+                }
+                Op::Cancel(i) => {
+                    if !waiters.is_empty() {
+                        let w = waiters.remove(i % waiters.len());
+                        core.cancel(w);
+                    }
+                }
+                Op::Quarantine(d) => events.extend(core.quarantine(dev(d), 700)),
+                Op::CloseLedgers => events.extend(core.close_ledgers()),
+            }
+            events.extend(core.schedule(&no_depth));
+            for event in &events {
+                if let CoreEvent::Admitted { waiter, grant_bytes, device, .. } = event {
+                    prop_assert_eq!(
+                        core.ledger(*device).unwrap().health(),
+                        LedgerHealth::Healthy,
+                        "grants only on healthy ledgers"
+                    );
+                    admitted_bytes.insert(*waiter, *grant_bytes);
+                }
+            }
+            assert_within_capacity(&core);
+            prop_assert!(core.depth() <= core.bounds().max_pending());
+        }
+        // Everybody leaves: cancel the waiters (releasing untaken grants),
+        // release the running grants.
+        for w in waiters {
+            core.cancel(w);
+        }
+        for (grant, bytes) in running {
+            prop_assert_eq!(core.release(grant).expect("issued here").bytes, bytes);
+        }
+        prop_assert_eq!(core.depth(), 0);
+        for r in core.ledger_reports() {
+            prop_assert_eq!(r.live_grants_bytes, 0);
+            prop_assert_eq!(r.live_grant_count, 0);
+            prop_assert_eq!(r.active_attempts, 0);
+            prop_assert_eq!(r.protected_bytes, 0);
+            prop_assert!(r.protection.is_none());
+        }
+    }
+}
