@@ -542,9 +542,12 @@ impl Inner {
     ) -> AttemptReport {
         let mut report = AttemptReport::seal(&grant, waiter, proof, waited, teardown.clone());
         let released = self.transact(|core, recorder| {
-            let mut events = Vec::new();
+            // Recorded here rather than returned, so that the records read
+            // in transaction order: the quarantine, then the release.
             if let Some(isolation) = teardown.fault_isolation() {
-                events.extend(Self::isolate(core, isolation, fault_code(teardown)));
+                for event in Self::isolate(core, isolation, fault_code(teardown)) {
+                    record_event(recorder, &event);
+                }
             }
             let released = core.release(grant);
             let record = recorder.push(ObservationKind::Released);
@@ -555,7 +558,7 @@ impl Inner {
             if let Err(foreign) = &released {
                 tracing::error!(target: "admission", %foreign, "cannot release a GPU grant");
             }
-            Evented(released.is_ok(), events)
+            Evented(released.is_ok(), Vec::new())
         });
         report.ledger_released = released.0;
         report
@@ -571,9 +574,10 @@ impl Inner {
         error: Option<&GpuAdmitError>,
     ) {
         self.transact(|core, recorder| {
-            let mut events = Vec::new();
             if let Some((isolation, code)) = isolation {
-                events.extend(Self::isolate(core, isolation, code));
+                for event in Self::isolate(core, isolation, code) {
+                    record_event(recorder, &event);
+                }
             }
             let device = grant.device();
             let bytes = grant.bytes();
@@ -593,7 +597,7 @@ impl Inner {
                 Some(error) => set_error(record, error),
                 None => set_error(record, &GpuAdmitError::Cancelled),
             }
-            Evented((), events)
+            Evented((), Vec::new())
         });
     }
 }
