@@ -11,9 +11,9 @@ use std::time::Duration;
 
 use admission::gpu::backend::DeviceOrdinal;
 use admission::gpu::{
-    AdmissionCore, CoreEvent, DeviceSet, GpuAdmitError, GrantRequest, LedgerHealth, MemoryGrant,
-    MemoryOwnership, ObservationKind, PreflightRequest, QueryAdmissionOutcome, QueueBounds,
-    WaiterId,
+    AdmissionCore, CoreEvent, Decision, DeviceSet, GpuAdmitError, GrantRequest, LedgerHealth,
+    MemoryGrant, MemoryOwnership, ObservationKind, PreflightRequest, QueryAdmissionOutcome,
+    QueueBounds, WaiterId,
 };
 use futures::poll;
 use gpu_rig::*;
@@ -506,6 +506,18 @@ proptest! {
             }
             assert_within_capacity(&core);
             prop_assert!(core.depth() <= core.bounds().max_pending());
+            // Work-conserving: after a pass, no queued waiter is admissible
+            // on any of its devices.
+            for w in core.snapshot(now, &no_depth).waiters {
+                let request = GrantRequest::resource_only(w.phase_floor).for_waiter(w.waiter);
+                for d in &w.candidates {
+                    let decision = core.ledger(*d).unwrap().decide(&request);
+                    prop_assert!(
+                        !matches!(decision, Decision::Admit { .. }),
+                        "{:?} is admissible on {} after a pass", w.waiter, d
+                    );
+                }
+            }
         }
         // Everybody leaves: cancel the waiters (releasing untaken grants),
         // release the running grants.

@@ -471,15 +471,43 @@ impl AdmissionCore {
         if self.closed {
             return events;
         }
+        // A protection dropped during a pass (its holder admitted elsewhere
+        // or removed) frees bytes that a waiter scanned earlier in the pass
+        // may fit in: scan again. Each rescan follows an admission or a
+        // removal, so this ends.
+        loop {
+            let before = events.len();
+            self.pass(worker_depth, &mut events);
+            let dropped = events
+                .get(before..)
+                .unwrap_or_default()
+                .iter()
+                .any(|e| matches!(e, CoreEvent::ProtectionDropped { .. }));
+            if !dropped {
+                return events;
+            }
+        }
+    }
+
+    fn pass(&mut self, worker_depth: &dyn Fn(DeviceOrdinal) -> u64, events: &mut Vec<CoreEvent>) {
         let barrier = self.pending.keys().next().copied().unwrap_or(u64::MAX);
         let order: Vec<u64> = self.queued.range(..barrier).map(|(seq, _)| *seq).collect();
         // Older waiters found blocked in this pass, oldest first.
         let mut blocked: Vec<u64> = Vec::new();
+        // Each ledger's `max_new` for a request holding no protection there
+        // (`None`: no slot), refreshed after every admission: most waiters
+        // of a long queue are refuted by one comparison per device instead
+        // of a full decision and ranking.
+        let mut room = self.room();
         for seq in order {
             let waiter = WaiterId::new(seq);
             let Some(w) = self.queued.get(&seq) else {
                 continue;
             };
+            if self.surely_blocked(w, &room) {
+                blocked.push(seq);
+                continue;
+            }
             let ranked = {
                 let candidates = w.candidates.iter().filter_map(|d| {
                     let ledger = self.ledger(*d)?;
@@ -491,7 +519,7 @@ impl AdmissionCore {
                 if self.may_wait(seq) {
                     blocked.push(seq);
                 } else {
-                    self.fail_unhealthy(seq, &mut events);
+                    self.fail_unhealthy(seq, events);
                 }
                 continue;
             };
@@ -522,9 +550,41 @@ impl AdmissionCore {
                 grant_bytes: grant.bytes(),
             });
             self.outcomes.insert(seq, Outcome::Granted(grant));
-            self.count_overtakes(&blocked, device, &mut events);
+            self.count_overtakes(&blocked, device, events);
+            room = self.room();
         }
-        events
+    }
+
+    fn room(&self) -> Vec<Option<u64>> {
+        self.ledgers
+            .iter()
+            .map(|l| l.report().max_new_bytes)
+            .collect()
+    }
+
+    /// Whether `w` is certainly not admissible on any candidate now: it
+    /// holds no protection, and on every candidate (healthy, capable, floor
+    /// possible) no slot is open or `max_new` is below its floor. Anything
+    /// else takes the full decision path, which also finds waiters left
+    /// without a healthy device.
+    fn surely_blocked(&self, w: &Waiter, room: &[Option<u64>]) -> bool {
+        w.protected_on.is_none()
+            && w.candidates.iter().all(|d| {
+                let Some(i) = self.index(*d) else {
+                    return false;
+                };
+                let (Some(ledger), Some(room)) = (self.ledgers.get(i), room.get(i)) else {
+                    return false;
+                };
+                let floor = ledger.required_floor(&w.request);
+                ledger.health() == LedgerHealth::Healthy
+                    && ledger
+                        .profile()
+                        .capabilities()
+                        .satisfies(w.request.required_capabilities())
+                    && floor <= ledger.profile().largest_possible_grant()
+                    && room.is_none_or(|max_new| max_new < floor)
+            })
     }
 
     /// A view of the queue and devices at `now`.

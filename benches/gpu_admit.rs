@@ -1,0 +1,120 @@
+//! Cost of a GPU admission decision: the query service's synchronous core
+//! with 8 simulated devices and 1,000 queued waiters, under the one lock
+//! the service would hold (no backend, no envelope, no runtime).
+//!
+//! * `scan_1000_blocked`: one scheduling pass over 1,000 waiters, every
+//!   device full: what each release, cancel or submission pays when nobody
+//!   can be admitted.
+//! * `release_admit_resubmit`: a grant is released, the pass admits the
+//!   oldest waiter onto the freed device, its grant is taken, and a new
+//!   waiter joins the tail (so the queue stays at 1,000).
+//!
+//! Run with `cargo bench --bench gpu_admit`.
+
+use std::hint::black_box;
+use std::time::Duration;
+
+use admission::gpu::backend::DeviceOrdinal;
+use admission::gpu::{
+    AdmissionCore, DeviceProfile, DeviceSet, GrantRequest, MemoryGrant, MemoryOwnership,
+    QueueBounds, WaiterId,
+};
+use criterion::{criterion_group, criterion_main, Criterion};
+use tokio::time::Instant;
+
+const GIB: u64 = 1 << 30;
+const DEVICES: u32 = 8;
+const WAITERS: usize = 1_000;
+
+fn no_depth(_: DeviceOrdinal) -> u64 {
+    0
+}
+
+/// Eight full devices (two 8 GiB attempts each) and 1,000 queued waiters.
+fn loaded() -> (AdmissionCore, Vec<MemoryGrant>, Vec<DeviceOrdinal>) {
+    let ordinals: Vec<DeviceOrdinal> = (0..DEVICES).map(DeviceOrdinal).collect();
+    let profiles = ordinals
+        .iter()
+        .map(|d| {
+            DeviceProfile::builder(*d)
+                .managed_capacity(16 * GIB)
+                .max_active_attempts(2)
+                .build()
+                .expect("valid profile")
+        })
+        .collect();
+    let ownerships = ordinals
+        .iter()
+        .map(|d| MemoryOwnership::exclusive(*d))
+        .collect();
+    let devices = DeviceSet::new(profiles, ownerships).expect("valid devices");
+    let bounds =
+        QueueBounds::new(WAITERS * 2, Duration::from_secs(60), 1_000_000).expect("valid bounds");
+    let mut core = AdmissionCore::new(&devices, bounds);
+    let mut running = Vec::new();
+    for _ in 0..(DEVICES * 2) {
+        let waiter = submit(&mut core, &ordinals, Some(8 * GIB));
+        core.schedule(&no_depth);
+        let grant = core
+            .take_outcome(waiter)
+            .expect("room on an empty device")
+            .expect("granted");
+        running.push(grant);
+    }
+    for _ in 0..WAITERS {
+        submit(&mut core, &ordinals, None);
+    }
+    core.schedule(&no_depth);
+    assert_eq!(core.depth(), WAITERS, "every device is full");
+    (core, running, ordinals)
+}
+
+fn submit(core: &mut AdmissionCore, devices: &[DeviceOrdinal], hint: Option<u64>) -> WaiterId {
+    let waiter = core.reserve(Instant::now()).expect("room in the queue");
+    let mut request = GrantRequest::resource_only(2 * GIB);
+    if let Some(hint) = hint {
+        request = request.with_working_set_hint(hint);
+    }
+    core.resolve(waiter, request, devices.to_vec())
+        .expect("healthy devices");
+    waiter
+}
+
+fn decision(c: &mut Criterion) {
+    let mut group = c.benchmark_group("gpu_admission_8_devices_1000_waiters");
+
+    let (mut core, _running, _) = loaded();
+    group.bench_function("scan_1000_blocked", |b| {
+        b.iter(|| black_box(core.schedule(&no_depth)))
+    });
+
+    let (mut core, mut running, ordinals) = loaded();
+    let mut next = 0usize;
+    group.bench_function("release_admit_resubmit", |b| {
+        b.iter(|| {
+            let i = next % running.len();
+            next = next.wrapping_add(1);
+            let grant = running.swap_remove(i);
+            core.release(grant).expect("issued here");
+            let events = core.schedule(&no_depth);
+            let admitted = events
+                .iter()
+                .find_map(|e| match e {
+                    admission::gpu::CoreEvent::Admitted { waiter, .. } => Some(*waiter),
+                    _ => None,
+                })
+                .expect("the oldest waiter fits the freed slot");
+            let grant = core
+                .take_outcome(admitted)
+                .expect("granted")
+                .expect("granted");
+            running.push(grant);
+            submit(&mut core, &ordinals, None);
+            black_box(events)
+        })
+    });
+    group.finish();
+}
+
+criterion_group!(benches, decision);
+criterion_main!(benches);
