@@ -1,7 +1,24 @@
 //! GPU admission and device-memory governance.
 //!
-//! (The design overview is written as the module lands; see
-//! `docs/ARCHITECTURE.md` and `../shared/seeds/001_07186211194acf4e.txt`.)
+//! One admission per native query attempt: one selected device, one
+//! immutable memory grant, one transactional envelope. Each arrow below has
+//! exactly one owner, and nothing can be forged from outside:
+//!
+//! ```text
+//! PlanDescription ─ProofIssuer::lower─▶ CapabilityProof      (proof)
+//!   ─QueryService::ticket─▶ AdmissionTicket                   (service: reserves nothing)
+//!   ─admit─▶ bounded FIFO queue and placement                 (scheduler)
+//!   ─▶ DeviceLedger grant                                      (ledger)
+//!   ─▶ AdmissionEnvelope                                       (envelope, on the device worker)
+//!   ─▶ QueryHandle ─release─▶ AttemptReport                    (handle)
+//! ```
+//!
+//! The [`ledger`] is the only capacity authority, and it is plain data: the
+//! [`scheduler`]'s `AdmissionCore` owns every ledger and the queue, and the
+//! [`service`] keeps that core behind one mutex that is never held across an
+//! await or a backend call. Physical work (streams, domains, teardown) runs
+//! on one [`worker`] thread per device through the [`backend`] trait. See
+//! each module for its part of the design.
 
 // Profiles, the ledger and placement: pure integer accounting, no CUDA.
 #[cfg(feature = "config")]
