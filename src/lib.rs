@@ -73,6 +73,22 @@
 //! admission stops enforcing. See [`cpu`] for the measurements behind the
 //! defaults and for what the stable-tokio fallback signal can and cannot see.
 //!
+//! # The IO signal
+//!
+//! An LSM's writes are cheap now and expensive later: the debt shows as
+//! files and sub-levels piling up in L0, and an engine left alone stalls
+//! every writer alike once L0 is deep. The [`io::IoController`] reads the
+//! engine every interval (15 s; through [`io::LsmStatsSource`], with a
+//! [fjall](https://docs.rs/fjall) adapter behind the `fjall` feature) and
+//! turns L0's state and the smoothed compaction throughput into byte tokens
+//! for the next interval, dripped into the queues every millisecond once the
+//! store is loaded: unlimited while L0 is healthy, then budgets sized so
+//! that compactions pay the debt down. **Elastic** work (priority below
+//! zero) has a budget of its own inside the regular one that shrinks from a
+//! lower threshold, and waits in a queue of its own, so bulk ingest yields
+//! first and never blocks a foreground writer. Writes carry an estimate and
+//! settle the actual bytes afterwards, without blocking.
+//!
 //! # Requester and granter
 //!
 //! Two small interfaces in [`grant`] keep *who wants to run* apart from
@@ -125,12 +141,13 @@
 //!
 //! * [`work`]: work classification ([`Priority`], [`TenantId`],
 //!   [`TenantWeight`], [`WorkInfo`]).
-//! * [`queue`]: the [`WorkQueue`], the [`Admit`] future and [`SlotPermit`].
-//! * [`grant`]: the requester and granter interfaces and the
-//!   [`SlotGranter`].
+//! * [`queue`]: the [`WorkQueue`], the [`Admit`] future, [`SlotPermit`] and
+//!   the per-class [`TokenQueues`](queue::TokenQueues).
+//! * [`grant`]: the requester and granter interfaces, the [`SlotGranter`]
+//!   and the [`TokenGranter`].
 //! * [`cpu`]: the CPU signal, the AIAD slot adjuster and the [`cpu::Controller`].
 //! * [`io`]: the IO signal: LSM stats, the load listener's byte tokens, the
-//!   token drip.
+//!   token drip, the [`io::IoController`] and the fjall adapter.
 //! * [`observe`]: snapshots and wait-time histograms.
 //! * [`export`]: metrics through the `metrics` facade (feature `metrics`).
 //! * [`error`]: [`AdmitError`] and [`ConfigError`].

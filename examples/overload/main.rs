@@ -5,6 +5,7 @@
 //! cargo run --release --example overload                  # W2 at 3x, every system (~1 min)
 //! cargo run --release --example overload -- --scenario all
 //! cargo run --release --example overload -- --scenario w4 --quick
+//! cargo run --release --features fjall --example overload -- --scenario w6
 //! cargo run --release --example overload -- --service bimodal     # or constant
 //! cargo run --release --example overload -- --handler never-yields
 //! cargo run --release --example overload -- --system admission --system tower
@@ -19,7 +20,12 @@
 //! service time (500 µs, exponential). Goodput is completions within the
 //! SLO. Every run writes `target/admission-report/summary.json` and SVG
 //! plots of per-class p99 over time.
+//!
+//! W6 (IO admission on a fjall database) is compiled in with the `fjall`
+//! feature only; without it, W6 says so and reports nothing.
 
+#[cfg(feature = "fjall")]
+mod ingest;
 mod load;
 mod report;
 mod runner;
@@ -167,6 +173,13 @@ fn run_scenario(
         "w3c" => scenarios::w3c(bench, dir),
         "w4" => scenarios::w4(bench, dir, quick),
         "w5" => scenarios::w5(bench, dir),
+        #[cfg(feature = "fjall")]
+        "w6" => scenarios::w6(&scenarios::w6_settings(quick)),
+        #[cfg(not(feature = "fjall"))]
+        "w6" => {
+            eprintln!("  w6 needs the fjall feature (--features fjall); skipped");
+            Vec::new()
+        }
         "w8" => scenarios::w2_variant(bench, dir, "w8", Handler::SharedMutex),
         "w9" => scenarios::w2_variant(bench, dir, "w9", Handler::AwaitsIo),
         _ => unreachable!("names are checked when parsing"),
@@ -177,6 +190,7 @@ fn classes_of(name: &str) -> &'static [&'static str] {
     match name {
         "w2" | "w2-local" | "w8" | "w9" => &["high", "normal", "low"],
         "w4" => &["high", "normal"],
+        "w6" => &["foreground"],
         _ => &["normal"],
     }
 }
@@ -213,6 +227,9 @@ fn main() {
         let rows = run_scenario(&bench, name, &options.out, options.quick, &options.only);
         println!("\n{name}");
         print!("{}", report::table(&rows, classes_of(name)));
+        if name == "w6" && !rows.is_empty() {
+            print!("{}", scenarios::w6_table(&rows));
+        }
         all.extend(rows);
     }
     match report::write_summary(&all, &options.out) {
@@ -260,6 +277,28 @@ mod smoke {
         assert!(text.contains("\"goodput_frac\"") && text.contains("admission-fifo"));
         assert!(dir.join("w2-high-p99.svg").exists());
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// W6 end to end at toy size (under a second per mode): every mode
+    /// runs on a real fjall database and its row is filled in. Asserts
+    /// only that the scenario works, never how well admission does.
+    #[cfg(feature = "fjall")]
+    #[test]
+    fn a_tiny_w6_runs_fjall_alone_and_with_admission() {
+        let rows = scenarios::w6(&ingest::Settings::smoke());
+        let systems: Vec<&str> = rows.iter().map(|row| row.system.as_str()).collect();
+        assert_eq!(systems, ["fjall-alone", "io-admission"]);
+        for row in &rows {
+            assert!(row.valid, "{}: a foreground write failed", row.system);
+            assert!(row.latency_ms["foreground"].count > 0, "{}", row.system);
+            for key in ["foreground_p99_vs_alone", "bulk_mb_per_sec", "max_l0_runs"] {
+                let value = row.extra[key].as_f64().unwrap_or(f64::NAN);
+                assert!(value.is_finite() && value >= 0.0, "{}: {key}", row.system);
+            }
+        }
+        assert!(scenarios::w6_table(&rows).contains("io-admission"));
+        let json = report::summary_json(&rows).to_string();
+        assert!(json.contains("\"max_l0_runs\""));
     }
 
     #[test]

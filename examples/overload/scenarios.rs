@@ -14,8 +14,8 @@ use crate::stats::{self, Outcome, Record};
 use crate::systems::System;
 
 /// The scenarios by name, in the order `all` runs them.
-pub const NAMES: [&str; 10] = [
-    "w2", "w1", "w3a", "w3b", "w3c", "w4", "w5", "w8", "w9", "w2-local",
+pub const NAMES: [&str; 11] = [
+    "w2", "w1", "w3a", "w3b", "w3c", "w4", "w5", "w6", "w8", "w9", "w2-local",
 ];
 
 const HIGH: Class = Class {
@@ -486,6 +486,114 @@ pub fn w5(bench: &Bench, dir: &Path) -> Vec<SummaryRow> {
     });
     plot_all(dir, "w5", &classes, series);
     rows
+}
+
+/// W6's run lengths: the LSM ingest experiment of `examples/lsm_ingest.rs`
+/// (same fjall and admission settings), shorter.
+#[cfg(feature = "fjall")]
+pub fn w6_settings(quick: bool) -> crate::ingest::Settings {
+    let mut settings = crate::ingest::Settings::full(if quick {
+        Duration::from_secs(4)
+    } else {
+        Duration::from_secs(10)
+    });
+    settings.baseline = Duration::from_secs(if quick { 1 } else { 3 });
+    settings
+}
+
+/// W6: IO tokens on a real LSM. A fjall database under a bulk ingest
+/// (three writers, `BULK_NORMAL`) beside a foreground writer (`NORMAL`,
+/// 200 small writes/s), fjall alone vs IO admission, after the foreground
+/// alone for its unloaded latency. Figures: foreground p99 vs unloaded
+/// (whole run and after the warmup), bulk MB/s, max L0 runs, time in
+/// fjall's stall range. Not a CPU scenario, so the calibrated capacity and
+/// SLO do not apply: goodput and rejections are left empty, and there is no
+/// p99-over-time plot (`lsm_ingest` prints the time series).
+#[cfg(feature = "fjall")]
+pub fn w6(settings: &crate::ingest::Settings) -> Vec<SummaryRow> {
+    use crate::ingest::{self, Mode, Outcome};
+
+    let run = |mode: Mode| {
+        eprintln!("  w6: {} ...", mode.name());
+        ingest::run(settings, mode, |_| {})
+            .unwrap_or_else(|error| panic!("w6 {}: {error}", mode.name()))
+    };
+    let percentiles = |outcome: &Outcome| stats::Percentiles {
+        count: outcome.foreground.len(),
+        p50_ms: outcome.foreground_ms(0.5),
+        p99_ms: outcome.foreground_ms(0.99),
+        p999_ms: outcome.foreground_ms(0.999),
+        max_ms: outcome.foreground_max_ms(),
+    };
+    let alone = run(Mode::Alone);
+    let (alone_p99, alone_steady_p99) = (alone.foreground_ms(0.99), alone.steady_ms(0.99));
+    let mut rows = Vec::new();
+    for (mode, system) in [
+        (Mode::FjallAlone, "fjall-alone"),
+        (Mode::Admission, "io-admission"),
+    ] {
+        let outcome = run(mode);
+        let p99 = outcome.foreground_ms(0.99);
+        let steady_p99 = outcome.steady_ms(0.99);
+        let extra: BTreeMap<String, serde_json::Value> = [
+            ("foreground_alone_p99_ms", json!(alone_p99)),
+            ("foreground_p99_vs_alone", json!(p99 / alone_p99.max(1e-3))),
+            ("foreground_steady_p99_ms", json!(steady_p99)),
+            (
+                "foreground_steady_p99_vs_alone",
+                json!(steady_p99 / alone_steady_p99.max(1e-3)),
+            ),
+            ("bulk_mb_per_sec", json!(outcome.bulk_mb_per_sec())),
+            ("max_l0_runs", json!(outcome.max_l0_runs)),
+            ("max_l0_tables", json!(outcome.max_l0_tables)),
+            ("stall_s", json!(outcome.stall_time.as_secs_f64())),
+            ("halt_s", json!(outcome.halt_time.as_secs_f64())),
+            ("warmup_s", json!(settings.warmup.as_secs_f64())),
+        ]
+        .into_iter()
+        .map(|(key, value)| (key.to_string(), value))
+        .collect();
+        rows.push(SummaryRow {
+            scenario: "w6".into(),
+            system: system.into(),
+            offered_x: f64::NAN,
+            goodput_frac: f64::NAN,
+            rejected_frac: f64::NAN,
+            latency_ms: BTreeMap::from([("foreground".to_string(), percentiles(&outcome))]),
+            jain: None,
+            converge_ms: None,
+            generator_late_p99_us: 0.0,
+            valid: outcome.foreground_errors == 0,
+            extra,
+        });
+    }
+    rows
+}
+
+/// W6's own figures, one line per system, for the terminal.
+pub fn w6_table(rows: &[SummaryRow]) -> String {
+    let figure = |row: &SummaryRow, key: &str| {
+        row.extra
+            .get(key)
+            .and_then(serde_json::Value::as_f64)
+            .unwrap_or(f64::NAN)
+    };
+    let mut text = format!(
+        "{:<13} {:>11} {:>14} {:>10} {:>11} {:>8}\n",
+        "system", "p99 x alone", "steady x alone", "bulk MB/s", "max L0 runs", "stall s"
+    );
+    for row in rows {
+        text.push_str(&format!(
+            "{:<13} {:>11.1} {:>14.1} {:>10.1} {:>11.0} {:>8.1}\n",
+            row.system,
+            figure(row, "foreground_p99_vs_alone"),
+            figure(row, "foreground_steady_p99_vs_alone"),
+            figure(row, "bulk_mb_per_sec"),
+            figure(row, "max_l0_runs"),
+            figure(row, "stall_s"),
+        ));
+    }
+    text
 }
 
 /// W8 and W9: the W2 mix with handlers whose bottleneck is not the CPU

@@ -20,7 +20,10 @@
 //! and "capacity comes back and the first waiter is granted", so a wake-up
 //! cannot be lost between the two, and the accounting needs no atomics of
 //! its own. It also makes a granter a leaf by construction: it cannot block
-//! on or call back into a queue.
+//! on or call back into a queue. The one exception is the
+//! [`TokenGranter`], whose regular and elastic queues share one
+//! [`TokenBucket`]: the bucket has a small lock of its own, taken only
+//! inside a queue's lock and never held across a call, so it stays a leaf.
 //!
 //! Capacity that appears from outside the queue (a raised slot total, a token
 //! refill) reaches waiters through [`Requester::granted`], which the code that

@@ -113,6 +113,16 @@ impl Balance {
 
 /// The two balances of a [`TokenGranter`] pair, shared between the regular
 /// and the elastic queue.
+///
+/// **Regular** tokens admit work at priority zero and above; **elastic**
+/// tokens are a smaller budget inside them for work below zero (bulk ingest,
+/// backfills), which the IO listener limits earlier and harder. Every
+/// admission deducts from *both* balances: regular writes use up what
+/// elastic work could have had, so elastic work gets only what is left,
+/// while elastic work needs both balances positive and so never spends
+/// regular work's tokens. A class that is unlimited is not charged, so a
+/// healthy store runs up no debt. Corrections, bypass and the credit for a
+/// grant dropped unseen reach both balances the same way.
 #[derive(Debug)]
 pub struct TokenBucket {
     balances: Mutex<[Balance; 2]>,
@@ -166,7 +176,7 @@ impl TokenBucket {
 /// estimates add debt) and refills pay the debt first.
 ///
 /// A granter spends one [`TokenClass`] of a [`TokenBucket`]; see the
-/// [module documentation](self) for how the classes share it.
+/// [`TokenBucket`] for how the classes share it.
 pub struct TokenGranter {
     bucket: Arc<TokenBucket>,
     class: TokenClass,

@@ -22,13 +22,24 @@
 //!   saturates, whatever the engine reports.
 //! * [`TokenDrip`]: hands an interval's total out in ticks, exactly.
 //!
-//! The tokens are spent through a [`WorkQueue`](crate::WorkQueue) in front
-//! of a [`TokenGranter`](crate::TokenGranter) (`WorkQueue::tokens`):
-//! requests carry their estimated bytes ([`WorkInfoBuilder::requested`](crate::work::WorkInfoBuilder::requested)),
+//! The tokens are spent through [`TokenQueues`](crate::queue::TokenQueues):
+//! a regular queue (priority zero and above) and an elastic queue (below
+//! zero) over one [`TokenBucket`](crate::grant::TokenBucket) with a balance
+//! per class. Every admission pays from both balances and elastic work also
+//! needs the regular balance positive, so elastic work gets what regular
+//! work leaves and is throttled first, while each class waits in its own
+//! queue. Requests carry their estimated bytes
+//! ([`WorkInfoBuilder::requested`](crate::work::WorkInfoBuilder::requested));
 //! each tick's drip goes in with `add_tokens`, and `correct_tokens` settles
-//! an estimate once the write's real size is known. [`IoController`] ties
-//! them together on a ticker thread. Separate regular and elastic budgets,
-//! the `fjall` adapter and the ingest example are still to come (issue 6).
+//! an estimate once the write's real size is known, charging or crediting
+//! both balances and the tenant's usage without blocking.
+//! [`IoController`] ties listener, drips and queues together on a ticker
+//! thread.
+//!
+//! Engines plug in through [`LsmStatsSource`]; with the `fjall` feature,
+//! [`fjall::FjallStats`] reads a [fjall](https://docs.rs/fjall) keyspace
+//! (L0 tables, runs as sub-levels, L0 bytes, and flushed bytes derived from
+//! table ids; see its documentation for the approximations).
 
 mod controller;
 mod drip;
