@@ -447,3 +447,64 @@ async fn observations_are_written_as_jsonl() {
     assert_eq!(lines[2]["grant_bytes"], grant);
     assert_eq!(lines[2]["waiter"], 1);
 }
+
+/// Resident cache sits in the same arithmetic as grants: charged (or
+/// pinned) cache holds a waiter back, and evicting it admits the waiter at
+/// once, through the service's own transaction.
+#[tokio::test]
+async fn evicting_cache_admits_the_waiter_it_held_back() {
+    use admission::gpu::{CacheChange, LedgerError};
+
+    let with_cache = admission::gpu::DeviceProfile::builder(dev(0))
+        .managed_capacity(16 * GIB)
+        .max_active_attempts(2)
+        .streams_per_attempt(2)
+        .cache_cap(14 * GIB)
+        .build()
+        .unwrap();
+    let rig = Rig::new(vec![with_cache], bounds(16, 4));
+    // 16 GiB, floor 2 GiB: 13 GiB of cache leave 16 - 13 - 2 (one open
+    // slot's floor) = 1 GiB, below the floor.
+    rig.service
+        .change_cache(dev(0), CacheChange::Charge(13 * GIB))
+        .unwrap();
+    let mut waiting = Box::pin(rig.service.admit_resources(GIB));
+    assert!(poll!(waiting.as_mut()).is_pending());
+
+    rig.service
+        .change_cache(dev(0), CacheChange::Pin(GIB))
+        .unwrap();
+    assert!(
+        poll!(waiting.as_mut()).is_pending(),
+        "pinned cache counts too"
+    );
+    rig.service
+        .change_cache(dev(0), CacheChange::Unpin(GIB))
+        .unwrap();
+    let report = rig.report(0);
+    assert_eq!(
+        (report.cache_evictable_bytes, report.cache_pinned_bytes),
+        (13 * GIB, 0)
+    );
+
+    rig.service
+        .change_cache(dev(0), CacheChange::Evict(GIB))
+        .unwrap();
+    let handle = waiting.await.unwrap();
+    assert_eq!(handle.grant_bytes(), 2 * GIB, "max_new, exactly the floor");
+
+    assert_eq!(
+        rig.service.change_cache(dev(9), CacheChange::Charge(1)),
+        Err(LedgerError::NoSuchDevice { device: dev(9) })
+    );
+    assert!(matches!(
+        rig.service
+            .change_cache(dev(0), CacheChange::Evict(100 * GIB)),
+        Err(LedgerError::CacheUnderflow { .. })
+    ));
+    handle.release().await;
+    rig.service
+        .change_cache(dev(0), CacheChange::Evict(12 * GIB))
+        .unwrap();
+    rig.assert_idle();
+}

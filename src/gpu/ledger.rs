@@ -423,6 +423,11 @@ pub enum LedgerError {
         /// The waiter.
         waiter: WaiterId,
     },
+    /// The device has no ledger in this service.
+    NoSuchDevice {
+        /// The ordinal asked for.
+        device: DeviceOrdinal,
+    },
     /// A counter would overflow or underflow: an accounting bug.
     Accounting {
         /// The counter.
@@ -506,6 +511,9 @@ impl fmt::Display for LedgerError {
             }
             LedgerError::NotProtected { waiter } => {
                 write!(f, "{waiter} holds no protection on this ledger")
+            }
+            LedgerError::NoSuchDevice { device } => {
+                write!(f, "{device} has no ledger in this service")
             }
             LedgerError::Accounting { counter } => {
                 write!(f, "ledger counter `{counter}` would overflow (accounting bug)")

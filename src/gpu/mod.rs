@@ -63,7 +63,9 @@ pub use proof::{
     AllocationOwner, Capability, CapabilityProof, CapabilitySet, IssuerId, LoweringError,
     PhaseRequirement, PlanDescription, PlanFingerprint, ProofIssuer,
 };
-pub use scheduler::{AdmissionCore, AdmissionSnapshot, CoreEvent, DeviceSummary, WaiterSnapshot};
+pub use scheduler::{
+    AdmissionCore, AdmissionSnapshot, CacheChange, CoreEvent, DeviceSummary, WaiterSnapshot,
+};
 pub use service::{
     AdmissionTicket, PreflightFuture, PreflightRequest, QueryService, QueryServiceBuilder,
     ServiceError,

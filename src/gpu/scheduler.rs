@@ -63,10 +63,25 @@ use tokio::time::Instant;
 
 use super::backend::DeviceOrdinal;
 use super::ledger::{
-    Decision, DeviceLedger, ForeignGrant, GrantId, GrantRequest, LedgerHealth, LedgerReport,
-    MemoryGrant, ReleaseOutcome, WaiterId,
+    Decision, DeviceLedger, ForeignGrant, GrantId, GrantRequest, LedgerError, LedgerHealth,
+    LedgerReport, MemoryGrant, ReleaseOutcome, WaiterId,
 };
 use super::outcome::GpuAdmitError;
+
+/// A change to a device's resident cache, as the ledger accounts it: the
+/// cache domain's bytes sit beside grants in the same arithmetic.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CacheChange {
+    /// Newly resident, evictable bytes (within the cache cap and the bytes
+    /// nobody has claimed).
+    Charge(u64),
+    /// Evictable bytes dropped from the device.
+    Evict(u64),
+    /// Evictable bytes now in use by running work.
+    Pin(u64),
+    /// Pinned bytes no longer in use, evictable again.
+    Unpin(u64),
+}
 use super::placement::{rank_devices, DeviceLoad};
 use super::profile::{DeviceSet, QueueBounds};
 
@@ -402,6 +417,26 @@ impl AdmissionCore {
                 None => Err(self.foreign(grant)),
             },
             None => Err(self.foreign(grant)),
+        }
+    }
+
+    /// Applies a resident-cache change to `device`'s ledger. Call
+    /// [`schedule`](Self::schedule) next: evicted bytes may admit waiters or
+    /// top up a protection.
+    pub fn change_cache(
+        &mut self,
+        device: DeviceOrdinal,
+        change: CacheChange,
+    ) -> Result<(), LedgerError> {
+        let ledger = self
+            .index(device)
+            .and_then(|i| self.ledgers.get_mut(i))
+            .ok_or(LedgerError::NoSuchDevice { device })?;
+        match change {
+            CacheChange::Charge(bytes) => ledger.charge_cache(bytes),
+            CacheChange::Evict(bytes) => ledger.evict_cache(bytes),
+            CacheChange::Pin(bytes) => ledger.pin_cache(bytes),
+            CacheChange::Unpin(bytes) => ledger.unpin_cache(bytes),
         }
     }
 

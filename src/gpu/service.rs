@@ -75,13 +75,13 @@ use tokio::time::Instant;
 use super::backend::{BackendError, DeviceOrdinal, FaultIsolation, SharedBackend};
 use super::envelope::{AdmissionEnvelope, AttemptBounds, BuildError, EnvelopeSpec, TeardownReport};
 use super::handle::{AttemptReport, QueryHandle};
-use super::ledger::{GrantRequest, LedgerReport, MemoryGrant, WaiterId};
+use super::ledger::{GrantRequest, LedgerError, LedgerReport, MemoryGrant, WaiterId};
 use super::observe::{Observation, ObservationKind};
 use super::outcome::GpuAdmitError;
 use super::placement::compatible_devices;
 use super::profile::{DeviceSet, QueueBounds};
 use super::proof::{CapabilityProof, ProofIssuer};
-use super::scheduler::{AdmissionCore, AdmissionSnapshot, CoreEvent, Withdrawn};
+use super::scheduler::{AdmissionCore, AdmissionSnapshot, CacheChange, CoreEvent, Withdrawn};
 use super::worker::DeviceWorker;
 use crate::sync::{Mutex, StdArc};
 
@@ -347,6 +347,19 @@ impl QueryService {
     /// there is retargeted, waiters left without a healthy device fail.
     pub fn quarantine(&self, device: DeviceOrdinal, code: u32) {
         self.inner.transact(|core, _| core.quarantine(device, code));
+    }
+
+    /// Charges, evicts, pins or unpins resident cache bytes on `device`'s
+    /// ledger, the one authority for device bytes; queued work is
+    /// rescheduled afterwards, since evicted bytes may admit a waiter.
+    pub fn change_cache(
+        &self,
+        device: DeviceOrdinal,
+        change: CacheChange,
+    ) -> Result<(), LedgerError> {
+        self.inner
+            .transact(|core, _| Evented(core.change_cache(device, change), Vec::new()))
+            .0
     }
 
     /// Closes the service: new submissions and every queued waiter fail

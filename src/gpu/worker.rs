@@ -184,6 +184,9 @@ mod tests {
         let b = worker.submit(|| 2);
         assert_eq!(a.await, Ok(true));
         assert_eq!(b.await, Ok(2));
+        // A job counts until the thread has finished it, which is just after
+        // it sent its result; joining the thread is what proves it drained.
+        worker.shutdown();
         assert_eq!(worker.depth(), 0);
     }
 
