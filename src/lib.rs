@@ -89,6 +89,23 @@
 //! first and never blocks a foreground writer. Writes carry an estimate and
 //! settle the actual bytes afterwards, without blocking.
 //!
+//! # GPU governance
+//!
+//! GPUs are governed by bytes and attempts rather than by a rate: the
+//! [`gpu`] module admits one query attempt at a time onto one device with one
+//! immutable memory grant. A per-device [`gpu::DeviceLedger`] (integer,
+//! checked arithmetic) is the only capacity authority: a grant lies between
+//! the attempt floor and what is left after live grants, resident cache, a
+//! protected waiter's bytes and one floor for every slot still open. One
+//! bounded queue serves every device in FIFO order of the oldest runnable
+//! waiter, with an overtake budget after which an overtaken waiter protects
+//! a slot and bytes on one device. The physical envelope around a grant
+//! (lane, stream, allocation domain, membership, worker scope) is built
+//! outside the lock and rolled back in reverse on any failure; a proven
+//! stream-synchronization fault quarantines the device. CUDA comes in
+//! through `cudarc` behind the `cuda` feature; a deterministic simulated
+//! backend with fault injection is what the tests run on.
+//!
 //! # Requester and granter
 //!
 //! Two small interfaces in [`grant`] keep *who wants to run* apart from
@@ -148,6 +165,9 @@
 //! * [`cpu`]: the CPU signal, the AIAD slot adjuster and the [`cpu::Controller`].
 //! * [`io`]: the IO signal: LSM stats, the load listener's byte tokens, the
 //!   token drip, the [`io::IoController`] and the fjall adapter.
+//! * [`gpu`]: device profiles, ledgers and memory grants, the GPU query
+//!   service (one bounded queue with overtake protection), transactional
+//!   envelopes, backends (simulated; `cudarc` with feature `cuda`).
 //! * [`observe`]: snapshots and wait-time histograms.
 //! * [`export`]: metrics through the `metrics` facade (feature `metrics`).
 //! * [`error`]: [`AdmitError`] and [`ConfigError`].

@@ -13,12 +13,134 @@
 //!   ─▶ QueryHandle ─release─▶ AttemptReport                    (handle)
 //! ```
 //!
-//! The [`ledger`] is the only capacity authority, and it is plain data: the
-//! [`scheduler`]'s `AdmissionCore` owns every ledger and the queue, and the
-//! [`service`] keeps that core behind one mutex that is never held across an
-//! await or a backend call. Physical work (streams, domains, teardown) runs
-//! on one [`worker`] thread per device through the [`backend`] trait. See
-//! each module for its part of the design.
+//! The module governs **device memory only**; host memory is the
+//! application's own pool's concern.
+//!
+//! # Profiles and the ledger
+//!
+//! Every device has one immutable [`DeviceProfile`], declared by the
+//! operator with a matching [`MemoryOwnership`]: the managed capacity the
+//! ledger accounts for, a backend reserve kept out of it, a cache cap, the
+//! attempt floor (the guaranteed minimum grant, by default
+//! `capacity / max(8, max_active_attempts)`), the active-attempt limit and
+//! the physical bounds of an attempt (streams, workers, lanes, concurrent
+//! source reads). The [`DeviceLedger`] is the only capacity authority, in
+//! checked integer arithmetic. A new attempt needs a free slot
+//! (`active + 1 <= limit`, a slot protected for someone else counting as
+//! taken) and
+//!
+//! ```text
+//! max_new = capacity − live grants − evictable cache − pinned cache
+//!         − protected bytes − floor × unprotected slots left open after it
+//! required floor <= grant <= max_new
+//! ```
+//!
+//! Keeping one floor per open slot stops one large grant from starving the
+//! device's remaining concurrency. A working-set hint picks the grant inside
+//! the interval; without one the grant is `max_new`. Free-memory samples
+//! from the driver are telemetry and never admit anything. A
+//! [`MemoryGrant`] never changes after commit and is the ceiling of the
+//! attempt's allocation domain, enforced in software by a compare-and-swap
+//! before any driver call ([`domain`]).
+//!
+//! # The queue
+//!
+//! One bounded queue serves every device. A submission first reserves a
+//! pending slot and a FIFO sequence, then is resolved outside the lock:
+//! which installed devices have every required capability, whether its
+//! floor can ever fit, and the engine's optional per-device preflight. What
+//! can never run is refused at once with a typed error (capability,
+//! configuration), never queued; a pending preflight is an ordering barrier
+//! that younger work cannot pass. The scheduler admits the oldest runnable
+//! waiter, ranking its compatible devices by spare bytes after admission,
+//! then load, then stream availability, then ordinal, and a waiter blocked
+//! on its own devices does not idle another device. A waiter overtaken more
+//! than its budget protects one future slot and released bytes up to its
+//! floor on one compatible ledger; its grant consumes the protection, and
+//! the protection moves if that device is quarantined or closed. Cancel,
+//! deadline, close and the loss of every compatible device remove a waiter
+//! with a structured [`GpuAdmitError`], which [`QueryAdmissionOutcome`]
+//! classifies for the application (retry, queue, HTTP 429...).
+//!
+//! # The envelope transaction and release
+//!
+//! The ledger commits the slot and grant under the lock; the
+//! [`AdmissionEnvelope`](envelope::AdmissionEnvelope) is then built outside
+//! it, on the device's worker thread: attempt lane, root stream, allocation
+//! domain, root-stream membership in the domain, worker scope. The
+//! [`QueryHandle`] exists only once all five validated; any failure or
+//! cancellation undoes the steps in exact reverse order (the stream's
+//! clean-up awaited first) and returns the grant. Release waits for the
+//! handle's execution contexts to go idle, tears the envelope down, seals
+//! the [`AttemptReport`], and only then returns the grant to the ledger and
+//! wakes queued work. A stream-synchronization fault proven to be
+//! device-local quarantines that device; one whose reach is unknown closes
+//! every ledger. Grants in flight stay valid and drain; nothing new is
+//! issued there.
+//!
+//! # Backends
+//!
+//! [`backend::GpuBackend`] is the only code that touches a device: the
+//! simulated [`backend::sim::SimBackend`] (deterministic, with fault
+//! injection and an operation log, what the tests use) and, with the `cuda`
+//! feature, a `cudarc` backend that loads the driver at run time, answers
+//! `NoDriver` instead of panicking where there is none, and runs blocking
+//! calls on the device's worker thread, never on a tokio worker.
+//!
+//! # Example
+//!
+//! ```
+//! use std::sync::Arc;
+//! use std::time::Duration;
+//!
+//! use admission::gpu::backend::sim::{SimBackend, SimDevice};
+//! use admission::gpu::backend::DeviceOrdinal;
+//! use admission::gpu::{
+//!     Capability, CapabilitySet, DeviceProfile, DeviceSet, MemoryOwnership, PhaseRequirement,
+//!     PlanDescription, PlanFingerprint, QueryService, QueueBounds,
+//! };
+//!
+//! const GIB: u64 = 1 << 30;
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let gpu0 = DeviceOrdinal(0);
+//! let mut capabilities = CapabilitySet::new();
+//! capabilities.insert(Capability::new("hash_join"));
+//! let profile = DeviceProfile::builder(gpu0)
+//!     .managed_capacity(80 * GIB)
+//!     .max_active_attempts(4)
+//!     .capabilities(capabilities)
+//!     .build()?;
+//! let devices = DeviceSet::new(vec![profile], vec![MemoryOwnership::exclusive(gpu0)])?;
+//! let bounds = QueueBounds::new(64, Duration::from_secs(30), 4)?;
+//! let backend = Arc::new(SimBackend::new([SimDevice::new(0, 96 * GIB)]));
+//! let service = QueryService::new(backend, devices, bounds)?;
+//!
+//! // The engine lowers a plan into a proof; planning reserves nothing.
+//! let plan = PlanDescription::new(PlanFingerprint(42))
+//!     .require(Capability::new("hash_join"))
+//!     .phase(PhaseRequirement::new("build", 12 * GIB, "join"));
+//! let proof = service.issuer().lower(&plan)?;
+//! let ticket = service.ticket(&proof)?;
+//!
+//! // Execution needs the device: admit, run, release.
+//! let handle = ticket.with_working_set_hint(16 * GIB).admit().await?;
+//! handle.authorize(&proof)?;
+//! assert_eq!(handle.grant_bytes(), 16 * GIB); // the hint, inside [12 GiB, max_new]
+//! let report = handle.release().await;
+//! assert_eq!(report.grant_bytes, 16 * GIB);
+//! assert_eq!(service.device_ledger_reports()[0].live_grants_bytes, 0);
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! The [`ledger`] is plain data: the [`scheduler`]'s `AdmissionCore` owns
+//! every ledger and the queue, and the [`service`] keeps that core behind
+//! one mutex that is never held across an await or a backend call. Physical
+//! work (streams, domains, teardown) runs on one [`worker`] thread per
+//! device through the [`backend`] trait. See each module for its part of
+//! the design.
 
 // Profiles, the ledger and placement: pure integer accounting, no CUDA.
 #[cfg(feature = "config")]
