@@ -6,6 +6,7 @@
 //! cargo run --release --example overload -- --scenario all
 //! cargo run --release --example overload -- --scenario w4 --quick
 //! cargo run --release --features fjall --example overload -- --scenario w6
+//! cargo run --release --example overload -- --scenario w7
 //! cargo run --release --example overload -- --service bimodal     # or constant
 //! cargo run --release --example overload -- --handler never-yields
 //! cargo run --release --example overload -- --system admission --system tower
@@ -22,8 +23,11 @@
 //! plots of per-class p99 over time.
 //!
 //! W6 (IO admission on a fjall database) is compiled in with the `fjall`
-//! feature only; without it, W6 says so and reports nothing.
+//! feature only; without it, W6 says so and reports nothing. W7 (GPU query
+//! admission on a pool of simulated devices under 3x demand, see `gpu.rs`)
+//! needs no feature and no GPU.
 
+mod gpu;
 #[cfg(feature = "fjall")]
 mod ingest;
 mod load;
@@ -180,6 +184,7 @@ fn run_scenario(
             eprintln!("  w6 needs the fjall feature (--features fjall); skipped");
             Vec::new()
         }
+        "w7" => scenarios::w7(&scenarios::w7_settings(quick)),
         "w8" => scenarios::w2_variant(bench, dir, "w8", Handler::SharedMutex),
         "w9" => scenarios::w2_variant(bench, dir, "w9", Handler::AwaitsIo),
         _ => unreachable!("names are checked when parsing"),
@@ -191,6 +196,7 @@ fn classes_of(name: &str) -> &'static [&'static str] {
         "w2" | "w2-local" | "w8" | "w9" => &["high", "normal", "low"],
         "w4" => &["high", "normal"],
         "w6" => &["foreground"],
+        "w7" => &gpu::CLASSES,
         _ => &["normal"],
     }
 }
@@ -229,6 +235,9 @@ fn main() {
         print!("{}", report::table(&rows, classes_of(name)));
         if name == "w6" && !rows.is_empty() {
             print!("{}", scenarios::w6_table(&rows));
+        }
+        if name == "w7" {
+            print!("{}", scenarios::w7_table(&rows));
         }
         all.extend(rows);
     }
@@ -301,6 +310,44 @@ mod smoke {
         assert!(json.contains("\"max_l0_runs\""));
     }
 
+    /// W7 at CI size (arrivals for 250 ms on two simulated devices, about
+    /// half a second per system with the drain). Asserts only what cannot flake:
+    /// the service never over-commits a ledger or a workload counter, every
+    /// query settles exactly once, and every grant, slot and protection is
+    /// back at the end. No timing, utilisation or starvation thresholds.
+    #[test]
+    fn a_tiny_w7_never_over_commits_and_settles_every_query() {
+        let settings = gpu::Settings::smoke();
+        let mut rows = Vec::new();
+        for system in gpu::System::ALL {
+            let outcome = gpu::run(&settings, system);
+            rows.push(scenarios::w7_row(&settings, system, &outcome));
+            let name = system.name();
+            let arrivals = outcome.arrivals[gpu::SMALL] + outcome.arrivals[gpu::LARGE];
+            assert!(arrivals > 0, "{name}: nothing scheduled");
+            assert_eq!(outcome.settled, arrivals, "{name}: a query did not settle");
+            let completed = outcome.completed[gpu::SMALL] + outcome.completed[gpu::LARGE];
+            assert_eq!(completed + outcome.refused(), arrivals, "{name}");
+            if system == gpu::System::DeviceSemaphore {
+                continue;
+            }
+            assert_eq!(outcome.over_commit_admissions, 0, "{name}: over-commit");
+            assert_eq!(outcome.over_slot_admissions, 0, "{name}: over the limit");
+            assert_eq!(outcome.ledger_violations, 0, "{name}: ledger over capacity");
+            assert!(outcome.max_held_ratio <= 1.0, "{name}");
+            assert!(outcome.ledger_max_ratio.is_some_and(|r| r <= 1.0), "{name}");
+            assert_eq!(
+                outcome.settle_mismatches, 0,
+                "{name}: settled twice or never"
+            );
+            assert_eq!(outcome.ledgers_clear, Some(true), "{name}: grants left");
+        }
+        assert!(rows.iter().all(|row| row.valid));
+        assert!(scenarios::w7_table(&rows).contains("admission-unbounded"));
+        let json = report::summary_json(&rows).to_string();
+        assert!(json.contains("\"over_commit_admissions\""));
+    }
+
     #[test]
     fn the_command_line_names_scenarios_and_rejects_unknown_ones() {
         let parsed = parse(&["--scenario".into(), "w4".into(), "--quick".into()]).unwrap();
@@ -313,7 +360,13 @@ mod smoke {
                 .len(),
             scenarios::NAMES.len()
         );
-        assert!(parse(&["--scenario".into(), "w7".into()]).is_err());
+        assert_eq!(
+            parse(&["--scenario".into(), "w7".into()])
+                .unwrap()
+                .scenarios,
+            ["w7"]
+        );
+        assert!(parse(&["--scenario".into(), "w10".into()]).is_err());
         assert!(parse(&["--fast".into()]).is_err());
     }
 }

@@ -14,8 +14,8 @@ use crate::stats::{self, Outcome, Record};
 use crate::systems::System;
 
 /// The scenarios by name, in the order `all` runs them.
-pub const NAMES: [&str; 11] = [
-    "w2", "w1", "w3a", "w3b", "w3c", "w4", "w5", "w6", "w8", "w9", "w2-local",
+pub const NAMES: [&str; 12] = [
+    "w2", "w1", "w3a", "w3b", "w3c", "w4", "w5", "w6", "w7", "w8", "w9", "w2-local",
 ];
 
 const HIGH: Class = Class {
@@ -620,4 +620,186 @@ pub fn w2_variant(bench: &Bench, dir: &Path, name: &str, handler: Handler) -> Ve
     let (rows, series) = compare(bench, name, &systems, &spec, 3.0, |_, _, _| {});
     plot_all(dir, name, &classes, series);
     rows
+}
+
+/// W7's run length: the arrival window (the drain comes after it).
+pub fn w7_settings(quick: bool) -> crate::gpu::Settings {
+    crate::gpu::Settings::full(if quick {
+        Duration::from_secs(1)
+    } else {
+        Duration::from_secs(3)
+    })
+}
+
+/// W7: GPU query admission on a simulated pool of devices under 3x demand
+/// (see `gpu.rs`): the query service with an overtake budget, the same
+/// with overtaking unbounded, and per-device slot semaphores. Not a CPU
+/// scenario: goodput is completions over the pool's estimated sustainable
+/// throughput, latencies are admission waits from the intended arrival,
+/// and there is no p99-over-time plot.
+pub fn w7(settings: &crate::gpu::Settings) -> Vec<SummaryRow> {
+    crate::gpu::System::ALL
+        .into_iter()
+        .map(|system| {
+            eprintln!("  w7: {} ...", system.name());
+            w7_row(settings, system, &crate::gpu::run(settings, system))
+        })
+        .collect()
+}
+
+/// One W7 system's row: the standard figures and W7's own as extras.
+pub fn w7_row(
+    settings: &crate::gpu::Settings,
+    system: crate::gpu::System,
+    outcome: &crate::gpu::Outcome,
+) -> SummaryRow {
+    use crate::gpu::{CLASSES, LARGE, SMALL};
+
+    let option = |value: Option<f64>| value.map_or(serde_json::Value::Null, |v| json!(v));
+    let extra: BTreeMap<String, serde_json::Value> = [
+        ("sustainable_per_sec", json!(outcome.sustainable_per_sec)),
+        ("arrivals_small", json!(outcome.arrivals[SMALL])),
+        ("arrivals_large", json!(outcome.arrivals[LARGE])),
+        ("completed_small", json!(outcome.completed[SMALL])),
+        ("completed_large", json!(outcome.completed[LARGE])),
+        ("large_success_frac", json!(outcome.large_success())),
+        (
+            "over_commit_admissions",
+            json!(outcome.over_commit_admissions),
+        ),
+        ("over_slot_admissions", json!(outcome.over_slot_admissions)),
+        ("max_held_ratio", json!(outcome.max_held_ratio)),
+        ("ledger_max_ratio", option(outcome.ledger_max_ratio)),
+        ("ledger_violations", json!(outcome.ledger_violations)),
+        ("byte_util", json!(outcome.byte_util)),
+        ("slot_util", json!(outcome.slot_util)),
+        ("samples", json!(outcome.samples)),
+        (
+            "max_overtakes_sampled",
+            json!(outcome.max_overtakes.map(u64::from)),
+        ),
+        (
+            "max_overtakes_large_sampled",
+            json!(outcome.max_overtakes_large.map(u64::from)),
+        ),
+        ("protections", json!(outcome.protections)),
+        (
+            "max_overtakes_at_protection",
+            json!(outcome.max_overtakes_at_protection),
+        ),
+        (
+            "refusals",
+            json!({
+                "small": outcome.refusals[SMALL],
+                "large": outcome.refusals[LARGE],
+            }),
+        ),
+        ("settle_mismatches", json!(outcome.settle_mismatches)),
+        ("ledgers_clear", json!(outcome.ledgers_clear)),
+    ]
+    .into_iter()
+    .map(|(key, value)| (key.to_string(), value))
+    .collect();
+    let arrivals = outcome.arrivals[SMALL] + outcome.arrivals[LARGE];
+    SummaryRow {
+        scenario: "w7".into(),
+        system: system.name().into(),
+        offered_x: settings.offered_x,
+        goodput_frac: outcome.goodput_frac(),
+        rejected_frac: outcome.refused_frac(),
+        latency_ms: CLASSES
+            .iter()
+            .enumerate()
+            .map(|(class, name)| (name.to_string(), outcome.wait(class)))
+            .collect(),
+        jain: None,
+        converge_ms: None,
+        generator_late_p99_us: outcome.generator_late_p99_us,
+        // Trustworthy when every scheduled query settled.
+        valid: outcome.settled == arrivals,
+        extra,
+    }
+}
+
+/// W7's own figures, one line per system, for the terminal: over-commit
+/// (max held or accounted bytes over capacity, and admissions that passed
+/// it), utilisation, the large class's fate and the starvation figures.
+pub fn w7_table(rows: &[SummaryRow]) -> String {
+    let figure = |row: &SummaryRow, key: &str| {
+        row.extra
+            .get(key)
+            .and_then(serde_json::Value::as_f64)
+            .unwrap_or(f64::NAN)
+    };
+    let count = |row: &SummaryRow, key: &str| {
+        row.extra
+            .get(key)
+            .and_then(serde_json::Value::as_u64)
+            .map_or("-".to_string(), |n| n.to_string())
+    };
+    let mut text = format!(
+        "{:<19} {:>8} {:>8} {:>6} {:>6} {:>6} {:>8} {:>8} {:>9} {:>9} {:>6}\n",
+        "system",
+        "max held",
+        "max ldgr",
+        "over",
+        "bytes",
+        "slots",
+        "large ok",
+        "large mx",
+        "overtakes",
+        "protected",
+        "at"
+    );
+    for row in rows {
+        let large_max = row.latency_ms.get("large").map_or(f64::NAN, |l| l.max_ms);
+        text.push_str(&format!(
+            "{:<19} {:>8.3} {:>8} {:>6} {:>5.0}% {:>5.0}% {:>7.1}% {:>6.0}ms {:>9} {:>9} {:>6}\n",
+            row.system,
+            figure(row, "max_held_ratio"),
+            row.extra
+                .get("ledger_max_ratio")
+                .and_then(serde_json::Value::as_f64)
+                .map_or("-".to_string(), |r| format!("{r:.3}")),
+            count(row, "over_commit_admissions"),
+            figure(row, "byte_util") * 100.0,
+            figure(row, "slot_util") * 100.0,
+            figure(row, "large_success_frac") * 100.0,
+            large_max,
+            count(row, "max_overtakes_large_sampled"),
+            count(row, "protections"),
+            count(row, "max_overtakes_at_protection"),
+        ));
+    }
+    text.push_str(
+        "max held/ldgr: largest sampled bytes held / accounted by a ledger over capacity; \
+         over: admissions past capacity;\nbytes, slots: time-averaged utilisation; \
+         large ok: large completed / scheduled; large mx: largest large wait;\n\
+         overtakes: largest sampled overtake count of a large waiter; protected: \
+         protections taken; at: largest overtake count when taken\n",
+    );
+    text.push_str("refusals by class and outcome:\n");
+    for row in rows {
+        let of = |class: &str| {
+            let named: Vec<String> = row
+                .extra
+                .get("refusals")
+                .and_then(|r| r.get(class))
+                .and_then(serde_json::Value::as_object)
+                .map(|map| map.iter().map(|(name, n)| format!("{name} {n}")).collect())
+                .unwrap_or_default();
+            if named.is_empty() {
+                "none".to_string()
+            } else {
+                named.join(", ")
+            }
+        };
+        text.push_str(&format!(
+            "  {:<19} small: {}; large: {}\n",
+            row.system,
+            of("small"),
+            of("large")
+        ));
+    }
+    text
 }
