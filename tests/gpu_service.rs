@@ -112,6 +112,7 @@ async fn a_proof_ticket_admits_one_device_one_grant_and_release_returns_everythi
             ObservationKind::Submitted,
             ObservationKind::Queued,
             ObservationKind::Admitted,
+            ObservationKind::Published,
             ObservationKind::Released,
         ]
     );
@@ -442,7 +443,10 @@ async fn observations_are_written_as_jsonl() {
         .map(|l| serde_json::from_str(l).unwrap())
         .collect();
     let kinds: Vec<&str> = lines.iter().map(|l| l["kind"].as_str().unwrap()).collect();
-    assert_eq!(kinds, ["submitted", "queued", "admitted", "released"]);
+    assert_eq!(
+        kinds,
+        ["submitted", "queued", "admitted", "published", "released"]
+    );
     assert_eq!(lines[2]["device"], 0);
     assert_eq!(lines[2]["grant_bytes"], grant);
     assert_eq!(lines[2]["waiter"], 1);

@@ -521,6 +521,21 @@ impl Inner {
         }
     }
 
+    /// A handle exists: its whole envelope validated.
+    fn observe_published(&self, waiter: WaiterId, device: DeviceOrdinal, grant_bytes: u64) {
+        let elapsed = Instant::now().saturating_duration_since(self.epoch);
+        let mut record = Observation::new(ObservationKind::Published, elapsed);
+        record.waiter = Some(waiter.get());
+        record.device = Some(device.0);
+        record.grant_bytes = Some(grant_bytes);
+        {
+            let state = self.state.lock();
+            record.queue_depth = state.core.depth();
+            record.pending_preflights = state.core.pending_preflights();
+        }
+        self.deliver(vec![record]);
+    }
+
     fn observe_rejection(&self, waiter: Option<WaiterId>, error: &GpuAdmitError) {
         let elapsed = Instant::now().saturating_duration_since(self.epoch);
         let mut record = Observation::new(ObservationKind::Rejected, elapsed);
@@ -922,14 +937,12 @@ async fn admit(ticket: AdmissionTicket) -> Result<QueryHandle, GpuAdmitError> {
         return Err(GpuAdmitError::Cancelled);
     };
     match built {
-        Ok(envelope) => Ok(QueryHandle::publish(
-            inner.clone(),
-            envelope,
-            grant,
-            waiter,
-            proof,
-            waited,
-        )),
+        Ok(envelope) => {
+            let handle =
+                QueryHandle::publish(inner.clone(), envelope, grant, waiter, proof, waited);
+            inner.observe_published(waiter, device, grant_bytes);
+            Ok(handle)
+        }
         Err(build_error) => {
             let (error, isolation) = build_failure(device, &build_error);
             inner.release_unpublished(grant, waiter, isolation, Some(&error));
