@@ -319,3 +319,76 @@ async fn a_grant_dropped_unseen_returns_its_tokens() {
     let mut next = tokio_test::task::spawn(queues.admit(work(2, Priority::NORMAL, 5)));
     assert!(matches!(next.poll(), Poll::Ready(Ok(_))));
 }
+
+/// An engine whose flush backlog the test sets; L0 stays healthy.
+struct Backlogged {
+    unflushed: std::sync::Arc<std::sync::atomic::AtomicU64>,
+}
+
+impl admission::io::LsmStatsSource for Backlogged {
+    fn stats(&mut self) -> LsmStats {
+        LsmStats {
+            unflushed_memtables: self.flush_backlog(),
+            ..LsmStats::default()
+        }
+    }
+
+    fn flush_backlog(&mut self) -> Option<u64> {
+        Some(self.unflushed.load(std::sync::atomic::Ordering::SeqCst))
+    }
+}
+
+/// A flush backlog is read on every tick: from half the engine's stop
+/// threshold, elastic writers are held back at once (even while the
+/// interval left them unlimited) and regular writers are not; when it
+/// clears, elastic work flows again.
+#[tokio::test(start_paused = true)]
+async fn a_flush_backlog_holds_elastic_writers_back_on_the_next_tick() {
+    use admission::io::{IoController, LOADED_TICK};
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::sync::Arc;
+
+    let unflushed = Arc::new(AtomicU64::new(0));
+    let config = IoLoadConfig {
+        memtable_stop_threshold: Some(4),
+        ..IoLoadConfig::default()
+    };
+    let source = Backlogged {
+        unflushed: unflushed.clone(),
+    };
+    let controller = IoController::new(source, config, true).unwrap();
+    let first = controller.step();
+    assert!(!first.elastic_held);
+    assert!(
+        controller
+            .queue(TokenClass::Elastic)
+            .snapshot()
+            .granter
+            .unlimited
+    );
+
+    unflushed.store(2, Ordering::SeqCst);
+    let held = controller.step();
+    assert!(held.elastic_held);
+    assert_eq!(
+        held.next_tick, LOADED_TICK,
+        "a backlog switches to fast ticks"
+    );
+    let mut bulk = tokio_test::task::spawn(controller.admit(work(1, Priority::BULK_NORMAL, 10)));
+    let mut foreground = tokio_test::task::spawn(controller.admit(work(2, Priority::NORMAL, 10)));
+    assert!(
+        bulk.poll().is_pending(),
+        "elastic work waits out the backlog"
+    );
+    assert!(matches!(foreground.poll(), Poll::Ready(Ok(_))));
+
+    tokio::time::advance(LOADED_TICK).await;
+    assert!(controller.step().elastic_held);
+    assert!(bulk.poll().is_pending());
+
+    unflushed.store(1, Ordering::SeqCst);
+    tokio::time::advance(LOADED_TICK).await;
+    assert!(!controller.step().elastic_held);
+    assert!(bulk.is_woken());
+    assert!(matches!(bulk.poll(), Poll::Ready(Ok(_))));
+}

@@ -32,7 +32,7 @@ use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use admission::io::fjall::{FjallStats, FJALL_HALT_RUNS, FJALL_STALL_RUNS};
+use admission::io::fjall::{FjallStats, FJALL_HALT_RUNS, FJALL_MEMTABLE_STOP, FJALL_STALL_RUNS};
 use admission::io::{IoController, IoLoadConfig, IoTokens, Tokens};
 use admission::{Priority, TenantId, WorkInfo};
 use fjall::{AbstractTree, Database, Keyspace, KeyspaceCreateOptions};
@@ -117,6 +117,9 @@ impl Settings {
                 // few per run, so runs reach the threshold first.
                 l0_file_threshold: 1_000,
                 l0_sublevel_threshold: FJALL_STALL_RUNS,
+                // fjall halts every writer from four sealed memtables; bulk
+                // writes are held back from two.
+                memtable_stop_threshold: Some(FJALL_MEMTABLE_STOP),
             },
         }
     }

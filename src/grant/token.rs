@@ -270,6 +270,15 @@ impl TokenGranter {
             .with_class(self.class, |balance| balance.burst = burst);
     }
 
+    /// This class's burst, or `default` when it is zero.
+    pub(crate) fn burst_or(&self, default: u64) -> u64 {
+        self.bucket
+            .with_class(self.class, |balance| match balance.burst {
+                0 => default,
+                burst => burst,
+            })
+    }
+
     /// Adds `tokens` to this class's balance, paying debt first, up to the
     /// burst.
     pub(crate) fn add(&self, tokens: u64) {

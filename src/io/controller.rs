@@ -51,6 +51,10 @@ struct Ticking {
     listener: IoLoadListener,
     drips: [Option<TokenDrip>; 2],
     loaded: bool,
+    /// The interval's elastic decision was unlimited, but a flush backlog
+    /// made this controller limit elastic work until it clears.
+    elastic_limited_for_backlog: bool,
+    elastic_unlimited: bool,
     interval_started: Option<Instant>,
     last: Option<IoTokens>,
 }
@@ -64,6 +68,9 @@ pub struct IoTick {
     pub added: Option<u64>,
     /// Elastic tokens added by this tick (`None` while unlimited).
     pub added_elastic: Option<u64>,
+    /// Whether this tick saw a flush backlog (at least half the engine's
+    /// memtable stop threshold) and withheld elastic tokens.
+    pub elastic_held: bool,
     /// How long until the next tick.
     pub next_tick: Duration,
 }
@@ -86,6 +93,8 @@ impl IoController {
                 listener,
                 drips: [None, None],
                 loaded: false,
+                elastic_limited_for_backlog: false,
+                elastic_unlimited: true,
                 interval_started: None,
                 last: None,
             }),
@@ -186,7 +195,24 @@ impl IoCore {
                     }
                 };
             }
+            ticking.elastic_unlimited = limits[1].is_none();
+            ticking.elastic_limited_for_backlog = false;
             self.queues.set_limits(limits[0], limits[1]);
+        }
+        // The flush backlog is read every tick: it builds up within a
+        // fraction of an interval, and the engine then stops every writer.
+        let backlog = ticking.source.flush_backlog();
+        let elastic_held = ticking.listener.flush_backlogged(backlog);
+        if elastic_held {
+            ticking.loaded = true;
+            if ticking.elastic_unlimited && !ticking.elastic_limited_for_backlog {
+                ticking.elastic_limited_for_backlog = true;
+                let burst = self.queues.elastic().granter().burst_or(1);
+                self.queues.elastic().set_token_limit(Some(burst));
+            }
+        } else if ticking.elastic_limited_for_backlog {
+            ticking.elastic_limited_for_backlog = false;
+            self.queues.elastic().set_token_limit(None);
         }
         // Ticks left from the time left, so a ticker running late still
         // hands out the whole interval's tokens.
@@ -198,7 +224,13 @@ impl IoCore {
             u32::try_from(left.as_nanos().div_ceil(LOADED_TICK.as_nanos())).unwrap_or(u32::MAX);
         let [regular, elastic] = &mut ticking.drips;
         let added = regular.as_mut().map(|drip| drip.take(ticks_left));
-        let added_elastic = elastic.as_mut().map(|drip| drip.take(ticks_left));
+        // A held tick's elastic tokens are withheld for good, not saved
+        // for later ticks: handing them out once the backlog clears would
+        // refill the memtables at once.
+        let added_elastic = elastic
+            .as_mut()
+            .map(|drip| drip.take(ticks_left))
+            .map(|tokens| if elastic_held { 0 } else { tokens });
         if added.is_some() || added_elastic.is_some() {
             self.queues
                 .add_tokens(added.unwrap_or(0), added_elastic.unwrap_or(0));
@@ -207,6 +239,7 @@ impl IoCore {
             new_interval,
             added,
             added_elastic,
+            elastic_held,
             next_tick: if ticking.loaded {
                 LOADED_TICK
             } else {

@@ -16,6 +16,9 @@
 //!   lower bound, and admission errs on the cautious side; read at least as
 //!   often as L0 turns over (the controller's interval does).
 //! * **Write stalls** count readings that found L0 in fjall's stall range.
+//! * **Unflushed memtables** are the keyspace's sealed memtables, read on
+//!   every tick as the flush backlog: fjall halts every writer from
+//!   [`FJALL_MEMTABLE_STOP`] of them.
 //!
 //! [`FjallStats::report`] adds what fjall reports about compaction progress
 //! and disk growth, for observability; it is not an admission input.
@@ -35,6 +38,10 @@ use super::stats::{LsmStats, LsmStatsSource};
 pub const FJALL_STALL_RUNS: u64 = 20;
 /// L0 runs from which fjall halts every writer until compactions catch up.
 pub const FJALL_HALT_RUNS: u64 = 30;
+/// Sealed memtables waiting to be flushed from which fjall halts every
+/// writer (in 100 ms sleeps) until flushes catch up: the value for
+/// [`IoLoadConfig::memtable_stop_threshold`](super::IoLoadConfig::memtable_stop_threshold).
+pub const FJALL_MEMTABLE_STOP: u64 = 4;
 
 /// Reads one fjall keyspace's L0 as [`LsmStats`]; see the
 /// [module documentation](self) for what is derived and how.
@@ -108,7 +115,13 @@ impl FjallStats {
             flushed_bytes: self.flushed_bytes,
             ingested_bytes: 0,
             write_stalls: self.write_stalls,
+            unflushed_memtables: self.flush_backlog(),
         }
+    }
+
+    /// Sealed memtables waiting to be flushed now.
+    pub fn flush_backlog(&self) -> Option<u64> {
+        Some(u64::try_from(self.keyspace.sealed_memtable_count()).unwrap_or(u64::MAX))
     }
 
     /// Takes a reading and adds fjall's compaction and disk figures.
@@ -129,6 +142,10 @@ impl FjallStats {
 impl LsmStatsSource for FjallStats {
     fn stats(&mut self) -> LsmStats {
         self.read()
+    }
+
+    fn flush_backlog(&mut self) -> Option<u64> {
+        FjallStats::flush_backlog(self)
     }
 }
 

@@ -45,6 +45,13 @@ pub struct IoLoadConfig {
     pub l0_file_threshold: u64,
     /// L0 sub-levels counted as fully overloaded (upstream: 20).
     pub l0_sublevel_threshold: u64,
+    /// Unflushed memtables at which the engine stops all writes (Pebble and
+    /// fjall: 4), or `None` to ignore the flush backlog. From half of it,
+    /// elastic work is held back: its tokens for the next interval are
+    /// capped at the bytes compactions removed (upstream's rule), and the
+    /// [`IoController`](super::IoController) pauses its drip on every tick
+    /// that sees the backlog there.
+    pub memtable_stop_threshold: Option<u64>,
 }
 
 impl Default for IoLoadConfig {
@@ -53,6 +60,7 @@ impl Default for IoLoadConfig {
             interval: Duration::from_secs(15),
             l0_file_threshold: 1_000,
             l0_sublevel_threshold: 20,
+            memtable_stop_threshold: None,
         }
     }
 }
@@ -98,6 +106,12 @@ impl IoLoadListener {
             return Err(ConfigError::new(
                 "l0_sublevel_threshold",
                 "must be at least 1",
+            ));
+        }
+        if config.memtable_stop_threshold == Some(0) {
+            return Err(ConfigError::new(
+                "memtable_stop_threshold",
+                "must be at least 1 (or None to ignore the flush backlog)",
             ));
         }
         Ok(IoLoadListener {
@@ -163,6 +177,14 @@ impl IoLoadListener {
             let target = (c * (1.25 - 1.25 * (score - 0.2))).max(1.0);
             regular.map_or(target, |regular| target.min(regular))
         });
+        // A flush backlog: elastic work gets no more than compactions
+        // removed, whatever L0 looks like, so it stops feeding memtables
+        // the flushes cannot keep up with.
+        let elastic = if self.flush_backlogged(stats.unflushed_memtables) {
+            Some(elastic.map_or(compacted as f64, |e| e.min(compacted as f64)))
+        } else {
+            elastic
+        };
         let to_tokens = |value: Option<f64>| match value {
             None => Tokens::Unlimited,
             // Saturating float-to-int cast; at least one token, so a
@@ -182,6 +204,7 @@ impl IoLoadListener {
             l0_files = stats.l0_files,
             l0_sublevels = stats.l0_sublevels,
             l0_bytes = stats.l0_bytes,
+            unflushed_memtables = stats.unflushed_memtables,
             added,
             compacted,
             smoothed_compacted = decision.smoothed_compacted,
@@ -191,6 +214,15 @@ impl IoLoadListener {
             "IO tokens for the next interval"
         );
         decision
+    }
+
+    /// Whether `unflushed` memtables are at least half the engine's stop
+    /// threshold.
+    pub fn flush_backlogged(&self, unflushed: Option<u64>) -> bool {
+        match (unflushed, self.config.memtable_stop_threshold) {
+            (Some(unflushed), Some(stop)) => unflushed.saturating_mul(2) >= stop,
+            _ => false,
+        }
     }
 
     fn score(&self, stats: &LsmStats) -> f64 {
@@ -341,6 +373,54 @@ mod tests {
                 ..base
             }),
             "l0_sublevel_threshold"
+        );
+        assert_eq!(
+            bad(IoLoadConfig {
+                memtable_stop_threshold: Some(0),
+                ..base
+            }),
+            "memtable_stop_threshold"
+        );
+    }
+
+    #[test]
+    fn a_flush_backlog_caps_elastic_tokens_at_the_compacted_bytes() {
+        let config = IoLoadConfig {
+            memtable_stop_threshold: Some(4),
+            ..IoLoadConfig::default()
+        };
+        let mut listener = IoLoadListener::new(config).unwrap();
+        assert!(!listener.flush_backlogged(Some(1)));
+        assert!(
+            listener.flush_backlogged(Some(2)),
+            "half the stop threshold"
+        );
+        assert!(
+            !listener.flush_backlogged(None),
+            "an engine that does not say"
+        );
+
+        listener.next_interval(&stats(0, 0, 0));
+        let backlog = |unflushed| LsmStats {
+            unflushed_memtables: Some(unflushed),
+            ..stats(0, 0, C)
+        };
+        // L0 is empty (both classes would be unlimited), but two memtables
+        // wait: elastic work gets what compactions removed, regular work
+        // is untouched.
+        let held = listener.next_interval(&backlog(2));
+        assert_eq!(held.regular, Tokens::Unlimited);
+        assert_eq!(held.elastic, Tokens::Limited(C));
+        let mut next = backlog(1);
+        next.flushed_bytes = 2 * C;
+        assert_eq!(listener.next_interval(&next).elastic, Tokens::Unlimited);
+
+        // Without a threshold the backlog is ignored.
+        let mut ignoring = IoLoadListener::new(IoLoadConfig::default()).unwrap();
+        ignoring.next_interval(&stats(0, 0, 0));
+        assert_eq!(
+            ignoring.next_interval(&backlog(4)).elastic,
+            Tokens::Unlimited
         );
     }
 }

@@ -19,12 +19,25 @@ pub struct LsmStats {
     pub ingested_bytes: u64,
     /// Cumulative write stalls the engine imposed.
     pub write_stalls: u64,
+    /// Memtables that are full and waiting to be flushed, for engines that
+    /// report them (`None` otherwise). Engines stop every writer once too
+    /// many pile up, whatever L0 looks like.
+    pub unflushed_memtables: Option<u64>,
 }
 
 /// A source of [`LsmStats`]: an adapter for a storage engine, or a test's.
 pub trait LsmStatsSource: Send + 'static {
-    /// Reads the engine's current state.
+    /// Reads the engine's current state (once an interval).
     fn stats(&mut self) -> LsmStats;
+
+    /// Memtables waiting to be flushed right now, read on every tick (every
+    /// millisecond once loaded), so it must be cheap. A flush backlog builds
+    /// up within a fraction of an interval and the engine then stops every
+    /// writer; reading it per tick lets elastic work be held back before
+    /// that happens. `None` (the default) when the engine does not say.
+    fn flush_backlog(&mut self) -> Option<u64> {
+        None
+    }
 }
 
 impl<F: FnMut() -> LsmStats + Send + 'static> LsmStatsSource for F {
