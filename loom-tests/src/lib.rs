@@ -12,3 +12,17 @@ pub fn model(f: impl Fn() + Sync + Send + 'static) {
     }
     builder.check(f);
 }
+
+/// Asserts a ledger's conservation invariant: what is spoken for (grants,
+/// cache, protection and one floor per open unprotected slot) fits the
+/// pool, and no more attempts run than the limit.
+#[cfg(loom)]
+pub fn assert_ledger_conserved(r: &admission::gpu::LedgerReport) {
+    let spoken = r.live_grants_bytes
+        + r.cache_evictable_bytes
+        + r.cache_pinned_bytes
+        + r.protected_bytes
+        + r.attempt_floor * u64::from(r.empty_unprotected_slots);
+    assert!(spoken <= r.managed_capacity, "{r:?}");
+    assert!(r.active_attempts <= r.max_active_attempts, "{r:?}");
+}

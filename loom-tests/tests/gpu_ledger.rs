@@ -9,9 +9,7 @@
 #![cfg(loom)]
 
 use admission::gpu::backend::DeviceOrdinal;
-use admission::gpu::{
-    Decision, DeviceLedger, DeviceProfile, GrantRequest, LedgerReport, MemoryGrant, WaiterId,
-};
+use admission::gpu::{Decision, DeviceLedger, DeviceProfile, GrantRequest, MemoryGrant, WaiterId};
 use loom::sync::{Arc, Mutex};
 use loom::thread;
 use loom_tests::model;
@@ -34,18 +32,6 @@ fn hinted(bytes: u64) -> GrantRequest {
     GrantRequest::resource_only(0).with_working_set_hint(bytes)
 }
 
-/// Capacity is never exceeded: what is spoken for, open-slot headroom
-/// included, fits the pool, and no more attempts run than the limit.
-fn assert_conserved(r: &LedgerReport) {
-    let spoken = r.live_grants_bytes
-        + r.cache_evictable_bytes
-        + r.cache_pinned_bytes
-        + r.protected_bytes
-        + r.attempt_floor * u64::from(r.empty_unprotected_slots);
-    assert!(spoken <= r.managed_capacity, "{r:?}");
-    assert!(r.active_attempts <= r.max_active_attempts, "{r:?}");
-}
-
 /// A commit races the rollback of another attempt's grant: whichever lands
 /// first, capacity is never exceeded and everything comes back.
 #[test]
@@ -57,7 +43,7 @@ fn a_commit_racing_a_rollback_never_exceeds_capacity() {
             l.charge_cache(8 * GB).expect("fits");
             let first = l.commit(&hinted(40 * GB)).expect("fits an empty device");
             let second = l.commit(&hinted(0)).expect("a floor fits");
-            assert_conserved(&l.report());
+            loom_tests::assert_ledger_conserved(&l.report());
             (first, second)
         };
 
@@ -68,7 +54,7 @@ fn a_commit_racing_a_rollback_never_exceeds_capacity() {
                 let before = l.report();
                 let grant = l.commit(&GrantRequest::resource_only(0)).ok();
                 let after = l.report();
-                assert_conserved(&after);
+                loom_tests::assert_ledger_conserved(&after);
                 if grant.is_none() {
                     assert_eq!(before, after, "a refused commit changes nothing");
                 }
@@ -81,7 +67,7 @@ fn a_commit_racing_a_rollback_never_exceeds_capacity() {
                 let mut l = shared.lock().unwrap();
                 let outcome = l.release(rolled_back).expect("issued here");
                 assert_eq!(outcome.bytes, 40 * GB);
-                assert_conserved(&l.report());
+                loom_tests::assert_ledger_conserved(&l.report());
             })
         };
 
@@ -132,7 +118,7 @@ fn a_protected_waiter_keeps_its_slot_and_bytes_against_a_racing_request() {
             thread::spawn(move || {
                 let mut l = shared.lock().unwrap();
                 l.release(released).expect("issued here");
-                assert_conserved(&l.report());
+                loom_tests::assert_ledger_conserved(&l.report());
                 // The freed bytes went to the protection first.
                 assert_eq!(l.report().protected_bytes, 30 * GB);
             })
@@ -144,7 +130,7 @@ fn a_protected_waiter_keeps_its_slot_and_bytes_against_a_racing_request() {
                 let before = l.report();
                 let result = l.commit(&GrantRequest::resource_only(0).for_waiter(WaiterId::new(8)));
                 let after = l.report();
-                assert_conserved(&after);
+                loom_tests::assert_ledger_conserved(&after);
                 if let Ok(grant) = &result {
                     // Only the bytes beyond the protection: 80 - 40 - 30.
                     assert_eq!(grant.bytes(), 10 * GB);
@@ -159,7 +145,7 @@ fn a_protected_waiter_keeps_its_slot_and_bytes_against_a_racing_request() {
             let mut l = shared.lock().unwrap();
             let decision = l.decide(&own);
             let result = l.commit(&own);
-            assert_conserved(&l.report());
+            loom_tests::assert_ledger_conserved(&l.report());
             match (&decision, &result) {
                 (Decision::Admit { grant_bytes }, Ok(grant)) => {
                     assert_eq!(*grant_bytes, grant.bytes());
@@ -183,7 +169,7 @@ fn a_protected_waiter_keeps_its_slot_and_bytes_against_a_racing_request() {
         };
         assert_eq!(grant.bytes(), 30 * GB);
         assert_eq!(l.report().protection, None);
-        assert_conserved(&l.report());
+        loom_tests::assert_ledger_conserved(&l.report());
         l.release(grant).expect("issued here");
         if let Some(g) = other_grant {
             l.release(g).expect("issued here");

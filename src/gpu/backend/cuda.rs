@@ -294,6 +294,16 @@ impl CudaBackend {
             .ok_or(unknown(op, id))
     }
 
+    /// The index of the device `lane` was opened on.
+    fn lane_device(&self, op: BackendOp, lane: LaneId) -> Result<usize, BackendError> {
+        self.tables
+            .lock()
+            .lanes
+            .get(&lane.get())
+            .copied()
+            .ok_or(unknown(op, lane.get()))
+    }
+
     fn bind(&self, op: BackendOp, device: usize) -> Result<&Device, BackendError> {
         let dev = &self.devices[device];
         dev.ctx
@@ -399,12 +409,7 @@ impl GpuBackend for CudaBackend {
 
     fn create_root_stream(&self, lane: LaneId) -> Result<StreamId, BackendError> {
         let op = BackendOp::CreateRootStream;
-        let device = *self
-            .tables
-            .lock()
-            .lanes
-            .get(&lane.get())
-            .ok_or(unknown(op, lane.get()))?;
+        let device = self.lane_device(op, lane)?;
         let dev = &self.devices[device];
         let stream = dev
             .ctx
@@ -425,12 +430,7 @@ impl GpuBackend for CudaBackend {
 
     fn open_domain(&self, lane: LaneId, ceiling_bytes: u64) -> Result<DomainId, BackendError> {
         let op = BackendOp::OpenDomain;
-        let device = *self
-            .tables
-            .lock()
-            .lanes
-            .get(&lane.get())
-            .ok_or(unknown(op, lane.get()))?;
+        let device = self.lane_device(op, lane)?;
         let dev = &self.devices[device];
         let pool = if self.options.domain_pools && dev.facts.memory_pools {
             self.bind(op, device)?;
