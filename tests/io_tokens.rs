@@ -328,13 +328,13 @@ struct Backlogged {
 impl admission::io::LsmStatsSource for Backlogged {
     fn stats(&mut self) -> LsmStats {
         LsmStats {
-            unflushed_memtables: self.flush_backlog(),
+            unflushed_memtables: Some(self.unflushed.load(std::sync::atomic::Ordering::SeqCst)),
             ..LsmStats::default()
         }
     }
 
-    fn flush_backlog(&mut self) -> Option<u64> {
-        Some(self.unflushed.load(std::sync::atomic::Ordering::SeqCst))
+    fn tick_stats(&mut self) -> Option<LsmStats> {
+        Some(self.stats())
     }
 }
 

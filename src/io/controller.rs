@@ -68,8 +68,9 @@ pub struct IoTick {
     pub added: Option<u64>,
     /// Elastic tokens added by this tick (`None` while unlimited).
     pub added_elastic: Option<u64>,
-    /// Whether this tick saw a flush backlog (at least half the engine's
-    /// memtable stop threshold) and withheld elastic tokens.
+    /// Whether this tick's reading (a flush backlog of at least half the
+    /// engine's memtable stop threshold, or L0 at the score where elastic
+    /// tokens run out) withheld elastic tokens.
     pub elastic_held: bool,
     /// How long until the next tick.
     pub next_tick: Duration,
@@ -199,10 +200,13 @@ impl IoCore {
             ticking.elastic_limited_for_backlog = false;
             self.queues.set_limits(limits[0], limits[1]);
         }
-        // The flush backlog is read every tick: it builds up within a
-        // fraction of an interval, and the engine then stops every writer.
-        let backlog = ticking.source.flush_backlog();
-        let elastic_held = ticking.listener.flush_backlogged(backlog);
+        // A cheap reading every tick: a flush backlog or an L0 pile-up
+        // builds up within a fraction of an interval, and the engine then
+        // stalls every writer.
+        let elastic_held = match ticking.source.tick_stats() {
+            Some(reading) => ticking.listener.holds_elastic(&reading),
+            None => false,
+        };
         if elastic_held {
             ticking.loaded = true;
             if ticking.elastic_unlimited && !ticking.elastic_limited_for_backlog {

@@ -14,11 +14,15 @@
 //!   holds beyond them is new. A table flushed *and* compacted away between
 //!   two readings is never seen, so the derived compaction throughput is a
 //!   lower bound, and admission errs on the cautious side; read at least as
-//!   often as L0 turns over (the controller's interval does).
-//! * **Write stalls** count readings that found L0 in fjall's stall range.
-//! * **Unflushed memtables** are the keyspace's sealed memtables, read on
-//!   every tick as the flush backlog: fjall halts every writer from
-//!   [`FJALL_MEMTABLE_STOP`] of them.
+//!   often as L0 turns over (the controller reads it every tick).
+//! * **Write stalls** count readings that found L0 in fjall's stall range
+//!   (one reading per tick under the controller).
+//! * **Unflushed memtables** are the keyspace's sealed memtables: fjall
+//!   halts every writer from [`FJALL_MEMTABLE_STOP`] of them.
+//!
+//! The adapter answers [`LsmStatsSource::tick_stats`] too, so the
+//! controller reads it every tick; the table ids are then compared a
+//! millisecond apart and the derived flushed bytes miss little.
 //!
 //! [`FjallStats::report`] adds what fjall reports about compaction progress
 //! and disk growth, for observability; it is not an admission input.
@@ -144,8 +148,11 @@ impl LsmStatsSource for FjallStats {
         self.read()
     }
 
-    fn flush_backlog(&mut self) -> Option<u64> {
-        FjallStats::flush_backlog(self)
+    fn tick_stats(&mut self) -> Option<LsmStats> {
+        // A reading is a version clone and a walk of L0's tables: cheap
+        // enough every millisecond, and every reading also tracks the L0
+        // table ids, so few tables are flushed and compacted unseen.
+        Some(self.read())
     }
 }
 

@@ -27,6 +27,10 @@ use std::time::Duration;
 use super::stats::LsmStats;
 use crate::error::ConfigError;
 
+/// The score from which the elastic formula `C·(1.25 − 1.25·(s − 0.2))`
+/// gives nothing: 1.2, twelve sub-levels at upstream's threshold of twenty.
+pub const ELASTIC_EXHAUSTED_SCORE: f64 = 1.2;
+
 /// A budget of byte tokens for one interval.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Tokens {
@@ -225,6 +229,17 @@ impl IoLoadListener {
         }
     }
 
+    /// Whether a tick's reading says elastic work must wait now: a flush
+    /// backlog, or an L0 score at which the elastic formula gives nothing
+    /// ([`ELASTIC_EXHAUSTED_SCORE`], twelve sub-levels of twenty). Between
+    /// two intervals L0 can go from healthy to that within a fraction of a
+    /// second; holding elastic tokens on the tick that sees it keeps the
+    /// pile-up from reaching the engine's own stall.
+    pub fn holds_elastic(&self, reading: &LsmStats) -> bool {
+        self.flush_backlogged(reading.unflushed_memtables)
+            || self.score(reading) >= ELASTIC_EXHAUSTED_SCORE
+    }
+
     fn score(&self, stats: &LsmStats) -> f64 {
         let files = stats.l0_files as f64 / self.config.l0_file_threshold as f64;
         let sublevels = stats
@@ -381,6 +396,28 @@ mod tests {
             }),
             "memtable_stop_threshold"
         );
+    }
+
+    #[test]
+    fn a_tick_holds_elastic_work_where_its_formula_runs_out() {
+        let listener = IoLoadListener::new(IoLoadConfig {
+            memtable_stop_threshold: Some(4),
+            ..IoLoadConfig::default()
+        })
+        .unwrap();
+        // Twelve sub-levels of twenty: s = 1.2, elastic tokens are gone.
+        assert!(!listener.holds_elastic(&stats(11, 0, 0)));
+        assert!(listener.holds_elastic(&stats(12, 0, 0)));
+        let backlog = LsmStats {
+            unflushed_memtables: Some(2),
+            ..stats(0, 0, 0)
+        };
+        assert!(listener.holds_elastic(&backlog));
+        let files = LsmStats {
+            l0_files: 600,
+            ..LsmStats::default()
+        };
+        assert!(listener.holds_elastic(&files), "files count too");
     }
 
     #[test]

@@ -50,5 +50,5 @@ mod stats;
 
 pub use controller::{IoController, IoTick, LOADED_TICK, UNLOADED_TICK};
 pub use drip::TokenDrip;
-pub use listener::{IoLoadConfig, IoLoadListener, IoTokens, Tokens};
+pub use listener::{IoLoadConfig, IoLoadListener, IoTokens, Tokens, ELASTIC_EXHAUSTED_SCORE};
 pub use stats::{LsmStats, LsmStatsSource};

@@ -30,12 +30,14 @@ pub trait LsmStatsSource: Send + 'static {
     /// Reads the engine's current state (once an interval).
     fn stats(&mut self) -> LsmStats;
 
-    /// Memtables waiting to be flushed right now, read on every tick (every
-    /// millisecond once loaded), so it must be cheap. A flush backlog builds
-    /// up within a fraction of an interval and the engine then stops every
-    /// writer; reading it per tick lets elastic work be held back before
-    /// that happens. `None` (the default) when the engine does not say.
-    fn flush_backlog(&mut self) -> Option<u64> {
+    /// A cheap reading taken on every tick (every millisecond once the
+    /// store is loaded), or `None` (the default) for engines that can only
+    /// be read once an interval. The interval's tokens come from
+    /// [`stats`](Self::stats); a tick's reading only decides whether elastic
+    /// work is held back *now*: a flush backlog or an L0 pile-up builds up
+    /// within a fraction of an interval, and the engine then stalls every
+    /// writer.
+    fn tick_stats(&mut self) -> Option<LsmStats> {
         None
     }
 }
