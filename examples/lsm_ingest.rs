@@ -108,6 +108,8 @@ fn table(outcomes: &[Outcome]) -> String {
         "steady p99 ms",
         "x base",
         "fg writes",
+        "admit p99 us",
+        "insert p99 ms",
         "bulk MB/s",
         "max L0 runs",
         "max L0 tables",
@@ -126,6 +128,14 @@ fn table(outcomes: &[Outcome]) -> String {
             format!("{:.2}", outcome.steady_ms(0.99)),
             format!("{:.1}", outcome.steady_ms(0.99) / base_steady_p99),
             outcome.foreground.len().to_string(),
+            format!(
+                "{:.1}",
+                outcome.foreground_admission.value_at_quantile(0.99) as f64 / 1e3
+            ),
+            format!(
+                "{:.2}",
+                outcome.foreground_insert.value_at_quantile(0.99) as f64 / 1e3
+            ),
             format!("{:.1}", outcome.bulk_mb_per_sec()),
             outcome.max_l0_runs.to_string(),
             outcome.max_l0_tables.to_string(),
@@ -189,7 +199,8 @@ fn main() {
     let errors: u64 = outcomes.iter().map(|o| o.foreground_errors).sum();
     println!(
         "\nforeground latency from the intended send time; stall/halt: time with L0 runs \
-         >= {FJALL_STALL_RUNS} / >= {}; steady: writes intended after the first {:?}",
+         >= {FJALL_STALL_RUNS} / >= {}; steady: writes intended after the first {:?};\n\
+         admit / insert: the foreground write's time in admission and inside fjall's insert",
         admission::io::fjall::FJALL_HALT_RUNS,
         settings.warmup,
     );

@@ -192,6 +192,11 @@ pub struct Outcome {
     pub foreground_steady: Histogram<u64>,
     /// Foreground writes that failed (admission closed, fjall error).
     pub foreground_errors: u64,
+    /// Time each foreground write spent in admission, in ns: where the
+    /// latency is *not*, when it is in the engine.
+    pub foreground_admission: Histogram<u64>,
+    /// Time each foreground write spent inside fjall's `insert`, in µs.
+    pub foreground_insert: Histogram<u64>,
     /// Bulk bytes (keys and values) committed within the run.
     pub bulk_bytes: u64,
     /// The run's length.
@@ -276,6 +281,8 @@ struct Shared {
     foreground: Mutex<Histogram<u64>>,
     foreground_steady: Mutex<Histogram<u64>>,
     foreground_errors: AtomicU64,
+    foreground_admission: Mutex<Histogram<u64>>,
+    foreground_insert: Mutex<Histogram<u64>>,
     noise: Vec<u8>,
 }
 
@@ -341,6 +348,15 @@ fn bulk_writer(shared: &Shared, settings: &Settings, deadline: Instant, seed: u6
     }
 }
 
+/// Records `elapsed` in units of `1 / per_second` seconds.
+fn record(histogram: &Mutex<Histogram<u64>>, elapsed: Duration, per_second: f64) {
+    let units = (elapsed.as_secs_f64() * per_second) as u64;
+    histogram
+        .lock()
+        .expect("no writer panics holding the histogram")
+        .saturating_record(units);
+}
+
 fn foreground_writer(shared: &Shared, settings: &Settings, start: Instant, deadline: Instant) {
     let mut rng = SplitMix(0xf0f0);
     let period = Duration::from_secs_f64(1.0 / settings.foreground_rate);
@@ -358,13 +374,21 @@ fn foreground_writer(shared: &Shared, settings: &Settings, start: Instant, deadl
             .priority(Priority::NORMAL)
             .requested(bytes)
             .build();
-        let written = shared.admit(&work).and_then(|()| {
+        // The two steps are timed apart, so that a slow write shows
+        // whether it waited in admission or inside the engine.
+        let asked = Instant::now();
+        let admitted = shared.admit(&work);
+        let inserting = Instant::now();
+        let written = admitted.and_then(|()| {
             let value = shared.value(&mut rng, settings.foreground_value_bytes);
             shared
                 .keyspace
                 .insert(rng.key(), value)
                 .map_err(|error| error.to_string())
         });
+        let done = Instant::now();
+        record(&shared.foreground_admission, inserting - asked, 1e9);
+        record(&shared.foreground_insert, done - inserting, 1e6);
         match written {
             Ok(()) => {
                 shared.settle(&work, bytes, bytes);
@@ -445,6 +469,8 @@ pub fn run(
         foreground: Mutex::new(histogram()),
         foreground_steady: Mutex::new(histogram()),
         foreground_errors: AtomicU64::new(0),
+        foreground_admission: Mutex::new(histogram()),
+        foreground_insert: Mutex::new(histogram()),
         noise: noise(4 << 20, 0x5eed),
     });
     let bulk_writers = if mode == Mode::Alone {
@@ -550,11 +576,20 @@ pub fn run(
         .lock()
         .expect("no writer panics holding the histogram")
         .clone();
+    let snapshot = |h: &Mutex<Histogram<u64>>| {
+        h.lock()
+            .expect("no writer panics holding the histogram")
+            .clone()
+    };
+    let foreground_admission = snapshot(&shared.foreground_admission);
+    let foreground_insert = snapshot(&shared.foreground_insert);
     Ok(Outcome {
         mode,
         foreground,
         foreground_steady,
         foreground_errors: shared.foreground_errors.load(Ordering::Relaxed),
+        foreground_admission,
+        foreground_insert,
         bulk_bytes: shared.bulk_bytes.load(Ordering::Relaxed),
         length,
         max_l0_runs: max_runs,
