@@ -42,6 +42,10 @@ cargo clippy --locked --workspace --all-targets $FEATURES -- -D warnings
 step "clippy on stable tokio"
 stable cargo clippy --locked --workspace --all-targets $FEATURES -- -D warnings
 
+# The device checks need a CUDA device to run; CI keeps them compiling.
+step "GPU device checks compile (run them with scripts/gpu-check.sh on a GPU)"
+cargo clippy --locked --test gpu_device --features cuda,gpu-tests -- -D warnings
+
 step "unit, integration and bench-smoke tests, with tokio_unstable"
 tests cargo test --locked --workspace --all-targets $FEATURES
 
