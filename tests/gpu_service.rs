@@ -67,6 +67,7 @@ async fn a_lazy_ticket_reserves_nothing_and_a_foreign_proof_is_refused() {
 
 #[tokio::test]
 async fn a_proof_ticket_admits_one_device_one_grant_and_release_returns_everything() {
+    let started = std::time::Instant::now();
     let rig = one_device(2);
     let proof = rig.proof(7, 3 * GIB, &["hash_join"]);
     let handle = rig
@@ -105,6 +106,10 @@ async fn a_proof_ticket_admits_one_device_one_grant_and_release_returns_everythi
     assert_eq!(report.health, DeviceHealth::Healthy);
     assert_eq!(report.plan, Some(proof.fingerprint()));
     assert_eq!(report.grant_bytes, 5 * GIB);
+    // Held from publication to the end of teardown: within the test's own
+    // span, never zero.
+    assert!(report.held > std::time::Duration::ZERO);
+    assert!(report.held <= started.elapsed());
     rig.assert_idle();
     assert_eq!(
         rig.kinds_of(report.waiter.get()),

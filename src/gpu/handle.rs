@@ -54,6 +54,11 @@ pub struct AttemptReport {
     pub plan: Option<PlanFingerprint>,
     /// How long admission waited, from submission to grant.
     pub waited: Duration,
+    /// How long the attempt held its grant, from the handle's publication
+    /// until its teardown finished. Wall-clock time (`std::time`): the
+    /// teardown ends on the device worker thread, where a paused tokio
+    /// clock does not apply.
+    pub held: Duration,
     /// How the teardown ended.
     pub disposition: Disposition,
     /// The device's health as the teardown saw it.
@@ -71,6 +76,7 @@ impl AttemptReport {
         waiter: WaiterId,
         proof: Option<&CapabilityProof>,
         waited: Duration,
+        held: Duration,
         teardown: TeardownReport,
     ) -> Self {
         AttemptReport {
@@ -81,6 +87,7 @@ impl AttemptReport {
             required_floor: grant.required_floor(),
             plan: proof.map(CapabilityProof::fingerprint),
             waited,
+            held,
             disposition: teardown.disposition,
             health: teardown.health,
             teardown,
@@ -100,6 +107,7 @@ pub struct QueryHandle {
     grant_bytes: u64,
     required_floor: u64,
     waited: Duration,
+    published_at: std::time::Instant,
 }
 
 impl fmt::Debug for QueryHandle {
@@ -128,9 +136,16 @@ impl QueryHandle {
         let (tx, rx) = oneshot::channel();
         let (id, bytes, floor) = (grant.id(), grant.bytes(), grant.required_floor());
         let callback_proof = proof.clone();
+        let published_at = std::time::Instant::now();
         envelope.on_teardown(move |teardown| {
-            let report =
-                inner.finish_attempt(grant, waiter, callback_proof.as_ref(), waited, teardown);
+            let held = published_at.elapsed();
+            let report = inner.finish_attempt(
+                grant,
+                waiter,
+                callback_proof.as_ref(),
+                (waited, held),
+                teardown,
+            );
             // Nobody awaits the report of a dropped handle.
             let _ = tx.send(report);
         });
@@ -143,6 +158,7 @@ impl QueryHandle {
             grant_bytes: bytes,
             required_floor: floor,
             waited,
+            published_at,
         }
     }
 
@@ -242,6 +258,7 @@ impl QueryHandle {
             grant_bytes,
             required_floor,
             waited,
+            published_at,
         } = self;
         let teardown = envelope.teardown().await;
         match report.await {
@@ -256,6 +273,7 @@ impl QueryHandle {
                 required_floor,
                 plan: proof.as_ref().map(CapabilityProof::fingerprint),
                 waited,
+                held: published_at.elapsed(),
                 disposition: teardown.disposition,
                 health: teardown.health,
                 teardown,

@@ -565,10 +565,10 @@ impl Inner {
         grant: MemoryGrant,
         waiter: WaiterId,
         proof: Option<&CapabilityProof>,
-        waited: Duration,
+        (waited, held): (Duration, Duration),
         teardown: &TeardownReport,
     ) -> AttemptReport {
-        let mut report = AttemptReport::seal(&grant, waiter, proof, waited, teardown.clone());
+        let mut report = AttemptReport::seal(&grant, waiter, proof, waited, held, teardown.clone());
         let released = self.transact(|core, recorder| {
             // Recorded here rather than returned, so that the records read
             // in transaction order: the quarantine, then the release.
