@@ -34,7 +34,12 @@
 //! an estimate once the write's real size is known, charging or crediting
 //! both balances and the tenant's usage without blocking.
 //! [`IoController`] ties listener, drips and queues together on a ticker
-//! thread.
+//! thread. Between intervals it also takes a cheap reading every tick
+//! ([`LsmStatsSource::tick_stats`], where the engine offers one) and holds
+//! elastic tokens back while the flush backlog is at half the engine's
+//! memtable stop threshold or L0 is where the elastic formula runs out
+//! ([`ELASTIC_EXHAUSTED_SCORE`]): a pile-up forms within a fraction of an
+//! interval, and the engine would then stall every writer.
 //!
 //! Engines plug in through [`LsmStatsSource`]; with the `fjall` feature,
 //! [`fjall::FjallStats`] reads a [fjall](https://docs.rs/fjall) keyspace
