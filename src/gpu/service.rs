@@ -523,24 +523,30 @@ impl Inner {
 
     /// A handle exists: its whole envelope validated.
     fn observe_published(&self, waiter: WaiterId, device: DeviceOrdinal, grant_bytes: u64) {
-        let elapsed = Instant::now().saturating_duration_since(self.epoch);
-        let mut record = Observation::new(ObservationKind::Published, elapsed);
-        record.waiter = Some(waiter.get());
-        record.device = Some(device.0);
-        record.grant_bytes = Some(grant_bytes);
-        {
-            let state = self.state.lock();
-            record.queue_depth = state.core.depth();
-            record.pending_preflights = state.core.pending_preflights();
-        }
-        self.deliver(vec![record]);
+        self.observe_outside_transaction(ObservationKind::Published, |record| {
+            record.waiter = Some(waiter.get());
+            record.device = Some(device.0);
+            record.grant_bytes = Some(grant_bytes);
+        });
     }
 
     fn observe_rejection(&self, waiter: Option<WaiterId>, error: &GpuAdmitError) {
+        self.observe_outside_transaction(ObservationKind::Rejected, |record| {
+            record.waiter = waiter.map(WaiterId::get);
+            set_error(record, error);
+        });
+    }
+
+    /// Delivers one record of something that happened outside a
+    /// transaction, with the queue's depth read now.
+    fn observe_outside_transaction(
+        &self,
+        kind: ObservationKind,
+        fill: impl FnOnce(&mut Observation),
+    ) {
         let elapsed = Instant::now().saturating_duration_since(self.epoch);
-        let mut record = Observation::new(ObservationKind::Rejected, elapsed);
-        record.waiter = waiter.map(WaiterId::get);
-        set_error(&mut record, error);
+        let mut record = Observation::new(kind, elapsed);
+        fill(&mut record);
         {
             let state = self.state.lock();
             record.queue_depth = state.core.depth();

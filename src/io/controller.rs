@@ -54,7 +54,6 @@ struct Ticking {
     /// The interval's elastic decision was unlimited, but a flush backlog
     /// made this controller limit elastic work until it clears.
     elastic_limited_for_backlog: bool,
-    elastic_unlimited: bool,
     interval_started: Option<Instant>,
     last: Option<IoTokens>,
 }
@@ -95,7 +94,6 @@ impl IoController {
                 drips: [None, None],
                 loaded: false,
                 elastic_limited_for_backlog: false,
-                elastic_unlimited: true,
                 interval_started: None,
                 last: None,
             }),
@@ -196,7 +194,6 @@ impl IoCore {
                     }
                 };
             }
-            ticking.elastic_unlimited = limits[1].is_none();
             ticking.elastic_limited_for_backlog = false;
             self.queues.set_limits(limits[0], limits[1]);
         }
@@ -209,7 +206,9 @@ impl IoCore {
         };
         if elastic_held {
             ticking.loaded = true;
-            if ticking.elastic_unlimited && !ticking.elastic_limited_for_backlog {
+            // No elastic drip: the interval left elastic work unlimited.
+            let elastic_unlimited = ticking.drips[1].is_none();
+            if elastic_unlimited && !ticking.elastic_limited_for_backlog {
                 ticking.elastic_limited_for_backlog = true;
                 let burst = self.queues.elastic().granter().burst_or(1);
                 self.queues.elastic().set_token_limit(Some(burst));

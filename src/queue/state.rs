@@ -714,7 +714,7 @@ impl QueueState {
                 ..charge
             };
             grants.cancel_grant(unused.count);
-            self.forget(waiter.tenant, unused, true, wakes, grants);
+            self.forget(waiter.tenant, unused, true, grants, wakes);
         }
     }
 
@@ -729,7 +729,7 @@ impl QueueState {
         wakes: &mut WakeList,
     ) {
         grants.return_grant(charge.count);
-        self.forget(tenant, charge, false, wakes, grants);
+        self.forget(tenant, charge, false, grants, wakes);
     }
 
     /// Takes a finished (`unused`: never observed) grant off the books and
@@ -739,8 +739,8 @@ impl QueueState {
         tenant: TenantId,
         charge: Charge,
         unused: bool,
-        wakes: &mut WakeList,
         grants: &mut Grants<'_, G>,
+        wakes: &mut WakeList,
     ) {
         self.drain.completions += 1;
         if charge.priority.is_elastic() {
