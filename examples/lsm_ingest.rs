@@ -5,9 +5,10 @@
 //! cargo run --release --features fjall --example lsm_ingest              # 25 s per mode
 //! cargo run --release --features fjall --example lsm_ingest -- --seconds 40
 //! cargo run --release --features fjall --example lsm_ingest -- --quick   # 8 s per mode
+//! cargo run --release --features fjall --example lsm_ingest -- --paced-mb 5,10,20,40
 //! ```
 //!
-//! Three runs, one after the other, each on a fresh database in a
+//! Four runs, one after the other, each on a fresh database in a
 //! temporary directory:
 //!
 //! 1. the foreground writer alone (200 writes/s of 256 B at
@@ -17,7 +18,13 @@
 //!    straight into fjall, whose own write stalls (from 20 L0 runs) and
 //!    halts (from 30) are the only brake;
 //! 3. the same through an `IoController`: every write is admitted for its
-//!    estimated bytes, written, then settled with the bytes it wrote.
+//!    estimated bytes, written, then settled with the bytes it wrote;
+//! 4. the control for run 3: the bulk paced to the byte rate admission gave
+//!    it, straight into fjall. Whatever the foreground suffers here, fjall
+//!    charges for ingesting at that rate, with or without admission, so the
+//!    gap between runs 3 and 4 is admission's own doing. `--paced-mb`
+//!    adds paced runs at other rates: the foreground's latency against the
+//!    bulk rate, the engine's trade-off that admission moves along.
 //!
 //! Every second it prints L0 tables and runs, the foreground p99 so far and
 //! the bulk throughput; at the end, a table side by side, whole runs and
@@ -37,7 +44,29 @@ use admission::io::fjall::FJALL_STALL_RUNS;
 use ingest::{Mode, Outcome, Second, Settings};
 
 const USAGE: &str = "options: --seconds N | --quick, --fjall-workers N, --memtable-kib N, \
-                     --bulk-writers N, --interval-ms N, --sublevel-threshold N";
+                     --bulk-writers N, --interval-ms N, --sublevel-threshold N, \
+                     --paced-mb MB/s[,MB/s...]";
+
+/// What the command line asks for.
+struct Options {
+    settings: Settings,
+    /// Extra paced runs, bulk MB/s (10^6 bytes).
+    paced_mb: Vec<f64>,
+}
+
+fn rates(flag: &str, value: Option<&String>) -> Result<Vec<f64>, String> {
+    let value = value.ok_or_else(|| format!("{flag} needs a comma-separated list of MB/s"))?;
+    value
+        .split(',')
+        .map(|rate| {
+            rate.trim()
+                .parse()
+                .ok()
+                .filter(|&mb: &f64| mb.is_finite() && mb > 0.0)
+                .ok_or_else(|| format!("{flag} takes positive MB/s, not {rate:?}"))
+        })
+        .collect()
+}
 
 fn positive(flag: &str, value: Option<&String>) -> Result<u64, String> {
     let value = value.ok_or_else(|| format!("{flag} needs a number"))?;
@@ -48,8 +77,9 @@ fn positive(flag: &str, value: Option<&String>) -> Result<u64, String> {
         .ok_or_else(|| format!("{flag} takes a positive number, not {value}"))
 }
 
-fn parse(args: &[String]) -> Result<Settings, String> {
+fn parse(args: &[String]) -> Result<Options, String> {
     let mut settings = Settings::full(Duration::from_secs(25));
+    let mut paced_mb = Vec::new();
     let mut args = args.iter();
     while let Some(arg) = args.next() {
         let flag = arg.as_str();
@@ -68,10 +98,11 @@ fn parse(args: &[String]) -> Result<Settings, String> {
             "--sublevel-threshold" => {
                 settings.io.l0_sublevel_threshold = positive(flag, args.next())?
             }
+            "--paced-mb" => paced_mb = rates(flag, args.next())?,
             other => return Err(format!("unknown argument {other}; {USAGE}")),
         }
     }
-    Ok(settings)
+    Ok(Options { settings, paced_mb })
 }
 
 fn progress(second: &Second) {
@@ -165,8 +196,8 @@ fn table(outcomes: &[Outcome]) -> String {
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    let settings = match parse(&args) {
-        Ok(settings) => settings,
+    let Options { settings, paced_mb } = match parse(&args) {
+        Ok(options) => options,
         Err(message) => {
             eprintln!("{message}");
             std::process::exit(2);
@@ -185,27 +216,79 @@ fn main() {
         settings.bulk_writers,
         settings.bulk_batch_rows,
     );
-    let mut outcomes = Vec::new();
-    for mode in [Mode::Alone, Mode::FjallAlone, Mode::Admission] {
-        println!("\n{} ...", mode.name());
-        match ingest::run(&settings, mode, progress) {
-            Ok(outcome) => outcomes.push(outcome),
-            Err(message) => {
-                eprintln!("{}: {message}", mode.name());
-                std::process::exit(1);
+    let run = |mode: Mode| {
+        match mode {
+            Mode::Paced { bytes_per_sec } => {
+                println!(
+                    "\n{} at {:.1} MB/s ...",
+                    mode.name(),
+                    bytes_per_sec as f64 / 1e6
+                )
             }
+            _ => println!("\n{} ...", mode.name()),
         }
+        ingest::run(&settings, mode, progress).unwrap_or_else(|message| {
+            eprintln!("{}: {message}", mode.name());
+            std::process::exit(1);
+        })
+    };
+    let mut outcomes: Vec<Outcome> = [Mode::Alone, Mode::FjallAlone, Mode::Admission]
+        .into_iter()
+        .map(run)
+        .collect();
+    let admitted_rate = outcomes[2].bulk_mb_per_sec();
+    for mb in std::iter::once(admitted_rate).chain(paced_mb) {
+        // At least a byte a second: a bulk that admission starved entirely
+        // is paced at a trickle rather than not at all.
+        let bytes_per_sec = (mb * 1e6).max(1.0) as u64;
+        outcomes.push(run(Mode::Paced { bytes_per_sec }));
     }
     let errors: u64 = outcomes.iter().map(|o| o.foreground_errors).sum();
     println!(
         "\nforeground latency from the intended send time; stall/halt: time with L0 runs \
          >= {FJALL_STALL_RUNS} / >= {}; steady: writes intended after the first {:?};\n\
-         admit / insert: the foreground write's time in admission and inside fjall's insert",
+         admit / insert: the foreground write's time in admission and inside fjall's insert;\n\
+         paced: the bulk held to a fixed rate without admission (the first at admission's rate)",
         admission::io::fjall::FJALL_HALT_RUNS,
         settings.warmup,
     );
     print!("{}", table(&outcomes));
     if errors > 0 {
         println!("foreground writes that failed: {errors}");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(line: &str) -> Vec<String> {
+        line.split_whitespace().map(String::from).collect()
+    }
+
+    #[test]
+    fn paced_rates_are_a_list_of_positive_megabytes() {
+        let options = parse(&args("--quick --paced-mb 5,10.5, 20")).map(|o| o.paced_mb);
+        // The list ends at the space, and its empty last entry is refused
+        // rather than skipped.
+        assert!(options.is_err(), "{options:?}");
+        let options = parse(&args("--paced-mb 5,10.5,20 --quick")).unwrap();
+        assert_eq!(options.paced_mb, [5.0, 10.5, 20.0]);
+        assert_eq!(options.settings.run, Duration::from_secs(8));
+        assert!(parse(&args("")).unwrap().paced_mb.is_empty());
+    }
+
+    #[test]
+    fn bad_paced_rates_are_refused_with_the_flag_named() {
+        for bad in [
+            "--paced-mb",
+            "--paced-mb 0",
+            "--paced-mb -3",
+            "--paced-mb 5,x",
+            "--paced-mb inf",
+        ] {
+            let error = parse(&args(bad)).map(|o| o.paced_mb).unwrap_err();
+            assert!(error.contains("--paced-mb"), "{bad}: {error}");
+        }
     }
 }

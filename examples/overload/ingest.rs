@@ -14,9 +14,13 @@
 //!   time, so a writer held up by a stall is charged for every write it
 //!   should have made meanwhile (no coordinated omission).
 //! * **Modes**: the foreground alone (the unloaded baseline), both writers
-//!   straight into fjall (its own write stalls are the only brake), and
-//!   both through an [`IoController`]: `admit` with the estimated bytes,
-//!   write, `correct_tokens` with the bytes actually written.
+//!   straight into fjall (its own write stalls are the only brake), both
+//!   through an [`IoController`] (`admit` with the estimated bytes, write,
+//!   `correct_tokens` with the bytes actually written), and the control for
+//!   that last one: the bulk paced to a fixed byte rate, without admission.
+//!   Paced at the rate admission ended up giving the bulk, it shows what
+//!   the engine alone costs the foreground at that ingest rate, so the
+//!   difference between the two is what admission itself adds or removes.
 //!
 //! Writers are OS threads because fjall's writes block (and fjall's own
 //! stall sleeps in the writing thread); they wait for admission with
@@ -151,6 +155,12 @@ pub enum Mode {
     FjallAlone,
     /// Bulk and foreground through IO admission.
     Admission,
+    /// Bulk writers paced to a fixed total rate (bytes per second, shared
+    /// evenly), straight into fjall: the ingest rate without the controller.
+    Paced {
+        /// The bulk writers' combined rate, bytes per second.
+        bytes_per_sec: u64,
+    },
 }
 
 impl Mode {
@@ -160,6 +170,7 @@ impl Mode {
             Mode::Alone => "foreground alone",
             Mode::FjallAlone => "fjall alone",
             Mode::Admission => "IO admission",
+            Mode::Paced { .. } => "paced, no admission",
         }
     }
 }
@@ -316,11 +327,30 @@ impl Shared {
     }
 }
 
-fn bulk_writer(shared: &Shared, settings: &Settings, deadline: Instant, seed: u64) {
+/// Writes batches until the run stops: as fast as admission (or fjall)
+/// lets it, or at `pace` bytes per second when given. Pacing is open-loop
+/// from the writer's start, so a writer held up by fjall catches up after.
+fn bulk_writer(
+    shared: &Shared,
+    settings: &Settings,
+    pace: Option<f64>,
+    deadline: Instant,
+    seed: u64,
+) {
     let mut rng = SplitMix(seed);
     let estimate = settings.bulk_estimate();
     let half = settings.bulk_value_bytes / 2;
+    let started = Instant::now();
+    let mut written = 0u64;
     while !shared.stopped() {
+        if let Some(bytes_per_sec) = pace {
+            let due = started + Duration::from_secs_f64(written as f64 / bytes_per_sec);
+            if let Some(wait) = due.checked_duration_since(Instant::now()) {
+                // Short enough that the writer sees the end of the run.
+                thread::sleep(wait.min(SAMPLE_EVERY));
+                continue;
+            }
+        }
         let work = WorkInfo::builder()
             .tenant(BULK_TENANT)
             .priority(Priority::BULK_NORMAL)
@@ -341,6 +371,7 @@ fn bulk_writer(shared: &Shared, settings: &Settings, deadline: Instant, seed: u6
             return;
         }
         shared.settle(&work, estimate, actual);
+        written += actual;
         // Only what was committed within the run counts as throughput.
         if Instant::now() <= deadline {
             shared.bulk_bytes.fetch_add(actual, Ordering::Relaxed);
@@ -357,7 +388,15 @@ fn record(histogram: &Mutex<Histogram<u64>>, elapsed: Duration, per_second: f64)
         .saturating_record(units);
 }
 
-fn foreground_writer(shared: &Shared, settings: &Settings, start: Instant, deadline: Instant) {
+/// Writes on the open-loop schedule until `deadline`; writes intended after
+/// `start + warmup` also count as steady.
+fn foreground_writer(
+    shared: &Shared,
+    settings: &Settings,
+    start: Instant,
+    warmup: Duration,
+    deadline: Instant,
+) {
     let mut rng = SplitMix(0xf0f0);
     let period = Duration::from_secs_f64(1.0 / settings.foreground_rate);
     let bytes = (KEY_BYTES + settings.foreground_value_bytes) as u64;
@@ -398,7 +437,7 @@ fn foreground_writer(shared: &Shared, settings: &Settings, start: Instant, deadl
                     .lock()
                     .expect("no writer panics holding the histogram")
                     .saturating_record(micros);
-                if intended >= start + settings.warmup {
+                if intended >= start + warmup {
                     shared
                         .foreground_steady
                         .lock()
@@ -454,11 +493,11 @@ pub fn run(
             )
             .map_err(|error| format!("invalid admission settings: {error}"))?,
         ),
-        Mode::Alone | Mode::FjallAlone => None,
+        Mode::Alone | Mode::FjallAlone | Mode::Paced { .. } => None,
     };
     let length = match mode {
         Mode::Alone => settings.baseline,
-        Mode::FjallAlone | Mode::Admission => settings.run,
+        Mode::FjallAlone | Mode::Admission | Mode::Paced { .. } => settings.run,
     };
     let shared = Arc::new(Shared {
         keyspace: keyspace.clone(),
@@ -478,6 +517,16 @@ pub fn run(
     } else {
         settings.bulk_writers
     };
+    let pace = match mode {
+        Mode::Paced { bytes_per_sec } => Some(bytes_per_sec as f64 / bulk_writers as f64),
+        Mode::Alone | Mode::FjallAlone | Mode::Admission => None,
+    };
+    // The baseline has no admission transient to leave out.
+    let warmup = if mode == Mode::Alone {
+        Duration::ZERO
+    } else {
+        settings.warmup
+    };
 
     let start = Instant::now();
     let deadline = start + length;
@@ -487,7 +536,7 @@ pub fn run(
         bulk.push(
             thread::Builder::new()
                 .name(format!("bulk-{writer}"))
-                .spawn(move || bulk_writer(&shared, &settings, deadline, writer as u64 + 1))
+                .spawn(move || bulk_writer(&shared, &settings, pace, deadline, writer as u64 + 1))
                 .map_err(|error| format!("cannot start a bulk writer: {error}"))?,
         );
     }
@@ -495,7 +544,7 @@ pub fn run(
         let (shared, settings) = (shared.clone(), settings.clone());
         thread::Builder::new()
             .name("foreground".into())
-            .spawn(move || foreground_writer(&shared, &settings, start, deadline))
+            .spawn(move || foreground_writer(&shared, &settings, start, warmup, deadline))
             .map_err(|error| format!("cannot start the foreground writer: {error}"))?
     };
 

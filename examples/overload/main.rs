@@ -293,10 +293,10 @@ mod smoke {
     /// only that the scenario works, never how well admission does.
     #[cfg(feature = "fjall")]
     #[test]
-    fn a_tiny_w6_runs_fjall_alone_and_with_admission() {
+    fn a_tiny_w6_runs_fjall_alone_with_admission_and_paced() {
         let rows = scenarios::w6(&ingest::Settings::smoke());
         let systems: Vec<&str> = rows.iter().map(|row| row.system.as_str()).collect();
-        assert_eq!(systems, ["fjall-alone", "io-admission"]);
+        assert_eq!(systems, ["fjall-alone", "io-admission", "paced-same-rate"]);
         for row in &rows {
             assert!(row.valid, "{}: a foreground write failed", row.system);
             assert!(row.latency_ms["foreground"].count > 0, "{}", row.system);
