@@ -1,6 +1,6 @@
 //! The fjall adapter against a real fjall database: L0 tables, runs and
-//! bytes as fjall has them, flushed bytes derived from table ids, and the
-//! listener seeing compactions pay the debt down.
+//! bytes as fjall has them, flushed and compacted bytes derived from table
+//! ids, and the listener seeing compactions pay the debt down.
 
 #![cfg(feature = "fjall")]
 
@@ -55,18 +55,17 @@ fn reads_l0_tables_runs_and_bytes_and_derives_flushed_bytes() {
         first.flushed_bytes, first.l0_bytes,
         "everything in L0 is new"
     );
+    assert_eq!(first.compacted_bytes, Some(0));
 
     flush_rows(&keyspace, 3_000, 1_000);
     let second = source.stats();
     assert_eq!(second.l0_files, 4);
-    let added = second.flushed_bytes - first.flushed_bytes;
-    let table = second.l0_bytes - first.l0_bytes;
-    // Survivors are charged at the previous mean table size, so the new
-    // table's bytes come out within the tables' difference in size.
-    assert!(
-        added.abs_diff(table) <= table / 100,
-        "derived {added}, new table {table}"
+    // The new table, at its file size, and nothing else.
+    assert_eq!(
+        second.flushed_bytes - first.flushed_bytes,
+        second.l0_bytes - first.l0_bytes
     );
+    assert_eq!(second.compacted_bytes, Some(0));
     assert_eq!(
         second.write_stalls, 0,
         "{FJALL_STALL_RUNS} runs are far away"
@@ -99,6 +98,7 @@ fn a_compaction_shows_as_compacted_bytes_in_the_listener() {
     keyspace.major_compact().unwrap();
     let drained = source.stats();
     assert_eq!(drained.l0_files, 0);
+    assert_eq!(drained.compacted_bytes, Some(loaded.l0_bytes));
     let decision = listener.next_interval(&drained);
     assert_eq!(
         decision.compacted, loaded.l0_bytes,

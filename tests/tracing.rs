@@ -58,6 +58,9 @@ impl<S: Subscriber + for<'a> LookupSpan<'a>> Layer<S> for Capture {
     fn on_event(&self, event: &Event<'_>, _: Context<'_, S>) {
         let mut fields = Fields::default();
         event.record(&mut fields);
+        fields
+            .0
+            .insert("target".to_owned(), event.metadata().target().to_owned());
         self.events.lock().unwrap().push(fields.0);
     }
     fn on_close(&self, id: Id, _: Context<'_, S>) {
@@ -140,4 +143,62 @@ fn each_wait_is_a_span_with_tenant_priority_outcome_and_wait_time() {
     assert!(events.iter().any(|fields| fields
         .get("message")
         .is_some_and(|m| m.contains("deadline expired while waiting"))));
+}
+
+/// Every IO interval is one event that carries the listener's inputs (L0
+/// shape, bytes added and compacted) and its decision, so an operator can
+/// replay why writers were throttled.
+#[test]
+fn each_io_interval_is_an_event_with_its_inputs_and_decision() {
+    use admission::io::{IoLoadConfig, IoLoadListener, LsmStats};
+
+    let capture = Capture::default();
+    let subscriber = tracing_subscriber::registry().with(capture.clone());
+    tracing::subscriber::with_default(subscriber, || {
+        let mut listener = IoLoadListener::new(IoLoadConfig::default()).unwrap();
+        let reading = |sublevels, l0_bytes, flushed| LsmStats {
+            l0_files: sublevels,
+            l0_sublevels: Some(sublevels),
+            l0_bytes,
+            flushed_bytes: flushed,
+            unflushed_memtables: Some(1),
+            ..LsmStats::default()
+        };
+        listener.next_interval(&reading(0, 0, 0));
+        // 3,000 bytes flushed, 1,000 still in L0: 2,000 compacted; ten
+        // sub-levels of twenty is a score of 1.
+        listener.next_interval(&reading(10, 1_000, 3_000));
+    });
+
+    let events = capture.events.lock().unwrap();
+    let intervals: Vec<&FieldMap> = events
+        .iter()
+        .filter(|fields| {
+            fields.get("message").map(String::as_str) == Some("IO tokens for the next interval")
+        })
+        .collect();
+    // The first interval has no history, so it is logged too, unlimited.
+    assert_eq!(intervals.len(), 2, "{events:?}");
+    assert_eq!(intervals[0]["regular"], "Unlimited");
+    assert_eq!(intervals[0]["elastic"], "Unlimited");
+    let decided = intervals[1];
+    for (field, value) in [
+        ("target", "admission::io"),
+        ("l0_files", "10"),
+        ("l0_sublevels", "10"),
+        ("l0_bytes", "1000"),
+        ("unflushed_memtables", "1"),
+        ("added", "3000"),
+        ("compacted", "2000"),
+        ("smoothed_compacted", "2000"),
+        ("score", "1.0"),
+        ("regular", "Limited(2000)"),
+        ("elastic", "Limited(500)"),
+    ] {
+        assert_eq!(
+            decided.get(field).map(String::as_str),
+            Some(value),
+            "{field}: {decided:?}"
+        );
+    }
 }

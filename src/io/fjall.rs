@@ -8,13 +8,16 @@
 //!   sub-level is, and what fjall itself throttles on (a write stall from
 //!   [`FJALL_STALL_RUNS`] runs, a halt from [`FJALL_HALT_RUNS`]).
 //! * **L0 bytes** are L0's on-disk size.
-//! * **Flushed bytes** are not counted by fjall. The adapter compares the L0
-//!   table ids it sees with those of its previous reading: the tables that
-//!   survived are charged at the previous mean table size and whatever L0
-//!   holds beyond them is new. A table flushed *and* compacted away between
-//!   two readings is never seen, so the derived compaction throughput is a
-//!   lower bound, and admission errs on the cautious side; read at least as
-//!   often as L0 turns over (the controller reads it every tick).
+//! * **Flushed and compacted bytes** are not counted by fjall. The adapter
+//!   keeps the id and on-disk size of every L0 table of its previous
+//!   reading: a table it has not seen before was flushed into L0 (or
+//!   ingested), a table that is gone was compacted out of it (merged or
+//!   moved down), each at its file size. A table flushed *and* compacted
+//!   away between two readings is never seen, so both counters are lower
+//!   bounds and admission errs on the cautious side; read at least as often
+//!   as L0 turns over (the controller reads it every tick). fjall's own
+//!   intra-L0 work, if any, would count on both sides alike and leave the
+//!   debt arithmetic unchanged.
 //! * **Write stalls** count readings that found L0 in fjall's stall range
 //!   (one reading per tick under the controller).
 //! * **Unflushed memtables** are the keyspace's sealed memtables: fjall
@@ -22,7 +25,7 @@
 //!
 //! The adapter answers [`LsmStatsSource::tick_stats`] too, so the
 //! controller reads it every tick; the table ids are then compared a
-//! millisecond apart and the derived flushed bytes miss little.
+//! millisecond apart and the derived counters miss little.
 //!
 //! [`FjallStats::report`] adds what fjall reports about compaction progress
 //! and disk growth, for observability; it is not an admission input.
@@ -30,7 +33,7 @@
 //! fjall 3 needs Rust 1.90, above this crate's 1.85, so the adapter is
 //! behind the `fjall` feature.
 
-use std::collections::HashSet;
+use std::collections::HashMap;
 use std::fmt;
 use std::time::Duration;
 
@@ -52,9 +55,10 @@ pub const FJALL_MEMTABLE_STOP: u64 = 4;
 pub struct FjallStats {
     database: Database,
     keyspace: Keyspace,
-    previous_tables: HashSet<u64>,
-    previous_mean_table_bytes: u64,
+    /// L0 table ids and file sizes at the previous reading.
+    previous_tables: HashMap<u64, u64>,
     flushed_bytes: u64,
+    compacted_bytes: u64,
     write_stalls: u64,
 }
 
@@ -83,9 +87,9 @@ impl FjallStats {
         FjallStats {
             database,
             keyspace,
-            previous_tables: HashSet::new(),
-            previous_mean_table_bytes: 0,
+            previous_tables: HashMap::new(),
             flushed_bytes: 0,
+            compacted_bytes: 0,
             write_stalls: 0,
         }
     }
@@ -94,20 +98,27 @@ impl FjallStats {
     pub fn read(&mut self) -> LsmStats {
         let version = self.keyspace.tree.current_version();
         let l0 = version.l0();
-        let tables: HashSet<u64> = l0.list_ids().into_iter().collect();
-        let l0_bytes = l0.size();
+        let tables: HashMap<u64, u64> = l0
+            .iter()
+            .flat_map(|run| run.iter())
+            .map(|table| (table.id(), table.metadata.file_size))
+            .collect();
+        let l0_bytes = tables
+            .values()
+            .fold(0u64, |sum, &size| sum.saturating_add(size));
         let l0_files = u64::try_from(tables.len()).unwrap_or(u64::MAX);
         let runs = u64::try_from(l0.run_count()).unwrap_or(u64::MAX);
 
-        let survivors =
-            u64::try_from(tables.intersection(&self.previous_tables).count()).unwrap_or(u64::MAX);
-        let surviving_bytes = survivors
-            .saturating_mul(self.previous_mean_table_bytes)
-            .min(l0_bytes);
-        self.flushed_bytes = self
-            .flushed_bytes
-            .saturating_add(l0_bytes - surviving_bytes);
-        self.previous_mean_table_bytes = l0_bytes.checked_div(l0_files).unwrap_or(0);
+        let sum_absent = |these: &HashMap<u64, u64>, from: &HashMap<u64, u64>| {
+            these
+                .iter()
+                .filter(|(id, _)| !from.contains_key(id))
+                .fold(0u64, |sum, (_, &size)| sum.saturating_add(size))
+        };
+        let flushed = sum_absent(&tables, &self.previous_tables);
+        let compacted = sum_absent(&self.previous_tables, &tables);
+        self.flushed_bytes = self.flushed_bytes.saturating_add(flushed);
+        self.compacted_bytes = self.compacted_bytes.saturating_add(compacted);
         self.previous_tables = tables;
         if runs >= FJALL_STALL_RUNS {
             self.write_stalls = self.write_stalls.saturating_add(1);
@@ -118,6 +129,7 @@ impl FjallStats {
             l0_bytes,
             flushed_bytes: self.flushed_bytes,
             ingested_bytes: 0,
+            compacted_bytes: Some(self.compacted_bytes),
             write_stalls: self.write_stalls,
             unflushed_memtables: self.flush_backlog(),
         }

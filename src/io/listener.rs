@@ -2,10 +2,11 @@
 //!
 //! Every interval the listener reads the engine's [`LsmStats`] and computes:
 //!
-//! * the bytes compacted out of L0 during the interval
-//!   (`previous L0 size + bytes added − current L0 size`, at least zero),
-//!   smoothed with an EWMA (α = 0.5) into `C`, what compactions can remove
-//!   per interval;
+//! * the bytes compacted out of L0 during the interval: the growth of the
+//!   engine's own counter where it reports one
+//!   ([`LsmStats::compacted_bytes`]), else `previous L0 size + bytes added
+//!   − current L0 size`; at least zero either way, and smoothed with an
+//!   EWMA (α = 0.5) into `C`, what compactions can remove per interval;
 //! * an overload score `s = 2 · max(files / file threshold,
 //!   sub-levels / sub-level threshold)` (doubled, as upstream: `s = 1` is
 //!   half the thresholds);
@@ -131,8 +132,30 @@ impl IoLoadListener {
         &self.config
     }
 
-    /// The next interval's tokens, from the stats read at its start.
+    /// The next interval's tokens, from the stats read at its start. Each
+    /// call, the first (unlimited, without history) included, is one
+    /// `tracing` event (target `admission::io`, level INFO) with the
+    /// readings it used and the decision.
     pub fn next_interval(&mut self, stats: &LsmStats) -> IoTokens {
+        let decision = self.decide(stats);
+        tracing::info!(
+            target: "admission::io",
+            l0_files = stats.l0_files,
+            l0_sublevels = stats.l0_sublevels,
+            l0_bytes = stats.l0_bytes,
+            unflushed_memtables = stats.unflushed_memtables,
+            added = decision.added,
+            compacted = decision.compacted,
+            smoothed_compacted = decision.smoothed_compacted,
+            score = decision.score,
+            regular = ?decision.regular,
+            elastic = ?decision.elastic,
+            "IO tokens for the next interval"
+        );
+        decision
+    }
+
+    fn decide(&mut self, stats: &LsmStats) -> IoTokens {
         let Some(previous) = self.previous.replace(*stats) else {
             return IoTokens {
                 regular: Tokens::Unlimited,
@@ -147,10 +170,15 @@ impl IoLoadListener {
             .flushed_bytes
             .saturating_sub(previous.flushed_bytes)
             .saturating_add(stats.ingested_bytes.saturating_sub(previous.ingested_bytes));
-        let compacted = previous
-            .l0_bytes
-            .saturating_add(added)
-            .saturating_sub(stats.l0_bytes);
+        let compacted = match (stats.compacted_bytes, previous.compacted_bytes) {
+            (Some(now), Some(before)) => now.saturating_sub(before),
+            // An engine that starts or stops counting between two readings
+            // is judged by its L0 bytes for that interval.
+            _ => previous
+                .l0_bytes
+                .saturating_add(added)
+                .saturating_sub(stats.l0_bytes),
+        };
         self.smoothed_compacted = if self.smoothed_compacted == 0.0 {
             compacted as f64
         } else {
@@ -195,29 +223,14 @@ impl IoLoadListener {
             // throttled class still makes progress.
             Some(bytes) => Tokens::Limited((bytes as u64).max(1)),
         };
-        let decision = IoTokens {
+        IoTokens {
             regular: to_tokens(regular),
             elastic: to_tokens(elastic),
             score,
             compacted,
             smoothed_compacted: c as u64,
             added,
-        };
-        tracing::info!(
-            target: "admission::io",
-            l0_files = stats.l0_files,
-            l0_sublevels = stats.l0_sublevels,
-            l0_bytes = stats.l0_bytes,
-            unflushed_memtables = stats.unflushed_memtables,
-            added,
-            compacted,
-            smoothed_compacted = decision.smoothed_compacted,
-            score,
-            regular = ?decision.regular,
-            elastic = ?decision.elastic,
-            "IO tokens for the next interval"
-        );
-        decision
+        }
     }
 
     /// Whether `unflushed` memtables are at least half the engine's stop
@@ -341,6 +354,14 @@ mod tests {
             stats(30, u64::MAX, 5), // L0 grew more than anything added
             stats(u64::MAX, 3, u64::MAX),
             LsmStats::default(),
+            LsmStats {
+                compacted_bytes: Some(u64::MAX),
+                ..stats(30, 0, 0)
+            },
+            LsmStats {
+                compacted_bytes: Some(0), // the engine's counter went backwards
+                ..stats(30, u64::MAX, u64::MAX)
+            },
         ];
         for reading in readings {
             let tokens = listener.next_interval(&reading);
@@ -351,6 +372,35 @@ mod tests {
             }
             assert!(tokens.score.is_finite() && tokens.score >= 0.0);
         }
+    }
+
+    #[test]
+    fn a_reported_compaction_counter_is_used_over_the_l0_arithmetic() {
+        let reading = |l0_bytes, flushed, compacted| LsmStats {
+            compacted_bytes: compacted,
+            ..stats(10, l0_bytes, flushed)
+        };
+        let mut listener = IoLoadListener::new(IoLoadConfig::default()).unwrap();
+        listener.next_interval(&reading(0, 0, Some(0)));
+        // L0 arithmetic would say 3C - C = 2C left L0; the engine counted C
+        // (say the rest was dropped by a range deletion, or mis-sized).
+        let tokens = listener.next_interval(&reading(C, 3 * C, Some(C)));
+        assert_eq!((tokens.added, tokens.compacted), (3 * C, C));
+        // At a score of 1 regular tokens are exactly C.
+        assert_eq!(tokens.regular, Tokens::Limited(C));
+
+        // A counter that went backwards counts as nothing compacted.
+        let tokens = listener.next_interval(&reading(C, 3 * C, Some(C / 2)));
+        assert_eq!(tokens.compacted, 0);
+
+        // An engine that stops counting is judged by its L0 bytes for the
+        // interval that lacks the counter on either side.
+        let tokens = listener.next_interval(&reading(0, 4 * C, None));
+        assert_eq!(tokens.compacted, 2 * C, "C in L0 + C flushed - 0 left");
+        let tokens = listener.next_interval(&reading(0, 5 * C, Some(9 * C)));
+        assert_eq!(tokens.compacted, C, "C flushed, L0 still empty");
+        let tokens = listener.next_interval(&reading(0, 5 * C, Some(10 * C)));
+        assert_eq!(tokens.compacted, C, "the counter again");
     }
 
     #[test]

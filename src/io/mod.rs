@@ -43,8 +43,9 @@
 //!
 //! Engines plug in through [`LsmStatsSource`]; with the `fjall` feature,
 //! [`fjall::FjallStats`] reads a [fjall](https://docs.rs/fjall) keyspace
-//! (L0 tables, runs as sub-levels, L0 bytes, and flushed bytes derived from
-//! table ids; see its documentation for the approximations).
+//! (L0 tables, runs as sub-levels, L0 bytes, and flushed and compacted
+//! bytes from the L0 tables it sees come and go; see its documentation for
+//! the approximations).
 
 mod controller;
 mod drip;

@@ -17,6 +17,10 @@ pub struct LsmStats {
     pub flushed_bytes: u64,
     /// Cumulative bytes ingested directly into L0.
     pub ingested_bytes: u64,
+    /// Cumulative bytes compactions moved out of L0, for engines that count
+    /// them (`None` otherwise: the listener then derives them from the
+    /// change in L0 bytes, as `previous + flushed + ingested − current`).
+    pub compacted_bytes: Option<u64>,
     /// Cumulative write stalls the engine imposed.
     pub write_stalls: u64,
     /// Memtables that are full and waiting to be flushed, for engines that
