@@ -345,6 +345,87 @@ mod tests {
         assert!(elastic <= regular);
     }
 
+    mod any_readings {
+        use super::*;
+        use proptest::prelude::*;
+
+        /// Mostly engine-sized numbers, sometimes anything at all.
+        fn count() -> impl Strategy<Value = u64> {
+            prop_oneof![4 => 0u64..64, 2 => 0u64..(1 << 40), 1 => any::<u64>()]
+        }
+
+        fn reading() -> impl Strategy<Value = LsmStats> {
+            (
+                count(),
+                proptest::option::of(count()),
+                count(),
+                count(),
+                count(),
+                proptest::option::of(count()),
+                proptest::option::of(0u64..8),
+            )
+                .prop_map(
+                    |(files, sublevels, l0_bytes, flushed, ingested, compacted, unflushed)| {
+                        LsmStats {
+                            l0_files: files,
+                            l0_sublevels: sublevels,
+                            l0_bytes,
+                            flushed_bytes: flushed,
+                            ingested_bytes: ingested,
+                            compacted_bytes: compacted,
+                            write_stalls: 0,
+                            unflushed_memtables: unflushed,
+                        }
+                    },
+                )
+        }
+
+        proptest! {
+            /// Whatever an engine reports, in whatever order: budgets are at
+            /// least one byte, elastic work is limited whenever regular work
+            /// is and never gets more, and a healthy L0 with no flush backlog
+            /// is unlimited.
+            #[test]
+            fn tokens_keep_their_invariants(
+                readings in proptest::collection::vec(reading(), 1..24),
+                sublevel_threshold in 1u64..64,
+                file_threshold in 1u64..2_000,
+            ) {
+                let config = IoLoadConfig {
+                    l0_sublevel_threshold: sublevel_threshold,
+                    l0_file_threshold: file_threshold,
+                    memtable_stop_threshold: Some(4),
+                    ..IoLoadConfig::default()
+                };
+                let mut listener = IoLoadListener::new(config).unwrap();
+                for reading in &readings {
+                    let tokens = listener.next_interval(reading);
+                    prop_assert!(tokens.score.is_finite() && tokens.score >= 0.0);
+                    for budget in [tokens.regular, tokens.elastic] {
+                        if let Tokens::Limited(bytes) = budget {
+                            prop_assert!(bytes >= 1, "{:?}", tokens);
+                        }
+                    }
+                    match (tokens.regular, tokens.elastic) {
+                        (Tokens::Limited(regular), Tokens::Limited(elastic)) => {
+                            prop_assert!(elastic <= regular, "{:?}", tokens)
+                        }
+                        (Tokens::Limited(_), Tokens::Unlimited) => {
+                            prop_assert!(false, "regular limited, elastic not: {:?}", tokens)
+                        }
+                        _ => {}
+                    }
+                    if tokens.score < 0.5 {
+                        prop_assert_eq!(tokens.regular, Tokens::Unlimited);
+                    }
+                    if tokens.score < 0.2 && !listener.flush_backlogged(reading.unflushed_memtables) {
+                        prop_assert_eq!(tokens.elastic, Tokens::Unlimited);
+                    }
+                }
+            }
+        }
+    }
+
     #[test]
     fn garbage_and_regressing_counters_never_give_negative_or_overflowing_tokens() {
         let mut listener = IoLoadListener::new(IoLoadConfig::default()).unwrap();
