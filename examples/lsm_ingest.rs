@@ -238,10 +238,7 @@ fn main() {
         .collect();
     let admitted_rate = outcomes[2].bulk_mb_per_sec();
     for mb in std::iter::once(admitted_rate).chain(paced_mb) {
-        // At least a byte a second: a bulk that admission starved entirely
-        // is paced at a trickle rather than not at all.
-        let bytes_per_sec = (mb * 1e6).max(1.0) as u64;
-        outcomes.push(run(Mode::Paced { bytes_per_sec }));
+        outcomes.push(run(Mode::paced_mb(mb)));
     }
     let errors: u64 = outcomes.iter().map(|o| o.foreground_errors).sum();
     println!(

@@ -164,6 +164,15 @@ pub enum Mode {
 }
 
 impl Mode {
+    /// The bulk paced to `mb_per_sec` (10^6 bytes), at least a byte a
+    /// second: a control for a bulk that admission starved entirely paces
+    /// at a trickle rather than not at all.
+    pub fn paced_mb(mb_per_sec: f64) -> Mode {
+        Mode::Paced {
+            bytes_per_sec: (mb_per_sec * 1e6).max(1.0) as u64,
+        }
+    }
+
     /// A short name for tables.
     pub fn name(self) -> &'static str {
         match self {

@@ -508,9 +508,10 @@ pub fn w6_settings(quick: bool) -> crate::ingest::Settings {
 /// at the rate admission gave it: the engine's own cost of that ingest
 /// rate, which the admission row is to be read against. Figures:
 /// foreground p99 vs unloaded (whole run and after the warmup), bulk MB/s,
-/// max L0 runs, time in fjall's stall range. Not a CPU scenario, so the calibrated capacity and
-/// SLO do not apply: goodput and rejections are left empty, and there is no
-/// p99-over-time plot (`lsm_ingest` prints the time series).
+/// max L0 runs, time in fjall's stall range. Not a CPU scenario, so the
+/// calibrated capacity and SLO do not apply: goodput and rejections are
+/// left empty, and there is no p99-over-time plot (`lsm_ingest` prints the
+/// time series).
 #[cfg(feature = "fjall")]
 pub fn w6(settings: &crate::ingest::Settings) -> Vec<SummaryRow> {
     use crate::ingest::{self, Mode, Outcome};
@@ -529,22 +530,15 @@ pub fn w6(settings: &crate::ingest::Settings) -> Vec<SummaryRow> {
     };
     let alone = run(Mode::Alone);
     let (alone_p99, alone_steady_p99) = (alone.foreground_ms(0.99), alone.steady_ms(0.99));
+    let fjall_alone = run(Mode::FjallAlone);
+    let admitted = run(Mode::Admission);
+    let paced = run(Mode::paced_mb(admitted.bulk_mb_per_sec()));
     let mut rows = Vec::new();
-    let mut admitted_bytes_per_sec = 0;
-    for system in ["fjall-alone", "io-admission", "paced-same-rate"] {
-        let mode = match system {
-            "fjall-alone" => Mode::FjallAlone,
-            "io-admission" => Mode::Admission,
-            _ => Mode::Paced {
-                bytes_per_sec: admitted_bytes_per_sec,
-            },
-        };
-        let outcome = run(mode);
-        if mode == Mode::Admission {
-            // At least a byte a second, so the control paces rather than
-            // stops when admission starved the bulk.
-            admitted_bytes_per_sec = ((outcome.bulk_mb_per_sec() * 1e6) as u64).max(1);
-        }
+    for (system, outcome) in [
+        ("fjall-alone", fjall_alone),
+        ("io-admission", admitted),
+        ("paced-same-rate", paced),
+    ] {
         let p99 = outcome.foreground_ms(0.99);
         let steady_p99 = outcome.steady_ms(0.99);
         let extra: BTreeMap<String, serde_json::Value> = [
