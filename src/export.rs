@@ -12,6 +12,7 @@
 //! | `admission_slots_total` | gauge | | the slot total |
 //! | `admission_cpu_runnable_per_worker` | gauge | | the CPU signal's last sample |
 //! | `admission_cpu_idle` | gauge | | 1 while the CPU controller is idle (not enforcing) |
+//! | `admission_callback_panics_total` | counter | `component` | panics caught in user code the crate calls (see [`health`](crate::health)) |
 //!
 //! Counters and the histogram are recorded when a request settles, outside
 //! the queue's lock. Gauges are set by [`WorkQueue::record_metrics`](crate::WorkQueue::record_metrics),
@@ -92,4 +93,11 @@ pub(crate) fn cpu(runnable_per_worker: f64, idle: bool) {
         metrics::gauge!("admission_cpu_runnable_per_worker").set(runnable_per_worker);
         metrics::gauge!("admission_cpu_idle").set(if idle { 1.0 } else { 0.0 });
     }
+}
+
+/// A panic was caught in `component`'s user code.
+#[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
+pub(crate) fn callback_panicked(component: &'static str) {
+    #[cfg(feature = "metrics")]
+    metrics::counter!("admission_callback_panics_total", "component" => component).increment(1);
 }

@@ -192,6 +192,7 @@ pub mod error;
 pub mod export;
 pub mod gpu;
 pub mod grant;
+pub mod health;
 pub mod io;
 pub mod observe;
 pub mod queue;
@@ -203,6 +204,7 @@ pub mod work;
 
 pub use error::{AdmitError, ConfigError};
 pub use grant::{SlotGranter, TokenGranter};
+pub use health::ComponentHealth;
 pub use observe::QueueSnapshot;
 pub use queue::{Admit, EpochLifo, SlotPermit, Usage, WorkQueue, WorkQueueBuilder};
 pub use work::{Priority, TenantId, TenantWeight, WorkInfo};

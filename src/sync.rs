@@ -33,6 +33,14 @@ pub(crate) use std::sync::Arc as StdArc;
 /// worker, the simulator's gates). Always `std`'s.
 pub(crate) use std::sync::mpsc;
 
+/// Health records, which are not part of the concurrency core: a
+/// [`Boundary`](crate::health::Boundary)'s panic counters and the leaf lock
+/// around its last panic message (held only to copy a value in or out, never
+/// while calling anything). Always `std`'s: they decide nothing, and loom
+/// instruments every atomic access as a scheduling point, which would
+/// multiply the models' interleavings on every guarded call for no finding.
+pub(crate) use std::sync::{atomic::AtomicU64 as StdAtomicU64, Mutex as StdMutex};
+
 /// A mutual-exclusion lock whose `lock` cannot fail.
 #[derive(Debug, Default)]
 pub(crate) struct Mutex<T> {
@@ -64,4 +72,10 @@ impl<T> Mutex<T> {
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
+}
+
+/// The guard of a poisoned [`StdMutex`]: what it protects is only ever
+/// replaced whole, so it is valid whatever panicked while holding it.
+pub(crate) fn recover<G>(poisoned: std::sync::PoisonError<G>) -> G {
+    poisoned.into_inner()
 }
