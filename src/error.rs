@@ -43,12 +43,28 @@ pub enum AdmitError {
         /// Time left before the request's deadline.
         remaining: Duration,
     },
+    /// The request asked for more units than the granter could ever grant
+    /// one request (more slots than the queue's total can reach), so it
+    /// was refused instead of waiting forever in front of everyone else.
+    /// A request already waiting fails this way when the total drops below
+    /// what it asked for.
+    NeverFits {
+        /// Units the request asked for.
+        requested: u64,
+        /// The most units one request can be granted now.
+        capacity: u64,
+    },
+    /// The request carries a deadline and had to wait, but no tokio timer
+    /// is available where it was polled (a runtime built without
+    /// `enable_time`, or no runtime at all), so its deadline could not be
+    /// kept. It was taken out of the queue; nothing was admitted.
+    TimerUnavailable,
 }
 
 impl AdmitError {
     /// A short, stable name for the outcome, for metric labels and logs:
-    /// `queue_full`, `closed`, `deadline_passed`, `deadline_exceeded` or
-    /// `would_miss_deadline`.
+    /// `queue_full`, `closed`, `deadline_passed`, `deadline_exceeded`,
+    /// `would_miss_deadline`, `never_fits` or `timer_unavailable`.
     pub fn reason(&self) -> &'static str {
         match self {
             AdmitError::QueueFull { .. } => "queue_full",
@@ -56,6 +72,8 @@ impl AdmitError {
             AdmitError::DeadlinePassed => "deadline_passed",
             AdmitError::DeadlineExceeded { .. } => "deadline_exceeded",
             AdmitError::WouldMissDeadline { .. } => "would_miss_deadline",
+            AdmitError::NeverFits { .. } => "never_fits",
+            AdmitError::TimerUnavailable => "timer_unavailable",
         }
     }
 }
@@ -81,6 +99,17 @@ impl fmt::Display for AdmitError {
             } => write!(
                 f,
                 "rejected early: expected to complete in {expected:?}, but only {remaining:?} is left before the deadline"
+            ),
+            AdmitError::NeverFits {
+                requested,
+                capacity,
+            } => write!(
+                f,
+                "request for {requested} units can never be admitted: at most {capacity} can be granted to one request"
+            ),
+            AdmitError::TimerUnavailable => f.write_str(
+                "the request has a deadline and had to wait, but no tokio timer is available: \
+                 build the runtime with `enable_time()` (or `enable_all()`)",
             ),
         }
     }

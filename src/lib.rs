@@ -198,6 +198,7 @@ pub mod observe;
 pub mod queue;
 mod sync;
 mod ticker;
+mod timer;
 #[cfg(feature = "tower")]
 pub mod tower;
 pub mod work;

@@ -10,6 +10,7 @@
 
 use std::time::Duration;
 
+use crate::health::ComponentHealth;
 use crate::work::{Priority, TenantId, TenantWeight};
 
 /// Upper bounds of the wait histogram's buckets, in microseconds: zero (no
@@ -131,6 +132,9 @@ pub struct QueueSnapshot<S> {
     pub tenants: Vec<TenantSnapshot>,
     /// The granter's state (for a slot queue: slots used and total).
     pub granter: S,
+    /// Panics caught in the granter's methods (only a custom granter can
+    /// panic; see [`health`](crate::health)).
+    pub granter_health: ComponentHealth,
 }
 
 impl<S> QueueSnapshot<S> {

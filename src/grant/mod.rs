@@ -84,6 +84,8 @@ pub use token::{TokenBucket, TokenClass, TokenGranter, TokenSnapshot, TokenState
 
 use std::fmt::Debug;
 
+use crate::health::Boundary;
+
 /// Owns the capacity of one resource and decides whether work may have some.
 ///
 /// See the [module documentation](self) for the calling convention: the
@@ -130,6 +132,18 @@ pub trait Granter: Debug + Send + Sync + 'static {
         let _ = state;
         None
     }
+
+    /// The most units one request could ever be granted, as the granter's
+    /// limits stand now. A request for more that would have to wait is
+    /// refused at once with [`AdmitError::NeverFits`](crate::AdmitError::NeverFits)
+    /// instead of waiting forever in front of everyone else (grants are
+    /// made in strict order), and a waiter left asking for more when the
+    /// limit drops fails the same way. `None`, the default, when any request
+    /// can be granted eventually (tokens, which may go into debt).
+    fn max_request(&self, state: &Self::State) -> Option<u64> {
+        let _ = state;
+        None
+    }
 }
 
 /// Holds waiting work and hands capacity to it in order.
@@ -148,27 +162,99 @@ pub trait Requester {
     fn granted(&self) -> u64;
 }
 
-/// A granter together with its state, borrowed under the queue's lock.
+/// A granter together with its state, borrowed under the queue's lock, and
+/// the panic boundary every call into the granter goes through.
+///
+/// A custom granter is user code called under the queue's lock. A panic in
+/// it is caught here (see [`health`](crate::health)) and answered so that
+/// the queue can never wedge on it and no capacity is lost to it:
+///
+/// * a panicking `try_get` admits, unaccounted (the queue fails open: a
+///   granter that always panics leaves the service running without
+///   admission control, loudly, rather than stopping it); the units of an
+///   unaccounted admission are never returned to a granter that never
+///   counted them;
+/// * a panicking `return_grant` or `cancel_grant` is owed: retried before
+///   the next take, so a transient panic loses no capacity;
+/// * a panicking `took_without_permission` leaves the bypass unaccounted;
+/// * a panicking `capacity` or `max_request` means no bound.
+///
+/// The queue's own state is never half-changed around these calls.
 #[derive(Debug)]
 pub(crate) struct Grants<'a, G: Granter> {
     pub(crate) granter: &'a G,
     pub(crate) state: &'a mut G::State,
+    pub(crate) boundary: &'a Boundary,
+    /// Units whose return panicked, to be returned before the next take.
+    pub(crate) owed: &'a mut u64,
 }
 
 impl<G: Granter> Grants<'_, G> {
-    pub(crate) fn try_get(&mut self, count: u64) -> bool {
-        self.granter.try_get(self.state, count)
+    /// Takes `count` units: `None` if the granter refused, else whether the
+    /// granter counted them (`false` when it panicked and the queue failed
+    /// open).
+    pub(crate) fn try_get(&mut self, count: u64) -> Option<bool> {
+        self.settle_owed();
+        let (granter, state) = (self.granter, &mut *self.state);
+        match self.boundary.call(|| granter.try_get(state, count)) {
+            Some(true) => Some(true),
+            Some(false) => None,
+            None => Some(false),
+        }
     }
 
     pub(crate) fn return_grant(&mut self, count: u64) {
-        self.granter.return_grant(self.state, count)
+        let (granter, state) = (self.granter, &mut *self.state);
+        if self
+            .boundary
+            .call(|| granter.return_grant(state, count))
+            .is_none()
+        {
+            *self.owed = self.owed.saturating_add(count);
+        }
     }
 
     pub(crate) fn cancel_grant(&mut self, count: u64) {
-        self.granter.cancel_grant(self.state, count)
+        let (granter, state) = (self.granter, &mut *self.state);
+        if self
+            .boundary
+            .call(|| granter.cancel_grant(state, count))
+            .is_none()
+        {
+            *self.owed = self.owed.saturating_add(count);
+        }
     }
 
-    pub(crate) fn took_without_permission(&mut self, count: u64) {
-        self.granter.took_without_permission(self.state, count)
+    /// Records a bypass; whether the granter counted it.
+    pub(crate) fn took_without_permission(&mut self, count: u64) -> bool {
+        let (granter, state) = (self.granter, &mut *self.state);
+        self.boundary
+            .call(|| granter.took_without_permission(state, count))
+            .is_some()
+    }
+
+    pub(crate) fn capacity(&self) -> Option<u64> {
+        let (granter, state) = (self.granter, &*self.state);
+        self.boundary.call(|| granter.capacity(state)).flatten()
+    }
+
+    pub(crate) fn max_request(&self) -> Option<u64> {
+        let (granter, state) = (self.granter, &*self.state);
+        self.boundary.call(|| granter.max_request(state)).flatten()
+    }
+
+    /// Retries returns that panicked; they stay owed while they panic.
+    fn settle_owed(&mut self) {
+        if *self.owed == 0 {
+            return;
+        }
+        let (granter, state, owed) = (self.granter, &mut *self.state, *self.owed);
+        if self
+            .boundary
+            .call(|| granter.return_grant(state, owed))
+            .is_some()
+        {
+            *self.owed = 0;
+        }
     }
 }

@@ -23,6 +23,8 @@ use super::Granter;
 #[derive(Debug)]
 pub struct SlotGranter {
     total: AtomicU64,
+    /// The highest total a controller may move to; 0 when none is set.
+    ceiling: AtomicU64,
     enforcing: AtomicBool,
 }
 
@@ -52,6 +54,7 @@ impl SlotGranter {
         Self::check_total(total)?;
         Ok(SlotGranter {
             total: AtomicU64::new(total),
+            ceiling: AtomicU64::new(0),
             enforcing: AtomicBool::new(true),
         })
     }
@@ -83,6 +86,26 @@ impl SlotGranter {
     /// so that waiters are granted when it goes off.
     pub fn set_enforcing(&self, enforcing: bool) {
         self.enforcing.store(enforcing, Ordering::Release);
+    }
+
+    /// Declares the highest total that the total will be moved to (by a
+    /// controller, such as the CPU [`Controller`](crate::cpu::Controller)'s
+    /// `max_slots`): a request for up to that many slots may wait for the
+    /// total to grow; a larger one is refused with
+    /// [`AdmitError::NeverFits`](crate::AdmitError::NeverFits). Without a
+    /// ceiling the current total is the bound (none while it is zero: a
+    /// total of zero pauses admission).
+    pub fn set_ceiling(&self, ceiling: u64) -> Result<(), ConfigError> {
+        if ceiling > Self::MAX_TOTAL {
+            return Err(ConfigError::out_of_range(
+                "ceiling",
+                ceiling,
+                0,
+                Self::MAX_TOTAL,
+            ));
+        }
+        self.ceiling.store(ceiling, Ordering::Release);
+        Ok(())
     }
 
     /// Moves the limit. Lowering it revokes nothing; raising it admits
@@ -144,6 +167,14 @@ impl Granter for SlotGranter {
 
     fn capacity(&self, _state: &SlotState) -> Option<u64> {
         Some(self.total())
+    }
+
+    /// The larger of the total and the ceiling; none while both are zero:
+    /// a total of zero pauses admission (everyone waits for it to be
+    /// raised) rather than refusing everything.
+    fn max_request(&self, _state: &SlotState) -> Option<u64> {
+        let bound = self.total().max(self.ceiling.load(Ordering::Acquire));
+        (bound > 0).then_some(bound)
     }
 }
 

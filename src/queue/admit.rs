@@ -119,7 +119,20 @@ impl<G: Granter> Future for Admit<G> {
                         wait_us = tracing::field::Empty,
                     );
                     if let Some(deadline) = work.deadline() {
-                        this.timer.set(Some(tokio::time::sleep_until(deadline)));
+                        let Some(timer) = crate::timer::sleep_until(deadline) else {
+                            // Leaves the queue as a cancelled request would
+                            // (a grant made meanwhile is passed on).
+                            shared.with_state(|state, granter, wakes| {
+                                state.cancel(key, granter, wakes)
+                            });
+                            let error = AdmitError::TimerUnavailable;
+                            export::settled(priority, error.reason(), None);
+                            span.record("outcome", tracing::field::display(&error));
+                            *this.phase = Phase::Done;
+                            *this.shared = None;
+                            return Poll::Ready(Err(error));
+                        };
+                        this.timer.set(Some(timer));
                     }
                     *this.phase = Phase::Queued {
                         key,

@@ -99,10 +99,19 @@ impl EpochLifo {
     }
 
     /// When epoch `epoch` closes.
+    /// `None` only where the instant is past what the clock can represent.
+    /// In 128-bit nanoseconds: epochs are counted in 64 bits, and a 32-bit
+    /// multiplier would stop closing epochs after 2^32 of them (49.7 days of
+    /// 1 ms epochs).
     pub(crate) fn closes_at(&self, origin: Instant, epoch: u64) -> Option<Instant> {
-        let end = self
+        let end_nanos = self
             .epoch
-            .checked_mul(u32::try_from(epoch.checked_add(1)?).ok()?)?;
+            .as_nanos()
+            .checked_mul(u128::from(epoch.checked_add(1)?))?;
+        let end = Duration::new(
+            u64::try_from(end_nanos / 1_000_000_000).ok()?,
+            (end_nanos % 1_000_000_000) as u32,
+        );
         origin.checked_add(end)?.checked_add(self.closing_delta)
     }
 }
@@ -270,6 +279,12 @@ mod tests {
         assert_eq!(settings.closes_at(origin, 0), Some(origin + ms(105)));
         assert_eq!(settings.closes_at(origin, 3), Some(origin + ms(405)));
         assert_eq!(settings.closes_at(origin, u64::MAX), None);
+        // Past 2^32 epochs (a 32-bit multiplier would give up here).
+        let later = u64::from(u32::MAX) + 2;
+        assert_eq!(
+            settings.closes_at(origin, later),
+            Some(origin + ms(100) * 3 + ms(100) * u32::MAX + ms(5))
+        );
     }
 
     #[test]

@@ -32,6 +32,7 @@ use rustc_hash::FxHashMap;
 use self::state::{Charge, Limits, QueueState, WakeList};
 use crate::error::ConfigError;
 use crate::grant::{Granter, Grants, Requester, SlotGranter, SlotSnapshot};
+use crate::health::Boundary;
 use crate::observe::QueueSnapshot;
 use crate::sync::{Arc, Mutex};
 use crate::work::{TenantId, TenantWeight, WorkInfo};
@@ -59,12 +60,16 @@ const WEIGHT_BATCH: usize = 64;
 pub(crate) struct Shared<G: Granter> {
     locked: Mutex<Locked<G>>,
     granter: G,
+    /// Every call into the granter goes through it (see `Grants`).
+    granter_boundary: Boundary,
 }
 
 /// Everything behind the queue's one lock.
 struct Locked<G: Granter> {
     queue: QueueState,
     granter: G::State,
+    /// Units whose return to the granter panicked (see `Grants`).
+    owed: u64,
 }
 
 impl<G: Granter> Shared<G> {
@@ -77,10 +82,16 @@ impl<G: Granter> Shared<G> {
         let mut wakes = WakeList::default();
         let result = {
             let mut locked = self.locked.lock();
-            let Locked { queue, granter } = &mut *locked;
+            let Locked {
+                queue,
+                granter,
+                owed,
+            } = &mut *locked;
             let mut grants = Grants {
                 granter: &self.granter,
                 state: granter,
+                boundary: &self.granter_boundary,
+                owed,
             };
             f(queue, &mut grants, &mut wakes)
         };
@@ -140,9 +151,16 @@ impl WorkQueue<SlotGranter> {
 
     /// Moves the slot total and grants waiters any capacity it opened.
     /// Lowering the total revokes no granted slot.
+    ///
+    /// Waiters asking for more slots than the new total (and the
+    /// [ceiling](SlotGranter::set_ceiling), if one is set) fail with
+    /// [`AdmitError::NeverFits`](crate::AdmitError::NeverFits).
     pub fn set_total_slots(&self, total: u64) -> Result<(), ConfigError> {
         self.shared.granter.set_total(total)?;
-        self.granted();
+        self.shared.with_state(|queue, grants, wakes| {
+            queue.refuse_unfit(grants, wakes);
+            queue.grant_waiting(grants, wakes);
+        });
         Ok(())
     }
 
@@ -160,6 +178,8 @@ impl WorkQueue<SlotGranter> {
                 grants.granter.set_total(total)?;
                 if total > before.total {
                     queue.grant_waiting(grants, wakes);
+                } else if total < before.total {
+                    queue.refuse_unfit(grants, wakes);
                 }
             }
             Ok(before)
@@ -286,6 +306,7 @@ impl<G: Granter> WorkQueue<G> {
             priorities: locked.queue.priority_snapshot(),
             tenants: locked.queue.tenant_snapshot(),
             granter: self.shared.granter.snapshot(&locked.granter),
+            granter_health: self.shared.granter_boundary.health(),
         }
     }
 }
@@ -314,6 +335,7 @@ pub struct WorkQueueBuilder {
     early_rejection: bool,
     usage: Usage,
     elastic_share: Option<f64>,
+    max_tenants: usize,
 }
 
 impl Default for WorkQueueBuilder {
@@ -328,6 +350,7 @@ impl Default for WorkQueueBuilder {
             early_rejection: false,
             usage: Usage::Held,
             elastic_share: None,
+            max_tenants: Self::DEFAULT_MAX_TENANTS,
         }
     }
 }
@@ -342,6 +365,8 @@ impl WorkQueueBuilder {
     /// Default time after which unobserved grants stop holding back pacing
     /// (CockroachDB's grant-chain termination delay).
     pub const DEFAULT_GRANT_BURST_TIMEOUT: Duration = Duration::from_millis(100);
+    /// Default cap on tenant records; see [`max_tenants`](Self::max_tenants).
+    pub const DEFAULT_MAX_TENANTS: usize = 65_536;
 
     /// Initial slot total of a slot queue (default 1); see
     /// [`WorkQueue::set_total_slots`]. Ignored by [`build_with`](Self::build_with).
@@ -425,6 +450,23 @@ impl WorkQueueBuilder {
         self
     }
 
+    /// Most tenant records the queue keeps (default
+    /// [`DEFAULT_MAX_TENANTS`](Self::DEFAULT_MAX_TENANTS), about 300 bytes
+    /// each). Tenant ids often come from requests, so the table must not grow
+    /// with every id a client makes up. Without anyone calling
+    /// [`WorkQueue::maintain`], the queue sweeps its table whenever a new
+    /// tenant would grow it past twice its live size (at least 1,024): the
+    /// usage reset runs if it is due, then records with nothing charged or
+    /// waiting are dropped. At this cap a sweep also drops records whose only
+    /// content is usage charged since the last reset, so their fairness
+    /// memory is lost early; records of tenants with waiting work are always
+    /// kept (there are at most [`max_waiters`](Self::max_waiters) of them).
+    /// At least 1.
+    pub fn max_tenants(mut self, max: usize) -> Self {
+        self.max_tenants = max;
+        self
+    }
+
     /// A slot queue.
     pub fn build(self) -> Result<WorkQueue<SlotGranter>, ConfigError> {
         let granter = SlotGranter::new(self.total_slots)?;
@@ -472,6 +514,12 @@ impl WorkQueueBuilder {
                 ));
             }
         }
+        if self.max_tenants == 0 {
+            return Err(ConfigError::new(
+                "max_tenants",
+                "0 would forget every tenant's share at once; use at least 1",
+            ));
+        }
         let limits = Limits {
             max_waiters: self.max_waiters,
             reset_period: self.reset_period,
@@ -481,15 +529,21 @@ impl WorkQueueBuilder {
             early_rejection: self.early_rejection,
             usage: self.usage,
             elastic_share: self.elastic_share,
+            max_tenants: self.max_tenants,
         };
         let locked = Locked {
             queue: QueueState::new(limits),
             granter: granter.initial_state(),
+            owed: 0,
         };
         Ok(WorkQueue {
             shared: Arc::new(Shared {
                 locked: Mutex::new(locked),
                 granter,
+                granter_boundary: Boundary::new(
+                    "granter",
+                    "a panicking take admits unaccounted (fails open); a panicking return is retried",
+                ),
             }),
         })
     }

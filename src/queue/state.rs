@@ -119,6 +119,9 @@ pub(crate) struct Charge {
     /// When the slot was granted, if the queue times slot holds (for early
     /// rejection's expected service time).
     admitted_at: Option<Instant>,
+    /// Whether the granter counted the units (not when it panicked and the
+    /// queue failed open): only counted units are given back to it.
+    accounted: bool,
 }
 
 /// What a first attempt at admission came to.
@@ -180,6 +183,7 @@ pub(crate) struct Limits {
     pub(crate) early_rejection: bool,
     pub(crate) usage: Usage,
     pub(crate) elastic_share: Option<f64>,
+    pub(crate) max_tenants: usize,
 }
 
 /// How fast the queue drains, for early rejection: the rate at which
@@ -197,9 +201,14 @@ struct Drain {
 
 impl Drain {
     fn held(&mut self, priority: Priority, held: Duration) {
+        // In integer nanoseconds: a hold may be as long as the uptime, and
+        // nine tenths of one plus a tenth of another never overflows there.
         self.hold
             .entry(priority)
-            .and_modify(|hold| *hold = hold.mul_f64(0.9) + held.mul_f64(0.1))
+            .and_modify(|hold| {
+                let mixed = (hold.as_nanos() * 9 + held.as_nanos()) / 10;
+                *hold = Duration::from_nanos(u64::try_from(mixed).unwrap_or(u64::MAX));
+            })
             .or_insert(held);
     }
 
@@ -207,9 +216,19 @@ impl Drain {
         self.hold.get(&priority).copied()
     }
 
-    fn update(&mut self, now: Instant) {
+    /// Closes the current window if it is long enough. `busy` says whether
+    /// work is waiting or holds capacity now: a window in which nothing
+    /// completed and nothing was busy measured a lack of demand, not the
+    /// drain rate, so it is skipped, keeping the last busy rate; otherwise an idle stretch would
+    /// halve the rate toward zero every window and the next request to
+    /// queue would be refused as if nothing ever completed.
+    fn update(&mut self, now: Instant, busy: bool) {
         let elapsed = now.saturating_duration_since(self.since);
         if elapsed < RATE_WINDOW {
+            return;
+        }
+        if self.completions == 0 && !busy {
+            self.since = now;
             return;
         }
         let observed = self.completions as f64 / elapsed.as_secs_f64();
@@ -245,6 +264,9 @@ pub(crate) struct QueueState {
     drain: Drain,
     /// Slots held by elastic (below-zero priority) work.
     elastic_held: u64,
+    /// Units granted and not yet given back (held by permits, or granted to
+    /// waiters that have not observed it): tells a stall from an idle queue.
+    in_flight: u64,
     stats: PriorityStats,
 }
 
@@ -263,7 +285,7 @@ impl QueueState {
             next_seq: 0,
             generation: 0,
             last_reset: now,
-            gc_threshold: MIN_GC_THRESHOLD,
+            gc_threshold: MIN_GC_THRESHOLD.min(limits.max_tenants),
             pacing: Pacing::new(limits.grant_burst, limits.grant_burst_timeout),
             origin: now,
             closed_epochs: 0,
@@ -274,6 +296,7 @@ impl QueueState {
                 hold: BTreeMap::new(),
             },
             elastic_held: 0,
+            in_flight: 0,
             stats: PriorityStats::new(),
         }
     }
@@ -284,6 +307,11 @@ impl QueueState {
 
     pub(crate) fn is_closed(&self) -> bool {
         self.closed
+    }
+
+    /// Whether work waits or holds capacity.
+    fn is_busy(&self) -> bool {
+        self.waiting > 0 || self.in_flight > 0
     }
 
     /// The first poll of an `Admit`: bypass, fail fast, take the fast path,
@@ -305,8 +333,8 @@ impl QueueState {
             self.with_tenant(work.tenant(), |t| t.states.requested(priority));
         }
         if work.is_bypass() {
-            grants.took_without_permission(work.requested());
-            return self.admit_at_once(work);
+            let accounted = grants.took_without_permission(work.requested());
+            return self.admit_at_once(work, accounted);
         }
         // The clock is read only for work that has a deadline, and for
         // work that is about to queue: the fast path stays clock-free.
@@ -326,8 +354,22 @@ impl QueueState {
         let nobody_grantable =
             self.waiting == 0 || (elastic_full && self.next_grantee(elastic_full).is_none());
         let elastic_blocked = priority.is_elastic() && elastic_full;
-        if nobody_grantable && !elastic_blocked && grants.try_get(work.requested()) {
-            return self.admit_at_once(work);
+        if nobody_grantable && !elastic_blocked {
+            if let Some(accounted) = grants.try_get(work.requested()) {
+                return self.admit_at_once(work, accounted);
+            }
+        }
+        if let Some(capacity) = grants.max_request() {
+            let requested = work.requested();
+            if requested > capacity {
+                return self.reject(
+                    work,
+                    AdmitError::NeverFits {
+                        requested,
+                        capacity,
+                    },
+                );
+            }
         }
         if self.waiting >= self.limits.max_waiters {
             let max_waiters = self.limits.max_waiters;
@@ -336,7 +378,7 @@ impl QueueState {
         let now = now.unwrap_or_else(Instant::now);
         self.maybe_reset(now);
         self.close_epochs(now);
-        self.drain.update(now);
+        self.drain.update(now, self.is_busy());
         if let Some(error) = self.doomed(work, now) {
             return self.reject(work, error);
         }
@@ -347,12 +389,13 @@ impl QueueState {
 
     /// Admission without waiting (fast path or bypass): charged, counted
     /// with a zero wait.
-    fn admit_at_once(&mut self, work: &WorkInfo) -> Attempt {
+    fn admit_at_once(&mut self, work: &WorkInfo, accounted: bool) -> Attempt {
         let priority = work.priority();
         let count = work.requested();
         if priority.is_elastic() {
             self.elastic_held = self.elastic_held.saturating_add(count);
         }
+        self.in_flight = self.in_flight.saturating_add(count);
         let epoch_lifo = self.limits.epoch_lifo.is_some();
         self.with_tenant(work.tenant(), |t| {
             t.used = t.used.saturating_add(count);
@@ -363,7 +406,7 @@ impl QueueState {
         let waited = Duration::ZERO;
         self.stats.settled(priority, Settled::Admitted { waited });
         Attempt::Admitted {
-            charge: self.charge_now(priority, count, None),
+            charge: self.charge_now(priority, count, None, accounted),
         }
     }
 
@@ -374,7 +417,7 @@ impl QueueState {
         let Some(share) = self.limits.elastic_share else {
             return u64::MAX;
         };
-        let Some(capacity) = grants.granter.capacity(grants.state) else {
+        let Some(capacity) = grants.capacity() else {
             return u64::MAX;
         };
         ((capacity as f64 * share).floor() as u64).max(1)
@@ -393,8 +436,15 @@ impl QueueState {
 
     /// The charge of a slot granted now; the clock is read only when slot
     /// holds are timed.
-    fn charge_now(&self, priority: Priority, count: u64, now: Option<Instant>) -> Charge {
+    fn charge_now(
+        &self,
+        priority: Priority,
+        count: u64,
+        now: Option<Instant>,
+        accounted: bool,
+    ) -> Charge {
         Charge {
+            accounted,
             generation: self.generation,
             count,
             priority,
@@ -450,8 +500,11 @@ impl QueueState {
             .filter(|other| other.id != id)
             .count() as u64;
         let grants = own + tenants_ahead + 1;
-        let wait = Duration::from_secs_f64(grants as f64 / self.drain.per_sec);
-        let expected = wait + self.drain.hold(work.priority()).unwrap_or_default();
+        // After a stall the rate may be vanishingly small: the wait then
+        // saturates (and the request is refused) rather than overflowing.
+        let wait = Duration::try_from_secs_f64(grants as f64 / self.drain.per_sec)
+            .unwrap_or(Duration::MAX);
+        let expected = wait.saturating_add(self.drain.hold(work.priority()).unwrap_or_default());
         let remaining = deadline.saturating_duration_since(now);
         (expected > remaining).then_some(AdmitError::WouldMissDeadline {
             expected,
@@ -528,7 +581,7 @@ impl QueueState {
             // Every release runs this: keep the uncontended case free.
             return 0;
         }
-        let mut granted = 0;
+        let mut granted: u64 = 0;
         let mut now = None;
         let epoch_lifo = self.limits.epoch_lifo.is_some();
         let elastic_limit = self.elastic_limit(grants);
@@ -572,9 +625,16 @@ impl QueueState {
             // Strict order: if the first waiter's units are not all
             // available, nobody behind it is granted either.
             let count = self.waiters[slab_key].count;
-            if !grants.try_get(count) {
+            let Some(accounted) = grants.try_get(count) else {
+                // A first waiter that can never fit would hold up everyone
+                // behind it for good: it fails instead.
+                if let Some(capacity) = grants.max_request().filter(|&cap| count > cap) {
+                    let at = *now.get_or_insert_with(Instant::now);
+                    self.refuse_as_unfit(slab_key, capacity, at, wakes);
+                    continue;
+                }
                 break;
-            }
+            };
             self.unlink(slab_key);
             let waiter = &self.waiters[slab_key];
             let (priority, enqueued_at) = (waiter.priority, waiter.enqueued_at);
@@ -588,7 +648,8 @@ impl QueueState {
             if priority.is_elastic() {
                 self.elastic_held = self.elastic_held.saturating_add(count);
             }
-            let charge = self.charge_now(priority, count, now);
+            self.in_flight = self.in_flight.saturating_add(count);
+            let charge = self.charge_now(priority, count, now, accounted);
             let pacing_epoch = self.pacing.granted();
             let waiter = &mut self.waiters[slab_key];
             if let WaiterState::Waiting { waker } = std::mem::replace(
@@ -600,9 +661,51 @@ impl QueueState {
             ) {
                 wakes.push(waker);
             }
-            granted += count;
+            granted = granted.saturating_add(count);
         }
         granted
+    }
+
+    /// Fails every waiter asking for more units than one request can now be
+    /// granted: the granter's limit dropped below what they asked for.
+    pub(crate) fn refuse_unfit<G: Granter>(
+        &mut self,
+        grants: &Grants<'_, G>,
+        wakes: &mut WakeList,
+    ) {
+        let Some(capacity) = grants.max_request() else {
+            return;
+        };
+        let unfit: Vec<usize> = self
+            .waiters
+            .iter()
+            .filter(|(_, waiter)| {
+                waiter.count > capacity && matches!(waiter.state, WaiterState::Waiting { .. })
+            })
+            .map(|(slab_key, _)| slab_key)
+            .collect();
+        if unfit.is_empty() {
+            return;
+        }
+        let now = Instant::now();
+        for slab_key in unfit {
+            self.refuse_as_unfit(slab_key, capacity, now, wakes);
+        }
+    }
+
+    fn refuse_as_unfit(
+        &mut self,
+        slab_key: usize,
+        capacity: u64,
+        now: Instant,
+        wakes: &mut WakeList,
+    ) {
+        let requested = self.waiters[slab_key].count;
+        let error = AdmitError::NeverFits {
+            requested,
+            capacity,
+        };
+        self.fail_waiting(slab_key, now, WaiterState::Refused(error), wakes);
     }
 
     /// Polls a queued request: its outcome if settled, else `Pending` with
@@ -713,7 +816,9 @@ impl QueueState {
                 admitted_at: None,
                 ..charge
             };
-            grants.cancel_grant(unused.count);
+            if unused.accounted {
+                grants.cancel_grant(unused.count);
+            }
             self.forget(waiter.tenant, unused, true, grants, wakes);
         }
     }
@@ -728,7 +833,9 @@ impl QueueState {
         grants: &mut Grants<'_, G>,
         wakes: &mut WakeList,
     ) {
-        grants.return_grant(charge.count);
+        if charge.accounted {
+            grants.return_grant(charge.count);
+        }
         self.forget(tenant, charge, false, grants, wakes);
     }
 
@@ -743,6 +850,7 @@ impl QueueState {
         wakes: &mut WakeList,
     ) {
         self.drain.completions += 1;
+        self.in_flight = self.in_flight.saturating_sub(charge.count);
         if charge.priority.is_elastic() {
             self.elastic_held = self.elastic_held.saturating_sub(charge.count);
         }
@@ -804,7 +912,7 @@ impl QueueState {
     ) {
         self.maybe_reset(now);
         self.close_epochs(now);
-        self.drain.update(now);
+        self.drain.update(now, self.is_busy());
         if self.pacing.unstick(now) {
             self.grant_waiting(grants, wakes);
         }
@@ -830,7 +938,9 @@ impl QueueState {
             .iter()
             .map(|(&id, tenant)| tenant.order(id))
             .collect();
-        self.gc_threshold = MIN_GC_THRESHOLD.max(2 * self.tenants.len());
+        self.gc_threshold = MIN_GC_THRESHOLD
+            .max(self.tenants.len().saturating_mul(2))
+            .min(self.limits.max_tenants.max(self.tenants.len() + 1));
     }
 
     /// Closes every epoch whose closing time has passed: each tenant gets its
@@ -961,6 +1071,9 @@ impl QueueState {
         let waiter = &mut self.waiters[slab_key];
         let waited = now.saturating_duration_since(waiter.enqueued_at);
         let reason = match &failed {
+            WaiterState::Refused(AdmitError::NeverFits { .. }) => {
+                "admission refused while waiting: it can no longer fit"
+            }
             WaiterState::Refused(_) => {
                 "admission refused while waiting: it would miss its deadline"
             }
@@ -989,8 +1102,7 @@ impl QueueState {
     fn with_tenant(&mut self, tenant: TenantId, change: impl FnOnce(&mut Tenant)) {
         if !self.tenants.contains_key(&tenant) {
             if self.tenants.len() >= self.gc_threshold {
-                self.tenants.retain(|_, t| t.used > 0 || t.has_waiters());
-                self.gc_threshold = MIN_GC_THRESHOLD.max(2 * self.tenants.len());
+                self.sweep_tenants();
             }
             let weight = self.weights.get(&tenant).copied().unwrap_or_default();
             let count_priorities = self.limits.early_rejection;
@@ -998,6 +1110,32 @@ impl QueueState {
                 .insert(tenant, Tenant::new(weight, count_priorities));
         }
         self.update_tenant(tenant, change);
+    }
+
+    /// Bounds the tenant table without anyone calling `maintain`: the usage
+    /// reset if it is due (the clock is read here, once per sweep, not on
+    /// the fast path), then records with nothing charged or waiting go; at
+    /// the `max_tenants` cap, records with only usage charged go too.
+    /// Records with waiting work always stay. The next sweep is due at twice
+    /// the live size, at least `MIN_GC_THRESHOLD` and at most the cap, so
+    /// sweeps cost O(1) per new tenant, amortized.
+    fn sweep_tenants(&mut self) {
+        self.maybe_reset(Instant::now());
+        self.tenants.retain(|_, t| t.used > 0 || t.has_waiters());
+        let cap = self.limits.max_tenants;
+        if self.tenants.len() >= cap {
+            // Tenants without waiters are not in `tenant_order`: nothing
+            // there changes.
+            self.tenants.retain(|_, t| t.has_waiters());
+        }
+        let live = self.tenants.len();
+        self.gc_threshold = if live < cap {
+            MIN_GC_THRESHOLD.max(live.saturating_mul(2)).min(cap)
+        } else {
+            // Only tenants with waiting work are left (at most
+            // `max_waiters` of them): sweep again when that doubles.
+            live.saturating_mul(2)
+        };
     }
 
     /// The only way to change a tracked tenant's `used`, `weight` or waiting

@@ -5,7 +5,8 @@
 //! is full, or the request would not make its deadline) is `429 Too Many
 //! Requests` with a `Retry-After` hint, a closed queue is `503 Service
 //! Unavailable` (the node is going away), and a deadline that passed is
-//! `504 Gateway Timeout`.
+//! `504 Gateway Timeout`. A request that can never fit is `503` without a
+//! hint, and a runtime without timers, a server fault, `500`.
 
 use std::time::Duration;
 
@@ -24,6 +25,10 @@ pub fn status_for(error: &AdmitError, retry_after: Duration) -> (StatusCode, Opt
         AdmitError::DeadlinePassed | AdmitError::DeadlineExceeded { .. } => {
             (StatusCode::GATEWAY_TIMEOUT, None)
         }
+        // Asking again for the same units would be refused again.
+        AdmitError::NeverFits { .. } => (StatusCode::SERVICE_UNAVAILABLE, None),
+        // The server is misconfigured; the client did nothing wrong.
+        AdmitError::TimerUnavailable => (StatusCode::INTERNAL_SERVER_ERROR, None),
         // `AdmitError` is non-exhaustive: an outcome added later is capacity
         // pressure until it is given its own mapping.
         #[allow(unreachable_patterns)]

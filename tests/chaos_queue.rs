@@ -1,0 +1,343 @@
+//! The queue core under hostile conditions: stalls and idle periods under
+//! paused time, runtimes without timers, requests that can never fit, floods
+//! of one-off tenants, uptimes past 32-bit epoch counters. Each test here
+//! reproduces a defect of issue 12 and failed before its fix.
+
+mod common;
+
+use std::time::Duration;
+
+use admission::{EpochLifo, Priority, TenantId, Usage, WorkInfo, WorkQueue, WorkQueueBuilder};
+use common::*;
+use tokio::time::Instant;
+
+fn deadline_work(tenant: u64, timeout: Duration) -> WorkInfo {
+    WorkInfo::builder()
+        .tenant(TenantId::new(tenant))
+        .timeout(timeout)
+        .build()
+}
+
+/// Completes `n` requests, one every `every`, so that early rejection has a
+/// completion rate to go by.
+async fn establish_a_completion_rate(queue: &WorkQueue, n: usize, every: Duration) {
+    let t0 = Instant::now();
+    for i in 0..n {
+        let permit = admit_now(queue, work(1, 0, t0, 0));
+        tokio::time::advance(every).await;
+        drop(permit);
+        // A waiter makes the queue read its clock and update the rate.
+        if i % 4 == 0 {
+            let blocker = admit_now(queue, work(1, 0, t0, 0));
+            let mut waiter = enqueue(queue, work(2, 0, t0, 0));
+            drop(blocker);
+            drop(try_settle(&mut waiter).expect("granted").unwrap());
+        }
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn early_rejection_survives_a_stall_with_every_slot_held() {
+    let queue = WorkQueue::builder()
+        .total_slots(1)
+        .early_rejection(true)
+        .build()
+        .unwrap();
+    establish_a_completion_rate(&queue, 40, Duration::from_millis(1)).await;
+    // Every slot is held for a second while the queue is maintained, as the
+    // CPU controller does every tick: no completion in a hundred windows.
+    let t0 = Instant::now();
+    let held = admit_now(&queue, work(1, 0, t0, 0));
+    for _ in 0..100 {
+        tokio::time::advance(Duration::from_millis(10)).await;
+        queue.maintain();
+    }
+    // A request with a deadline that has to queue: after a stall it is
+    // refused at once, not a panic.
+    let mut doomed =
+        tokio_test::task::spawn(queue.admit(deadline_work(3, Duration::from_millis(50))));
+    let refused = match doomed.poll() {
+        std::task::Poll::Ready(Err(error)) => error,
+        other => panic!("expected an early refusal, got {other:?}"),
+    };
+    assert_eq!(refused.reason(), "would_miss_deadline");
+    drop(held);
+    // And the queue recovers as soon as work completes again.
+    let permit = admit_now(&queue, work(1, 0, t0, 0));
+    drop(permit);
+    assert_eq!(queue.snapshot().granter.used, 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn early_rejection_survives_an_idle_period_and_still_queues_work_that_fits() {
+    let queue = WorkQueue::builder()
+        .total_slots(1)
+        .early_rejection(true)
+        .build()
+        .unwrap();
+    establish_a_completion_rate(&queue, 40, Duration::from_millis(1)).await;
+    // Five seconds of no traffic at all, maintained every millisecond.
+    for _ in 0..5_000 {
+        tokio::time::advance(Duration::from_millis(1)).await;
+        queue.maintain();
+    }
+    let t0 = Instant::now();
+    let held = admit_now(&queue, work(1, 0, t0, 0));
+    // Idle time says nothing about how fast the queue drains: a request
+    // with 50 ms to go, behind one slot held for about a millisecond, waits.
+    let mut waiter = enqueue(&queue, deadline_work(3, Duration::from_millis(50)));
+    tokio::time::advance(Duration::from_millis(1)).await;
+    drop(held);
+    let permit = try_settle(&mut waiter)
+        .expect("granted when the slot came back")
+        .unwrap();
+    drop(permit);
+}
+
+#[test]
+fn a_deadline_that_has_to_wait_on_a_runtime_without_timers_is_a_typed_error() {
+    // The runtime the `cpu::Controller` example used to build: no timers.
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let queue = WorkQueue::new(1).unwrap();
+        let held = queue
+            .admit(WorkInfo::new(TenantId::SYSTEM, Priority::NORMAL))
+            .await
+            .unwrap();
+        // The fast path needs no timer...
+        drop(held);
+        let fast = queue.admit(deadline_work(1, Duration::from_secs(1))).await;
+        let held = fast.unwrap();
+        // ...a wait with a deadline does, and gets a typed error instead
+        // of a panic; the queue is left as it was.
+        let error = queue
+            .admit(deadline_work(2, Duration::from_secs(1)))
+            .await
+            .unwrap_err();
+        assert_eq!(error.reason(), "timer_unavailable");
+        assert!(error.to_string().contains("enable_time"), "{error}");
+        assert_eq!(queue.waiting(), 0);
+        drop(held);
+        assert_eq!(queue.snapshot().granter.used, 0);
+    });
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_request_larger_than_the_total_is_refused_at_once_and_blocks_nobody() {
+    let t0 = Instant::now();
+    let queue = WorkQueue::new(2).unwrap();
+    let held = admit_now(&queue, work(1, 0, t0, 0));
+    let mut too_big = tokio_test::task::spawn(
+        queue.admit(
+            WorkInfo::builder()
+                .tenant(TenantId::new(2))
+                .requested(3)
+                .build(),
+        ),
+    );
+    let error = match too_big.poll() {
+        std::task::Poll::Ready(Err(error)) => error,
+        other => panic!("expected a refusal, got {other:?}"),
+    };
+    assert_eq!(error.reason(), "never_fits");
+    assert!(error.to_string().contains('3'), "{error}");
+    // Nothing waits in front of the others: the free slot is used.
+    let other = admit_now(&queue, work(3, 0, t0, 0));
+    drop((held, other));
+    assert_eq!(queue.snapshot().granter.used, 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn waiters_that_stop_fitting_when_the_total_drops_fail_and_unblock_the_queue() {
+    let t0 = Instant::now();
+    let queue = WorkQueue::new(2).unwrap();
+    let held = admit_now(&queue, work(1, 0, t0, 0));
+    let mut pair = enqueue(
+        &queue,
+        WorkInfo::builder()
+            .tenant(TenantId::new(2))
+            .requested(2)
+            .create_time(t0)
+            .build(),
+    );
+    let mut single = enqueue(&queue, work(3, 0, t0, 1));
+    queue.set_total_slots(1).unwrap();
+    let error = try_settle(&mut pair)
+        .expect("refused when the total dropped")
+        .unwrap_err();
+    assert_eq!(error.reason(), "never_fits");
+    drop(held);
+    let permit = try_settle(&mut single)
+        .expect("granted once the slot came back")
+        .unwrap();
+    drop(permit);
+    assert_eq!(queue.snapshot().granter.used, 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn one_off_tenants_are_forgotten_without_anyone_calling_maintain() {
+    let queue = WorkQueue::builder()
+        .total_slots(4)
+        .usage(Usage::Granted)
+        .build()
+        .unwrap();
+    let t0 = Instant::now();
+    // 20,000 tenants seen once each, 2,000 per reset period, all on the
+    // fast path: nobody ever queues and nobody calls `maintain`.
+    for period in 0..10u64 {
+        for i in 0..2_000u64 {
+            // Awaited: thousands of immediate admissions in one task run
+            // out of tokio's cooperative budget, which `.await` respects.
+            let permit = queue.admit(work(period * 2_000 + i + 1, 0, t0, 0)).await;
+            drop(permit.unwrap());
+        }
+        tokio::time::advance(WorkQueueBuilder::DEFAULT_RESET_PERIOD).await;
+    }
+    let tracked = queue.snapshot().tenants.len();
+    assert!(
+        tracked <= 4_096,
+        "{tracked} tenant records kept for 20,000 one-off tenants"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn epoch_lifo_still_switches_after_u32_max_epochs() {
+    let deadline = Duration::from_millis(5);
+    let queue = WorkQueue::builder()
+        .total_slots(1)
+        .epoch_lifo(EpochLifo::for_deadline(deadline))
+        .build()
+        .unwrap();
+    // 1 ms epochs: 2^32 of them is 49.7 days.
+    tokio::time::advance(Duration::from_secs(50 * 24 * 3600)).await;
+    queue.maintain();
+    let t0 = Instant::now();
+    let held = admit_now(&queue, work(1, 0, t0, 0));
+    let mut waiters: Vec<_> = (0..4).map(|i| enqueue(&queue, work(1, 0, t0, i))).collect();
+    // The first waiter is granted after waiting past the LIFO delay (half
+    // the deadline), maintained every epoch as the controller would; the
+    // next maintenance closes the epoch that saw the grant (and only that
+    // one: two at once count as an idle stretch).
+    for _ in 0..3 {
+        tokio::time::advance(Duration::from_millis(1)).await;
+        queue.maintain();
+    }
+    drop(held);
+    let first = try_settle(&mut waiters[0]).expect("granted").unwrap();
+    tokio::time::advance(Duration::from_millis(1)).await;
+    queue.maintain();
+    let lifo_below = queue
+        .snapshot()
+        .tenant(TenantId::new(1))
+        .unwrap()
+        .lifo_below;
+    assert!(
+        lifo_below > i16::from(Priority::NORMAL.get()),
+        "normal priority still FIFO after a backlog: threshold {lifo_below}"
+    );
+    drop(first);
+}
+
+/// A slot-like granter whose every method panics while `broken` is set.
+#[derive(Debug, Default)]
+struct Flaky {
+    total: u64,
+    broken: std::sync::atomic::AtomicBool,
+}
+
+impl Flaky {
+    fn check(&self) {
+        if self.broken.load(std::sync::atomic::Ordering::SeqCst) {
+            panic!("flaky granter");
+        }
+    }
+}
+
+impl admission::grant::Granter for Flaky {
+    type State = u64;
+    type Snapshot = u64;
+    fn initial_state(&self) -> u64 {
+        0
+    }
+    fn try_get(&self, used: &mut u64, count: u64) -> bool {
+        self.check();
+        if *used + count <= self.total {
+            *used += count;
+            true
+        } else {
+            false
+        }
+    }
+    fn return_grant(&self, used: &mut u64, count: u64) {
+        self.check();
+        *used -= count;
+    }
+    fn took_without_permission(&self, used: &mut u64, count: u64) {
+        self.check();
+        *used += count;
+    }
+    fn snapshot(&self, used: &u64) -> u64 {
+        *used
+    }
+    fn capacity(&self, _: &u64) -> Option<u64> {
+        self.check();
+        Some(self.total)
+    }
+    fn max_request(&self, _: &u64) -> Option<u64> {
+        self.check();
+        Some(self.total)
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_panicking_custom_granter_never_wedges_the_queue_and_is_reported() {
+    use std::sync::atomic::Ordering::SeqCst;
+    let queue = WorkQueue::builder()
+        .elastic_share(0.5)
+        .build_with(Flaky {
+            total: 1,
+            ..Flaky::default()
+        })
+        .unwrap();
+    let admit = |tenant| {
+        queue.admit(
+            WorkInfo::builder()
+                .tenant(TenantId::new(tenant))
+                .timeout(Duration::from_secs(1))
+                .build(),
+        )
+    };
+    let held = admit(1).await.unwrap();
+    let mut waiter = tokio_test::task::spawn(admit(2));
+    assert!(waiter.poll().is_pending());
+    assert!(queue.snapshot().granter_health.is_healthy());
+
+    // The granter breaks while a slot is held and a request waits: the
+    // return panics (and is dropped), and so does the grant loop's
+    // `try_get`, which admits: the waiter is not left waiting for good.
+    queue.granter().broken.store(true, SeqCst);
+    drop(held);
+    let permit = match waiter.poll() {
+        std::task::Poll::Ready(result) => result.unwrap(),
+        std::task::Poll::Pending => panic!("the waiter was wedged by a panicking granter"),
+    };
+    // New requests are admitted too (fail open), with no panic reaching
+    // the caller.
+    let more = admit(3).await.unwrap();
+    drop((permit, more));
+    let health = queue.snapshot().granter_health;
+    assert!(!health.is_healthy());
+    assert!(health.panics >= 4, "{health}");
+    assert_eq!(health.last_panic.as_deref(), Some("flaky granter"));
+
+    // Repaired: the next call succeeds and the component is healthy again.
+    queue.granter().broken.store(false, SeqCst);
+    drop(admit(4).await.unwrap());
+    let snapshot = queue.snapshot();
+    assert!(snapshot.granter_health.is_healthy());
+    // Nothing was lost: the panicked return was retried before the next
+    // take, and units admitted unaccounted were never returned.
+    assert_eq!(snapshot.granter, 0);
+}
