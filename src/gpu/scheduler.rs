@@ -401,9 +401,11 @@ impl AdmissionCore {
             Outcome::Granted(grant) => match self.release(grant) {
                 Ok(released) => Some(Withdrawn::Granted(released)),
                 // The grant came from one of these ledgers; a refusal is an
-                // accounting bug, already reported by the ledger's debug
-                // assertions. The grant is dropped rather than re-parked.
-                Err(_) => Some(Withdrawn::Failed),
+                // accounting bug. The grant is dropped rather than re-parked.
+                Err(foreign) => {
+                    tracing::error!(target: "admission", %foreign, "cannot release a parked GPU grant");
+                    Some(Withdrawn::Failed)
+                }
             },
         }
     }
