@@ -7,7 +7,6 @@ mod gpu_rig;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
 use admission::gpu::backend::sim::{SimBackend, SimDevice};
 use admission::gpu::backend::{
@@ -18,7 +17,7 @@ use admission::gpu::envelope::BuildStep;
 use admission::gpu::ledger::DeviceLedger;
 use admission::gpu::{
     CacheChange, DeviceSet, GpuAdmitError, LedgerError, LedgerHealth, MemoryOwnership, Observation,
-    ObservationKind, PreflightFuture, PreflightRequest, QueryService,
+    ObservationKind, QueryService,
 };
 use gpu_rig::*;
 
@@ -36,6 +35,16 @@ fn panicking_on(
             panic!("observer panics on {kind:?}");
         }
     }
+}
+
+/// Panics caught so far in `component`, from the service's snapshot.
+fn panics_of(service: &QueryService, component: &str) -> u64 {
+    let health = service.admission_snapshot().health;
+    health
+        .iter()
+        .find(|h| h.component == component)
+        .unwrap_or_else(|| panic!("no {component} in {health:?}"))
+        .panics
 }
 
 /// New work is admitted and released on the idle device, and every ledger
@@ -99,48 +108,133 @@ async fn an_overflowing_cache_charge_through_the_service_is_typed() {
     still_admits(&rig).await;
 }
 
-/// A preflight that panics while `armed`, either when called or when its
-/// future is polled.
-fn panicking_preflight(
-    armed: Arc<AtomicBool>,
-    in_future: bool,
-) -> impl Fn(&PreflightRequest) -> PreflightFuture + Send + Sync + 'static {
-    move |_: &PreflightRequest| {
-        let armed = armed.load(Ordering::SeqCst);
-        if armed && !in_future {
-            panic!("preflight panics when called");
-        }
-        Box::pin(async move {
-            if armed {
-                panic!("preflight future panics when polled");
-            }
-            Ok(())
-        }) as PreflightFuture
-    }
-}
-
-async fn a_panicking_preflight_is_a_failed_preflight(in_future: bool) {
+#[tokio::test(start_paused = true)]
+async fn an_observer_panicking_on_submitted_leaves_no_pending_barrier() {
     let armed = Arc::new(AtomicBool::new(true));
-    let preflight = panicking_preflight(armed.clone(), in_future);
+    let observer = panicking_on(ObservationKind::Submitted, armed.clone());
     let rig = Rig::with(
         vec![profile(0, 16, 2, &["hash_join"])],
         bounds(16, 4),
-        |b| b.preflight(preflight),
+        |b| b.observer(observer),
     );
-    let outcome = tokio::spawn(rig.service.admit_resources(GIB)).await;
-    assert!(
-        matches!(
-            outcome,
-            Ok(Err(GpuAdmitError::PreflightFailed {
-                device: Some(_),
-                ..
-            }))
-        ),
-        "{outcome:?}"
-    );
+    // Whatever the first submission makes of its observer's panic, it must
+    // not leave a pending reservation behind.
+    let first = tokio::spawn(rig.service.admit_resources(GIB));
+    if let Ok(Ok(handle)) = first.await {
+        handle.release().await;
+    }
+    armed.store(false, Ordering::SeqCst);
     assert_eq!(rig.service.admission_snapshot().pending_preflights, 0);
+    // An idle device admits at once; a barrier left behind would hold this
+    // until the queue's max_wait, which the paused clock runs to at once:
+    // a DeadlineExceeded, not a hang.
+    let next = rig
+        .service
+        .admit_resources(GIB)
+        .await
+        .expect("admitted past no barrier");
+    next.release().await;
+    still_admits(&rig).await;
+    assert_eq!(panics_of(&rig.service, "gpu_observer"), 1);
+}
+
+#[tokio::test]
+async fn an_observer_panicking_on_the_worker_thread_does_not_kill_it() {
+    let armed = Arc::new(AtomicBool::new(true));
+    // `Released` is delivered on the device worker, right after teardown.
+    let observer = panicking_on(ObservationKind::Released, armed.clone());
+    let rig = Rig::with(
+        vec![profile(0, 16, 2, &["hash_join"])],
+        bounds(16, 4),
+        |b| b.observer(observer),
+    );
+    let handle = rig.service.admit_resources(GIB).await.unwrap();
+    let report = handle.release().await;
+    assert!(report.ledger_released);
     armed.store(false, Ordering::SeqCst);
     still_admits(&rig).await;
+    assert_eq!(panics_of(&rig.service, "gpu_observer"), 1);
+    assert_eq!(panics_of(&rig.service, "gpu_device_worker"), 0);
+}
+
+#[tokio::test]
+async fn an_observer_panicking_on_every_record_never_changes_an_outcome() {
+    let observer = |_: &Observation| panic!("observer panics on everything");
+    let rig = Rig::with(
+        vec![profile(0, 16, 1, &["hash_join"])],
+        bounds(16, 0),
+        |b| b.observer(observer),
+    );
+    // Submitted, queued, admitted, published, protected, removed, released,
+    // rejected, quarantined: every kind goes through the panicking observer.
+    let held = rig.service.admit_resources(GIB).await.unwrap();
+    let mut queued = Box::pin(rig.service.admit_resources(GIB));
+    assert!(futures::poll!(&mut queued).is_pending());
+    drop(queued);
+    let never = rig.service.admit_resources(1 << 62).await.unwrap_err();
+    assert!(matches!(never, GpuAdmitError::FloorNeverFits { .. }));
+    held.release().await;
+    still_admits(&rig).await;
+    assert!(panics_of(&rig.service, "gpu_observer") >= 8);
+    rig.service.quarantine(dev(0), 7);
+    assert!(matches!(
+        rig.service.admit_resources(GIB).await,
+        Err(GpuAdmitError::NoHealthyDevice { .. })
+    ));
+    let health = rig.service.admission_snapshot().health;
+    let observer = health
+        .iter()
+        .find(|h| h.component == "gpu_observer")
+        .unwrap();
+    assert!(!observer.is_healthy());
+    assert_eq!(
+        observer.last_panic.as_deref(),
+        Some("observer panics on everything")
+    );
+}
+
+#[tokio::test]
+async fn a_user_teardown_hook_cannot_displace_the_grant_return() {
+    let rig = one_device(2);
+    let handle = rig.service.admit_resources(GIB).await.unwrap();
+    let ran = Arc::new(AtomicBool::new(false));
+    let hook_ran = ran.clone();
+    handle
+        .envelope()
+        .on_teardown(move |_| hook_ran.store(true, Ordering::SeqCst));
+    let report = handle.release().await;
+    assert!(report.ledger_released, "{report:?}");
+    assert!(ran.load(Ordering::SeqCst), "the user hook ran too");
+    rig.service.settle().await;
+    rig.assert_idle();
+}
+
+#[tokio::test]
+async fn a_dropped_handle_returns_its_grant_despite_a_user_hook() {
+    let rig = one_device(2);
+    let handle = rig.service.admit_resources(GIB).await.unwrap();
+    handle.envelope().on_teardown(|_| {});
+    handle
+        .envelope()
+        .on_teardown(|_| panic!("second hook panics"));
+    drop(handle);
+    rig.service.settle().await;
+    rig.assert_idle();
+    assert_eq!(panics_of(&rig.service, "gpu_teardown_hook"), 1);
+}
+
+#[tokio::test]
+async fn a_panicking_teardown_hook_still_returns_the_grant() {
+    let rig = one_device(2);
+    let handle = rig.service.admit_resources(GIB).await.unwrap();
+    handle
+        .envelope()
+        .on_teardown(|_| panic!("teardown hook panics"));
+    let report = handle.release().await;
+    assert!(report.ledger_released, "{report:?}");
+    still_admits(&rig).await;
+    assert_eq!(panics_of(&rig.service, "gpu_teardown_hook"), 1);
+    assert_eq!(panics_of(&rig.service, "gpu_device_worker"), 0);
 }
 
 /// A backend that delegates to a simulator, panicking on `op` while set.
@@ -269,4 +363,104 @@ async fn service_still_admits(service: &QueryService) {
     for r in service.device_ledger_reports() {
         assert_eq!(r.health, LedgerHealth::Healthy, "{r:?}");
     }
+}
+
+#[tokio::test]
+async fn a_backend_panicking_in_a_build_step_fails_that_attempt_only() {
+    for step in BuildStep::ALL {
+        let (backend, service) = panicky_service();
+        backend.arm(Some(step.op()));
+        let error = service.admit_resources(GIB).await.unwrap_err();
+        assert_eq!(
+            error,
+            GpuAdmitError::EnvelopeStepFailed {
+                step: step.op(),
+                error: BackendError::Panicked { op: step.op() },
+            },
+            "{step:?}"
+        );
+        assert_eq!(panics_of(&service, "gpu_backend"), 1, "{step:?}");
+        backend.arm(None);
+        service.settle().await;
+        ledgers_idle(&service);
+        service_still_admits(&service).await;
+        assert_eq!(backend.sim.live_handles(), 0, "{step:?}");
+    }
+}
+
+#[tokio::test]
+async fn a_backend_panicking_in_teardown_still_returns_the_grant() {
+    for op in [
+        BackendOp::Synchronize,
+        BackendOp::CloseDomain,
+        BackendOp::CloseLane,
+    ] {
+        let (backend, service) = panicky_service();
+        let handle = service.admit_resources(GIB).await.unwrap();
+        backend.arm(Some(op));
+        let report = handle.release().await;
+        assert!(report.ledger_released, "{op:?}: {report:?}");
+        assert!(
+            report
+                .teardown
+                .errors
+                .contains(&BackendError::Panicked { op }),
+            "{op:?}: {report:?}"
+        );
+        assert_eq!(panics_of(&service, "gpu_backend"), 1, "{op:?}");
+        backend.arm(None);
+        service.settle().await;
+        ledgers_idle(&service);
+        service_still_admits(&service).await;
+        assert_eq!(panics_of(&service, "gpu_device_worker"), 0);
+    }
+}
+
+#[tokio::test]
+async fn a_backend_panicking_on_the_caller_thread_is_a_failed_operation() {
+    let (backend, service) = panicky_service();
+    let handle = service.admit_resources(GIB).await.unwrap();
+    backend.arm(Some(BackendOp::ForkStream));
+    assert!(handle.execution_context().is_err());
+    backend.arm(Some(BackendOp::Alloc));
+    let ctx = {
+        backend.arm(None);
+        let ctx = handle.execution_context().unwrap();
+        backend.arm(Some(BackendOp::Alloc));
+        ctx
+    };
+    assert_eq!(
+        ctx.alloc(4096),
+        Err(BackendError::Panicked {
+            op: BackendOp::Alloc
+        })
+    );
+    // The charge taken before the backend call came back.
+    assert_eq!(ctx.domain().used_bytes(), 0);
+    backend.arm(None);
+    drop(ctx);
+    assert!(handle.release().await.ledger_released);
+    assert_eq!(panics_of(&service, "gpu_backend"), 2);
+    service_still_admits(&service).await;
+}
+
+#[test]
+fn a_backend_panicking_in_its_inventory_is_a_service_error() {
+    let sim = Arc::new(SimBackend::new([SimDevice::new(0, 64 * GIB)]));
+    let backend = Arc::new(PanickyBackend {
+        sim,
+        panic_on: Mutex::new(Some(BackendOp::Inventory)),
+    });
+    let devices = DeviceSet::new(
+        vec![profile(0, 16, 2, &[])],
+        vec![MemoryOwnership::exclusive(dev(0))],
+    )
+    .unwrap();
+    let error = QueryService::new(backend, devices, bounds(16, 4)).unwrap_err();
+    assert_eq!(
+        error,
+        admission::gpu::ServiceError::Inventory(BackendError::Panicked {
+            op: BackendOp::Inventory
+        })
+    );
 }

@@ -156,6 +156,7 @@ pub mod proof;
 pub mod backend;
 pub mod domain;
 pub mod envelope;
+mod guard;
 pub mod worker;
 
 // The query service: the one queue and its scheduler (a plain synchronous

@@ -124,11 +124,12 @@ pub enum GpuAdmitError {
         /// The compatible devices, none of them healthy.
         devices: Vec<DeviceOrdinal>,
     },
-    /// A device reported a fault during admission.
+    /// A device reported a fault during admission, or the envelope build
+    /// on it panicked part-way (code 0; the device is quarantined).
     DeviceFault {
         /// The device.
         device: DeviceOrdinal,
-        /// The driver's fault code.
+        /// The driver's fault code; 0 when there is none.
         code: u32,
     },
     /// A step of the admission envelope failed and the transaction was

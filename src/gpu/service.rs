@@ -74,6 +74,7 @@ use tokio::time::Instant;
 
 use super::backend::{BackendError, DeviceOrdinal, FaultIsolation, SharedBackend};
 use super::envelope::{AdmissionEnvelope, AttemptBounds, BuildError, EnvelopeSpec, TeardownReport};
+use super::guard::{Boundaries, GuardedBackend};
 use super::handle::{AttemptReport, QueryHandle};
 use super::ledger::{GrantRequest, LedgerError, LedgerReport, MemoryGrant, WaiterId};
 use super::observe::{Observation, ObservationKind};
@@ -207,7 +208,14 @@ impl QueryServiceBuilder {
     /// Checks that every profiled ordinal is a device of the backend, then
     /// creates one ledger and one worker thread per device.
     pub fn build(self) -> Result<QueryService, ServiceError> {
-        let inventory = self.backend.inventory().map_err(ServiceError::Inventory)?;
+        let boundaries = Boundaries::new();
+        // Every backend call of the service, on whatever thread, goes
+        // through the `gpu_backend` boundary from here on.
+        let backend: SharedBackend = StdArc::new(GuardedBackend::new(
+            self.backend,
+            boundaries.backend.clone(),
+        ));
+        let inventory = backend.inventory().map_err(ServiceError::Inventory)?;
         let installed: Vec<DeviceOrdinal> = inventory.iter().map(|f| f.ordinal).collect();
         for ordinal in self.devices.ordinals() {
             if !installed.contains(&ordinal) {
@@ -218,12 +226,15 @@ impl QueryServiceBuilder {
             .devices
             .ordinals()
             .into_iter()
-            .map(|d| (d, StdArc::new(DeviceWorker::spawn(d))))
+            .map(|d| {
+                let worker = DeviceWorker::spawn_with(d, boundaries.worker.clone());
+                (d, StdArc::new(worker))
+            })
             .collect();
         let core = AdmissionCore::new(&self.devices, self.bounds);
         Ok(QueryService {
             inner: StdArc::new(Inner {
-                backend: self.backend,
+                backend,
                 devices: self.devices,
                 issuer: self.issuer.unwrap_or_default(),
                 workers,
@@ -233,6 +244,7 @@ impl QueryServiceBuilder {
                 }),
                 preflight: self.preflight,
                 observer: self.observer,
+                boundaries,
                 epoch: Instant::now(),
             }),
         })
@@ -328,12 +340,16 @@ impl QueryService {
     }
 
     /// The queue and devices now: depth, pending preflights, every waiter's
-    /// sequence, age, overtakes and protection, and a summary per device.
+    /// sequence, age, overtakes and protection, a summary per device, and
+    /// the health of every component that calls user code (observer,
+    /// preflight, teardown hooks, backend, device workers).
     pub fn admission_snapshot(&self) -> AdmissionSnapshot {
         let inner = &self.inner;
         let now = Instant::now();
         let depth = |d| inner.worker_depth(d);
-        inner.state.lock().core.snapshot(now, &depth)
+        let mut snapshot = inner.state.lock().core.snapshot(now, &depth);
+        snapshot.health = inner.boundaries.health();
+        snapshot
     }
 
     /// Every ledger's report, in ordinal order: the authoritative view of
@@ -440,6 +456,7 @@ pub(crate) struct Inner {
     state: Mutex<State>,
     preflight: Option<Box<PreflightHook>>,
     observer: Option<Box<ObserverHook>>,
+    boundaries: Boundaries,
     epoch: Instant,
 }
 
@@ -513,10 +530,14 @@ impl Inner {
         result
     }
 
+    /// Hands each record to the observer behind its panic boundary: a
+    /// panic drops that record and nothing else. Never called under the
+    /// lock, and always after the transaction's effects are in place, so a
+    /// panic here cannot leave a reservation or a grant behind.
     fn deliver(&self, records: Vec<Observation>) {
         if let Some(observer) = &self.observer {
             for record in &records {
-                observer(record);
+                let _ = self.boundaries.observer.call(|| observer(record));
             }
         }
     }
@@ -937,7 +958,13 @@ async fn admit(ticket: AdmissionTicket) -> Result<QueryHandle, GpuAdmitError> {
         },
         report_sink: None,
     };
-    let built = AdmissionEnvelope::build(inner.backend.clone(), worker.clone(), spec).await;
+    let built = AdmissionEnvelope::build_with(
+        inner.backend.clone(),
+        worker.clone(),
+        spec,
+        inner.boundaries.teardown_hook.clone(),
+    )
+    .await;
     let Stage::Building(grant) = std::mem::replace(&mut guard.stage, Stage::Done) else {
         // Set just above and only taken here.
         return Err(GpuAdmitError::Cancelled);
@@ -981,6 +1008,8 @@ fn build_failure(
             error: error.clone(),
         },
         BuildError::WorkerGone(_) => GpuAdmitError::WorkerGone { device },
+        // No driver code: the build job itself panicked part-way.
+        BuildError::Interrupted { .. } => GpuAdmitError::DeviceFault { device, code: 0 },
         BuildError::InvalidBounds { .. } | BuildError::WrongWorker { .. } => {
             GpuAdmitError::EnvelopeInvalid {
                 message: error.to_string(),
