@@ -7,6 +7,7 @@ mod gpu_rig;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use admission::gpu::backend::sim::{SimBackend, SimDevice};
 use admission::gpu::backend::{
@@ -17,7 +18,7 @@ use admission::gpu::envelope::BuildStep;
 use admission::gpu::ledger::DeviceLedger;
 use admission::gpu::{
     CacheChange, DeviceSet, GpuAdmitError, LedgerError, LedgerHealth, MemoryOwnership, Observation,
-    ObservationKind, QueryService,
+    ObservationKind, PreflightFuture, PreflightRequest, QueryService, QueueBounds,
 };
 use gpu_rig::*;
 
@@ -221,6 +222,124 @@ async fn a_dropped_handle_returns_its_grant_despite_a_user_hook() {
     rig.service.settle().await;
     rig.assert_idle();
     assert_eq!(panics_of(&rig.service, "gpu_teardown_hook"), 1);
+}
+
+#[test]
+fn a_wait_on_a_runtime_without_timers_is_a_typed_error() {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let rig = one_device(1);
+        // Admitted at once: no timer is needed.
+        let held = rig.service.admit_resources(GIB).await.unwrap();
+        // This one would have to wait for its max_wait deadline.
+        let error = rig.service.admit_resources(GIB).await.unwrap_err();
+        assert_eq!(error, GpuAdmitError::TimerUnavailable);
+        assert!(error.to_string().contains("enable_time"), "{error}");
+        let snapshot = rig.service.admission_snapshot();
+        assert_eq!((snapshot.queued, snapshot.pending_preflights), (0, 0));
+        held.release().await;
+        rig.service.settle().await;
+        rig.assert_idle();
+        // The same wait without a deadline needs no timer.
+        let held = rig.service.admit_resources(GIB).await.unwrap();
+        let unbounded = Rig::new(
+            vec![profile(0, 16, 1, &[])],
+            QueueBounds::new(16, Duration::MAX, 4).unwrap(),
+        );
+        let first = unbounded.service.admit_resources(GIB).await.unwrap();
+        let mut second = Box::pin(unbounded.service.admit_resources(GIB));
+        assert!(futures::poll!(&mut second).is_pending());
+        first.release().await;
+        second.await.unwrap().release().await;
+        held.release().await;
+        unbounded.service.settle().await;
+        unbounded.assert_idle();
+    });
+}
+
+#[test]
+fn a_preflight_that_must_wait_on_a_runtime_without_timers_is_a_typed_error() {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let rig = Rig::with(vec![profile(0, 16, 1, &[])], bounds(16, 4), |b| {
+            b.preflight(|_| {
+                Box::pin(async {
+                    tokio::task::yield_now().await;
+                    Ok(())
+                })
+            })
+        });
+        let error = rig.service.admit_resources(GIB).await.unwrap_err();
+        assert_eq!(error, GpuAdmitError::TimerUnavailable);
+        assert_eq!(rig.service.admission_snapshot().pending_preflights, 0);
+        rig.assert_idle();
+    });
+}
+
+/// A preflight that panics while `armed`, either when called or when its
+/// future is polled.
+fn panicking_preflight(
+    armed: Arc<AtomicBool>,
+    in_future: bool,
+) -> impl Fn(&PreflightRequest) -> PreflightFuture + Send + Sync + 'static {
+    move |_: &PreflightRequest| {
+        let armed = armed.load(Ordering::SeqCst);
+        if armed && !in_future {
+            panic!("preflight panics when called");
+        }
+        Box::pin(async move {
+            if armed {
+                panic!("preflight future panics when polled");
+            }
+            Ok(())
+        }) as PreflightFuture
+    }
+}
+
+async fn a_panicking_preflight_is_a_failed_preflight(in_future: bool) {
+    let armed = Arc::new(AtomicBool::new(true));
+    let preflight = panicking_preflight(armed.clone(), in_future);
+    let rig = Rig::with(
+        vec![profile(0, 16, 2, &["hash_join"])],
+        bounds(16, 4),
+        |b| b.preflight(preflight),
+    );
+    let outcome = tokio::spawn(rig.service.admit_resources(GIB)).await;
+    assert!(
+        matches!(
+            outcome,
+            Ok(Err(GpuAdmitError::PreflightFailed {
+                device: Some(_),
+                ..
+            }))
+        ),
+        "{outcome:?}"
+    );
+    assert_eq!(rig.service.admission_snapshot().pending_preflights, 0);
+    rig.assert_idle();
+    assert_eq!(panics_of(&rig.service, "gpu_preflight"), 1);
+    armed.store(false, Ordering::SeqCst);
+    still_admits(&rig).await;
+    let health = rig.service.admission_snapshot().health;
+    let preflight = health
+        .iter()
+        .find(|h| h.component == "gpu_preflight")
+        .unwrap();
+    assert!(preflight.is_healthy(), "a passing preflight ends the run");
+}
+
+#[tokio::test]
+async fn a_preflight_panicking_when_called_is_a_failed_preflight() {
+    a_panicking_preflight_is_a_failed_preflight(false).await;
+}
+
+#[tokio::test]
+async fn a_preflight_future_panicking_when_polled_is_a_failed_preflight() {
+    a_panicking_preflight_is_a_failed_preflight(true).await;
 }
 
 #[tokio::test]

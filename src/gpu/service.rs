@@ -66,11 +66,11 @@
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 use std::future::{poll_fn, Future};
-use std::pin::{pin, Pin};
+use std::pin::Pin;
 use std::task::{Poll, Waker};
 use std::time::Duration;
 
-use tokio::time::Instant;
+use tokio::time::{Instant, Sleep};
 
 use super::backend::{BackendError, DeviceOrdinal, FaultIsolation, SharedBackend};
 use super::envelope::{AdmissionEnvelope, AttemptBounds, BuildError, EnvelopeSpec, TeardownReport};
@@ -880,30 +880,27 @@ async fn admit(ticket: AdmissionTicket) -> Result<QueryHandle, GpuAdmitError> {
     };
     if let Some(preflight) = &inner.preflight {
         for device in &candidates {
-            let check = preflight(&PreflightRequest {
+            let request = PreflightRequest {
                 waiter,
                 device: *device,
                 proof: proof.clone(),
-            });
-            let outcome = match deadline {
-                Some(d) => tokio::time::timeout_at(d, check).await.ok(),
-                None => Some(check.await),
             };
-            match outcome {
-                Some(Ok(())) => {}
-                Some(Err(message)) => {
+            match run_preflight(&inner, preflight, &request, deadline).await {
+                Preflight::Passed => {}
+                Preflight::Failed(message) => {
                     let error = GpuAdmitError::PreflightFailed {
                         device: Some(*device),
                         message,
                     };
                     return Err(guard.fail(error, true));
                 }
-                None => {
+                Preflight::Expired => {
                     let error = GpuAdmitError::DeadlineExceeded {
                         waited: Instant::now().saturating_duration_since(now),
                     };
                     return Err(guard.fail(error, false));
                 }
+                Preflight::NoTimer(error) => return Err(guard.fail(error, true)),
             }
         }
     }
@@ -1019,15 +1016,102 @@ fn build_failure(
     (admit_error, isolation)
 }
 
-/// Waits for the waiter's outcome; at the deadline, withdraws it unless the
-/// outcome arrived first (checked in the same transaction).
+/// How one candidate's preflight ended.
+enum Preflight {
+    Passed,
+    /// The hook said no, or panicked (when called, polled or dropped).
+    Failed(String),
+    /// The deadline came first.
+    Expired,
+    /// It had to wait for a deadline, and there is no timer to keep it.
+    NoTimer(GpuAdmitError),
+}
+
+/// Runs the preflight hook for one candidate behind the `gpu_preflight`
+/// boundary: the call that makes the future, every poll of it, and its
+/// drop. A panic anywhere is that candidate's failed preflight, so the
+/// caller withdraws the reservation like any other rejection.
+async fn run_preflight(
+    inner: &Inner,
+    preflight: &PreflightHook,
+    request: &PreflightRequest,
+    deadline: Option<Instant>,
+) -> Preflight {
+    let boundary = &inner.boundaries.preflight;
+    let panicked = || {
+        Preflight::Failed(format!(
+            "the preflight panicked ({} in a row; see the gpu_preflight health)",
+            boundary.consecutive_panics()
+        ))
+    };
+    let Some(mut check) = boundary.call(|| preflight(request)) else {
+        return panicked();
+    };
+    let mut timer = None;
+    let outcome = poll_fn(|cx| {
+        match boundary.call(|| check.as_mut().poll(cx)) {
+            Some(Poll::Ready(Ok(()))) => return Poll::Ready(Preflight::Passed),
+            Some(Poll::Ready(Err(message))) => return Poll::Ready(Preflight::Failed(message)),
+            Some(Poll::Pending) => {}
+            None => return Poll::Ready(panicked()),
+        }
+        match poll_deadline(&mut timer, deadline, cx) {
+            Ok(false) => Poll::Pending,
+            Ok(true) => Poll::Ready(Preflight::Expired),
+            Err(error) => Poll::Ready(Preflight::NoTimer(error)),
+        }
+    })
+    .await;
+    // The future is user code down to its destructor.
+    if boundary.call(move || drop(check)).is_none() {
+        return panicked();
+    }
+    outcome
+}
+
+/// Polls the timer of `deadline`, creating it on the first call: whether
+/// the deadline has passed (`false` without a deadline). The timer is made
+/// only when a wait is really needed, so admissions that never wait work on
+/// any runtime; one that must wait on a runtime without a time driver gets
+/// [`GpuAdmitError::TimerUnavailable`] instead of tokio's panic.
+fn poll_deadline(
+    timer: &mut Option<Pin<Box<Sleep>>>,
+    deadline: Option<Instant>,
+    cx: &mut std::task::Context<'_>,
+) -> Result<bool, GpuAdmitError> {
+    let Some(deadline) = deadline else {
+        return Ok(false);
+    };
+    let timer = match timer {
+        Some(timer) => timer,
+        None => timer.insert(start_timer(deadline)?),
+    };
+    Ok(timer.as_mut().poll(cx).is_ready())
+}
+
+/// A tokio timer for `deadline`, or the typed error for a task that is not
+/// on a runtime with timers. tokio offers no query for its time driver, and
+/// `sleep_until` panics at creation without one; the panic is caught here,
+/// once per admission that has to wait on such a runtime (tokio's panic
+/// hook output included), and never escapes.
+fn start_timer(deadline: Instant) -> Result<Pin<Box<Sleep>>, GpuAdmitError> {
+    if tokio::runtime::Handle::try_current().is_err() {
+        return Err(GpuAdmitError::TimerUnavailable);
+    }
+    std::panic::catch_unwind(|| Box::pin(tokio::time::sleep_until(deadline)))
+        .map_err(|_| GpuAdmitError::TimerUnavailable)
+}
+
+/// Waits for the waiter's outcome; at the deadline (or when a deadline
+/// cannot be kept), withdraws it unless the outcome arrived first (checked
+/// in the same transaction).
 async fn wait(
     inner: &StdArc<Inner>,
     waiter: WaiterId,
     deadline: Option<Instant>,
     submitted: Instant,
 ) -> Result<MemoryGrant, GpuAdmitError> {
-    let mut sleep = pin!(deadline.map(tokio::time::sleep_until));
+    let mut timer = None;
     poll_fn(|cx| {
         {
             let mut state = inner.state.lock();
@@ -1037,15 +1121,12 @@ async fn wait(
             }
             state.wakers.insert(waiter.get(), cx.waker().clone());
         }
-        let expired = match sleep.as_mut().as_pin_mut() {
-            Some(sleep) => sleep.poll(cx).is_ready(),
-            None => false,
-        };
-        if !expired {
-            return Poll::Pending;
-        }
-        let error = GpuAdmitError::DeadlineExceeded {
-            waited: Instant::now().saturating_duration_since(submitted),
+        let error = match poll_deadline(&mut timer, deadline, cx) {
+            Ok(false) => return Poll::Pending,
+            Ok(true) => GpuAdmitError::DeadlineExceeded {
+                waited: Instant::now().saturating_duration_since(submitted),
+            },
+            Err(error) => error,
         };
         let outcome = inner.transact(|core, recorder| {
             let outcome = match core.take_outcome(waiter) {
