@@ -583,3 +583,193 @@ fn a_backend_panicking_in_its_inventory_is_a_service_error() {
         })
     );
 }
+
+#[test]
+fn absurd_profile_and_bounds_values_are_typed_errors_or_work() {
+    use admission::gpu::DeviceProfile;
+    let build = |capacity: u64, slots: u32| {
+        DeviceProfile::builder(dev(0))
+            .managed_capacity(capacity)
+            .max_active_attempts(slots)
+            .build()
+    };
+    assert!(build(0, 4).is_err());
+    assert!(build(GIB, 0).is_err());
+    // A capacity too small to give each of u32::MAX slots a byte.
+    assert!(build(GIB, u32::MAX).is_err());
+    assert!(DeviceProfile::builder(dev(0))
+        .managed_capacity(GIB)
+        .attempt_floor(u64::MAX)
+        .build()
+        .is_err());
+    assert!(DeviceProfile::builder(dev(0))
+        .managed_capacity(GIB)
+        .cache_cap(u64::MAX)
+        .build()
+        .is_err());
+    assert!(DeviceProfile::builder(dev(0))
+        .managed_capacity(GIB)
+        .backend_reserve(u64::MAX)
+        .build()
+        .is_err());
+    let huge = build(u64::MAX, u32::MAX).expect("every slot gets a floor");
+    assert_eq!(huge.managed_capacity(), u64::MAX);
+    let mut ledger = DeviceLedger::new(huge);
+    let report = ledger.report();
+    assert!(report.max_new_bytes.is_some());
+    let request = admission::gpu::GrantRequest::resource_only(0).with_working_set_hint(u64::MAX);
+    let grant = ledger.commit(&request).expect("an empty ledger admits");
+    assert!(ledger
+        .protect(admission::gpu::WaiterId::new(9), u64::MAX)
+        .is_err());
+    ledger
+        .protect(admission::gpu::WaiterId::new(9), 0)
+        .expect("a floor-sized protection");
+    ledger.release(grant).expect("issued here");
+    assert_eq!(
+        ledger.charge_cache(u64::MAX),
+        Err(LedgerError::CacheCapExceeded {
+            requested: u64::MAX,
+            resident: 0,
+            cache_cap: 0,
+        })
+    );
+    for change in [u64::MAX, 1] {
+        assert!(matches!(
+            ledger.evict_cache(change),
+            Err(LedgerError::CacheUnderflow { .. })
+        ));
+        assert!(ledger.pin_cache(change).is_err());
+        assert!(ledger.unpin_cache(change).is_err());
+    }
+
+    assert!(QueueBounds::new(0, Duration::from_secs(1), 0).is_err());
+    assert!(QueueBounds::new(1, Duration::ZERO, 0).is_err());
+    let bounds = QueueBounds::new(usize::MAX, Duration::MAX, u32::MAX).unwrap();
+    assert_eq!(bounds.max_wait(), Duration::MAX);
+}
+
+#[tokio::test]
+async fn absurd_request_values_are_typed_errors_or_work() {
+    let rig = Rig::new(
+        vec![profile(0, 16, 2, &["hash_join"])],
+        QueueBounds::new(usize::MAX, Duration::MAX, u32::MAX).unwrap(),
+    );
+    // A floor no device can ever hold is refused at once, never queued.
+    assert!(matches!(
+        rig.service.admit_resources(u64::MAX).await,
+        Err(GpuAdmitError::FloorNeverFits { .. })
+    ));
+    // Zero is raised to the attempt floor; the largest hint is clamped.
+    for hint in [0, u64::MAX] {
+        let handle = rig
+            .service
+            .resource_ticket(0)
+            .with_working_set_hint(hint)
+            .admit()
+            .await
+            .unwrap();
+        assert!(handle.grant_bytes() >= handle.required_floor());
+        let ctx = handle.execution_context().unwrap();
+        assert!(matches!(
+            ctx.alloc(u64::MAX),
+            Err(BackendError::GrantExceeded { .. })
+        ));
+        assert!(matches!(
+            ctx.reserve(u64::MAX),
+            Err(BackendError::GrantExceeded { .. })
+        ));
+        drop(ctx);
+        assert!(handle.release().await.ledger_released);
+    }
+    // A capability no device has is refused at once.
+    let proof = rig.proof(1, GIB, &["fp128"]);
+    assert!(matches!(
+        rig.service.ticket(&proof).unwrap().admit().await,
+        Err(GpuAdmitError::NoCapableDevice { .. })
+    ));
+    // Deadlines: long past and far future.
+    let now = tokio::time::Instant::now();
+    let past = now.checked_sub(Duration::from_secs(1)).unwrap_or(now);
+    assert_eq!(
+        rig.service
+            .resource_ticket(GIB)
+            .with_deadline(past)
+            .admit()
+            .await
+            .unwrap_err(),
+        GpuAdmitError::DeadlinePassed
+    );
+    let far = now
+        .checked_add(Duration::from_secs(1 << 40))
+        .expect("a far-future instant");
+    let handle = rig
+        .service
+        .resource_ticket(GIB)
+        .with_deadline(far)
+        .admit()
+        .await
+        .unwrap();
+    handle.release().await;
+    // Cache changes past every counter, and on devices that do not exist.
+    for change in [
+        CacheChange::Charge(u64::MAX),
+        CacheChange::Evict(u64::MAX),
+        CacheChange::Pin(u64::MAX),
+        CacheChange::Unpin(u64::MAX),
+    ] {
+        assert!(rig.service.change_cache(dev(0), change).is_err());
+        assert_eq!(
+            rig.service.change_cache(dev(u32::MAX), change),
+            Err(LedgerError::NoSuchDevice {
+                device: dev(u32::MAX)
+            })
+        );
+    }
+    rig.service.quarantine(dev(u32::MAX), u32::MAX);
+    still_admits(&rig).await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn cancelled_expired_and_rejected_submissions_leave_no_per_waiter_state() {
+    let rig = Rig::new(
+        vec![profile(0, 16, 1, &[])],
+        QueueBounds::new(64, Duration::from_secs(5), 4).unwrap(),
+    );
+    let held = rig.service.admit_resources(GIB).await.unwrap();
+    for round in 0..4 {
+        let mut cancelled: Vec<_> = (0..8)
+            .map(|_| Box::pin(rig.service.admit_resources(GIB)))
+            .collect();
+        for future in &mut cancelled {
+            assert!(futures::poll!(future).is_pending());
+        }
+        drop(cancelled);
+        let expiring: Vec<_> = (0..8)
+            .map(|_| tokio::spawn(rig.service.admit_resources(GIB)))
+            .collect();
+        for task in expiring {
+            assert!(
+                matches!(
+                    task.await.unwrap(),
+                    Err(GpuAdmitError::DeadlineExceeded { .. })
+                ),
+                "round {round}"
+            );
+        }
+        assert!(rig.service.admit_resources(u64::MAX).await.is_err());
+        let snapshot = rig.service.admission_snapshot();
+        assert_eq!(
+            (
+                snapshot.queued,
+                snapshot.pending_preflights,
+                snapshot.granted_unobserved,
+                snapshot.waiters.len()
+            ),
+            (0, 0, 0, 0),
+            "round {round}"
+        );
+    }
+    held.release().await;
+    still_admits(&rig).await;
+}

@@ -44,8 +44,10 @@
 //!
 //! # Release without blocking in `Drop`
 //!
-//! A published handle registers a teardown callback on its envelope
-//! ([`AdmissionEnvelope::on_teardown`]). Whether the handle is released
+//! A published handle sets its envelope's release callback (crate-private,
+//! run before and apart from any user hook added with
+//! [`AdmissionEnvelope::on_teardown`], which can never displace it).
+//! Whether the handle is released
 //! (the teardown is awaited) or dropped (the envelope queues its own
 //! teardown when the last execution context goes), the callback runs on the
 //! device worker right after the physical teardown: it seals the
@@ -187,7 +189,9 @@ impl QueryServiceBuilder {
     /// An async device preflight, run for every compatible candidate device
     /// of every submission before it is queued (outside the service's
     /// lock). A failing preflight rejects the submission; a pending one
-    /// holds back every younger submission.
+    /// holds back every younger submission. A panic (in the call, a poll of
+    /// its future, or its drop) is caught and counts as that candidate's
+    /// failed preflight; see the [failure model](super#failure-model).
     pub fn preflight<F>(mut self, preflight: F) -> Self
     where
         F: Fn(&PreflightRequest) -> PreflightFuture + Send + Sync + 'static,
@@ -196,7 +200,9 @@ impl QueryServiceBuilder {
         self
     }
 
-    /// An observer of the admission lifecycle; see [`super::observe`].
+    /// An observer of the admission lifecycle; see [`super::observe`]. A
+    /// panic is caught and drops that record only; see the
+    /// [failure model](super#failure-model).
     pub fn observer<F>(mut self, observer: F) -> Self
     where
         F: Fn(&Observation) + Send + Sync + 'static,
@@ -1145,4 +1151,48 @@ async fn wait(
         Poll::Ready(outcome.0)
     })
     .await
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+    use crate::gpu::backend::sim::{SimBackend, SimDevice};
+    use crate::gpu::profile::{DeviceProfile, MemoryOwnership};
+
+    const GIB: u64 = 1 << 30;
+
+    #[tokio::test(start_paused = true)]
+    async fn wakers_are_kept_only_for_live_waiters() {
+        let gpu0 = DeviceOrdinal(0);
+        let profile = DeviceProfile::builder(gpu0)
+            .managed_capacity(16 * GIB)
+            .max_active_attempts(1)
+            .build()
+            .unwrap();
+        let devices =
+            DeviceSet::new(vec![profile], vec![MemoryOwnership::exclusive(gpu0)]).unwrap();
+        let bounds = QueueBounds::new(64, Duration::from_secs(5), 4).unwrap();
+        let backend = StdArc::new(SimBackend::new([SimDevice::new(0, 64 * GIB)]));
+        let service = QueryService::new(backend, devices, bounds).unwrap();
+        let held = service.admit_resources(GIB).await.unwrap();
+        let mut cancelled: Vec<_> = (0..8)
+            .map(|_| Box::pin(service.admit_resources(GIB)))
+            .collect();
+        for future in &mut cancelled {
+            assert!(futures::poll!(future).is_pending());
+        }
+        assert_eq!(service.inner.state.lock().wakers.len(), 8);
+        drop(cancelled);
+        let expiring: Vec<_> = (0..8)
+            .map(|_| tokio::spawn(service.admit_resources(GIB)))
+            .collect();
+        for task in expiring {
+            assert!(task.await.unwrap().is_err());
+        }
+        let mut granted = Box::pin(service.admit_resources(GIB));
+        assert!(futures::poll!(&mut granted).is_pending());
+        held.release().await;
+        granted.await.unwrap().release().await;
+        assert!(service.inner.state.lock().wakers.is_empty());
+    }
 }

@@ -21,7 +21,7 @@
 //!   handle dropped on its own thread (a job holding the last reference)
 //!   does not join itself.
 //! * **A panicking job does not end the thread.** Each job runs behind a
-//!   panic [`Boundary`]: the panic is logged and counted, and the thread
+//!   panic boundary (`gpu_device_worker`): the panic is logged and counted, and the thread
 //!   goes on with the next job. A dead worker would read as a fault of
 //!   unknown reach (nothing could ever run on the device again, and its
 //!   clean-ups would be abandoned), which is far worse than one lost job.
