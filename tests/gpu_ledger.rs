@@ -859,6 +859,11 @@ fn every_admission_error_has_an_outcome_and_a_stable_reason() {
             O::Deadline,
             "deadline_exceeded",
         ),
+        (
+            GpuAdmitError::TimerUnavailable,
+            O::Configuration,
+            "timer_unavailable",
+        ),
         (GpuAdmitError::Cancelled, O::Cancelled, "cancelled"),
         (GpuAdmitError::Closed, O::Closed, "closed"),
         (

@@ -46,25 +46,40 @@
 //! `tracing` when it is not clean). Releasing the lane, grant and slot in
 //! the ledger is the caller's, and comes after the teardown.
 //!
-//! **The teardown callback** ([`AdmissionEnvelope::on_teardown`]) is how
-//! the caller learns that the physical resources are gone, whichever way the
-//! teardown ran: it is called once, with the report, right after either
-//! teardown (awaited or implicit) finished on the worker, or in place of a
-//! teardown that could not run at all (an abandoned report). The query
-//! service releases the grant there, so a handle dropped without release
-//! still returns its grant, after its resources, and without blocking in
-//! `Drop`.
+//! **Teardown callbacks** are how the caller learns that the physical
+//! resources are gone, whichever way the teardown ran: they are called
+//! once, with the report, right after either teardown (awaited or implicit)
+//! finished on the worker, or in place of a teardown that could not run at
+//! all (an abandoned report). There are two kinds, kept apart so that one
+//! can never displace the other:
+//!
+//! * the **release callback**, set once by the query service when it
+//!   publishes a handle (crate-private): it returns the grant to the
+//!   ledger, so a handle dropped without release still returns its grant,
+//!   after its resources, and without blocking in `Drop`; it always runs
+//!   first;
+//! * **hooks** ([`AdmissionEnvelope::on_teardown`]): user code, added (never
+//!   replacing anything), run after the release callback, each behind the
+//!   `gpu_teardown_hook` panic boundary. A hook that panics is skipped; the
+//!   grant is back already.
+//!
+//! The teardown job catches a panic of its own physical part (the crate's
+//! bug, since every backend call is behind the `gpu_backend` boundary in a
+//! service) and reports it as [`DeviceHealth::Interrupted`]: what was
+//! released is unknown, so the device is quarantined, and the callbacks
+//! still run.
 
 use std::fmt;
 
-use tokio::sync::{mpsc as tokio_mpsc, oneshot, Notify};
+use tokio::sync::{mpsc as tokio_mpsc, Notify};
 
 use crate::gpu::backend::{
     BackendError, BackendOp, DeviceOrdinal, DevicePtr, DomainId, FaultIsolation, LaneId, ScopeId,
     SharedBackend, StreamId,
 };
 use crate::gpu::domain::{AllocationDomain, LeakReport, SubReservation};
-use crate::gpu::worker::{DeviceWorker, WorkerGone};
+use crate::gpu::worker::{DeviceWorker, JobError, Reply, WorkerGone};
+use crate::health::Boundary;
 use crate::sync::{AtomicBool, AtomicU64, Mutex, Ordering, StdArc};
 
 /// Per-attempt bounds on the physical resources an envelope may take, from
@@ -204,6 +219,13 @@ pub enum BuildError {
     /// The device worker is gone, so the build's outcome (and any rollback)
     /// is unknown.
     WorkerGone(WorkerGone),
+    /// The build job panicked on the device worker (caught there; the
+    /// thread goes on). What it had built is unknown, so the device is to
+    /// be quarantined; other devices are unaffected.
+    Interrupted {
+        /// The envelope's device.
+        device: DeviceOrdinal,
+    },
 }
 
 impl BuildError {
@@ -216,6 +238,7 @@ impl BuildError {
                 error, rollback, ..
             } => error.fault_isolation().or_else(|| rollback.fault()),
             BuildError::WorkerGone(_) => Some(FaultIsolation::Unknown),
+            BuildError::Interrupted { device } => Some(FaultIsolation::Device(*device)),
             BuildError::InvalidBounds { .. } | BuildError::WrongWorker { .. } => None,
         }
     }
@@ -246,6 +269,10 @@ impl fmt::Display for BuildError {
                 rollback.errors().count()
             ),
             BuildError::WorkerGone(gone) => write!(f, "{gone}"),
+            BuildError::Interrupted { device } => write!(
+                f,
+                "the envelope build on {device} panicked part-way; what it built is unknown"
+            ),
         }
     }
 }
@@ -319,6 +346,10 @@ pub enum DeviceHealth {
     },
     /// The clean-up was abandoned; nothing is known.
     Unknown,
+    /// The clean-up panicked part-way on the device worker (caught there):
+    /// what it released on this device is unknown, so the device is
+    /// quarantined.
+    Interrupted,
 }
 
 /// What a teardown (or an unawaited rollback) did.
@@ -355,6 +386,7 @@ impl TeardownReport {
             DeviceHealth::Healthy => None,
             DeviceHealth::Faulted { isolation, .. } => Some(isolation),
             DeviceHealth::Unknown => Some(FaultIsolation::Unknown),
+            DeviceHealth::Interrupted => Some(FaultIsolation::Device(self.device)),
         }
     }
 
@@ -420,10 +452,23 @@ impl TeardownReport {
     }
 
     fn abandoned(device: DeviceOrdinal, grant_bytes: u64, implicit: bool) -> Self {
+        Self::unfinished(device, grant_bytes, implicit, DeviceHealth::Unknown)
+    }
+
+    fn interrupted(device: DeviceOrdinal, grant_bytes: u64, implicit: bool) -> Self {
+        Self::unfinished(device, grant_bytes, implicit, DeviceHealth::Interrupted)
+    }
+
+    fn unfinished(
+        device: DeviceOrdinal,
+        grant_bytes: u64,
+        implicit: bool,
+        health: DeviceHealth,
+    ) -> Self {
         Self {
             device,
             disposition: Disposition::Abandoned,
-            health: DeviceHealth::Unknown,
+            health,
             implicit,
             grant_bytes,
             peak_bytes: 0,
@@ -587,14 +632,29 @@ fn deliver(sink: Option<&tokio_mpsc::UnboundedSender<TeardownReport>>, report: T
 /// [`AdmissionEnvelope::on_teardown`].
 pub type TeardownCallback = Box<dyn FnOnce(&TeardownReport) + Send + 'static>;
 
-type CallbackSlot = StdArc<Mutex<Option<TeardownCallback>>>;
+/// An envelope's teardown callbacks: the crate's release path and the
+/// user's hooks, apart. See the [module documentation](self).
+struct Callbacks {
+    release: Mutex<Option<TeardownCallback>>,
+    hooks: Mutex<Vec<TeardownCallback>>,
+    hook_boundary: StdArc<Boundary>,
+}
 
-/// Runs the callback in `slot`, if one is still there. The slot's lock is
-/// released before the call, so the callback may take other locks.
-fn run_callback(slot: &CallbackSlot, report: &TeardownReport) {
-    let callback = slot.lock().take();
-    if let Some(callback) = callback {
-        callback(report);
+impl Callbacks {
+    /// Runs the release callback, then every hook behind its boundary, each
+    /// at most once over the envelope's life. No lock is held during a
+    /// call, so callbacks may take other locks.
+    fn run(&self, report: &TeardownReport) {
+        let release = self.release.lock().take();
+        if let Some(release) = release {
+            release(report);
+        }
+        let hooks = std::mem::take(&mut *self.hooks.lock());
+        for hook in hooks {
+            // A panic is logged and counted by the boundary; the grant is
+            // already back, so skipping the hook is all there is to do.
+            let _ = self.hook_boundary.call(|| hook(report));
+        }
     }
 }
 
@@ -627,7 +687,7 @@ struct Shared {
     idle: Notify,
     torn_down: AtomicBool,
     deferred: StdArc<Mutex<Vec<BackendError>>>,
-    on_teardown: CallbackSlot,
+    callbacks: StdArc<Callbacks>,
 }
 
 impl fmt::Debug for Shared {
@@ -656,7 +716,7 @@ impl Shared {
         let backend = self.backend.clone();
         let domain = self.domain.clone();
         let deferred = self.deferred.clone();
-        let on_teardown = self.on_teardown.clone();
+        let callbacks = self.callbacks.clone();
         let (device, grant, lane, root, scope) = (
             self.spec.device,
             self.spec.grant_bytes,
@@ -665,31 +725,40 @@ impl Shared {
             self.scope,
         );
         move || {
-            let mut steps = Vec::new();
-            record(
-                &mut steps,
-                BackendOp::Synchronize,
-                backend.synchronize(root),
-            );
-            let leaked = domain.free_outstanding(root);
-            let progress = Progress {
-                lane: Some(lane),
-                root: Some(root),
-                domain: Some(domain.id()),
-                joined: true,
-                scope: Some(scope),
+            let physical = || {
+                let mut steps = Vec::new();
+                record(
+                    &mut steps,
+                    BackendOp::Synchronize,
+                    backend.synchronize(root),
+                );
+                let leaked = domain.free_outstanding(root);
+                let progress = Progress {
+                    lane: Some(lane),
+                    root: Some(root),
+                    domain: Some(domain.id()),
+                    joined: true,
+                    scope: Some(scope),
+                };
+                undo(&backend, progress, false, &mut steps);
+                let errors = std::mem::take(&mut *deferred.lock());
+                TeardownReport::finish(
+                    device,
+                    grant,
+                    implicit,
+                    steps,
+                    errors,
+                    Some((&domain, leaked)),
+                )
             };
-            undo(&backend, progress, false, &mut steps);
-            let errors = std::mem::take(&mut *deferred.lock());
-            let report = TeardownReport::finish(
-                device,
-                grant,
-                implicit,
-                steps,
-                errors,
-                Some((&domain, leaked)),
-            );
-            run_callback(&on_teardown, &report);
+            // The callbacks must run whatever the physical part did: the
+            // release callback is what returns the grant.
+            let report = std::panic::catch_unwind(std::panic::AssertUnwindSafe(physical))
+                .unwrap_or_else(|_| {
+                    tracing::error!(target: "admission", %device, "a GPU envelope teardown panicked part-way");
+                    TeardownReport::interrupted(device, grant, implicit)
+                });
+            callbacks.run(&report);
             report
         }
     }
@@ -708,7 +777,7 @@ impl Drop for Shared {
         });
         if submitted.is_err() {
             let report = TeardownReport::abandoned(self.spec.device, self.spec.grant_bytes, true);
-            run_callback(&self.on_teardown, &report);
+            self.callbacks.run(&report);
             deliver(self.spec.report_sink.as_ref(), report);
         }
     }
@@ -722,6 +791,19 @@ impl AdmissionEnvelope {
         backend: SharedBackend,
         worker: StdArc<DeviceWorker>,
         spec: EnvelopeSpec,
+    ) -> Result<Self, BuildError> {
+        let hook_boundary = StdArc::new(crate::gpu::guard::teardown_hook_boundary());
+        Self::build_with(backend, worker, spec, hook_boundary).await
+    }
+
+    /// [`build`](Self::build), with the panic boundary the envelope's
+    /// teardown hooks run behind (the service shares one among its
+    /// envelopes).
+    pub(crate) async fn build_with(
+        backend: SharedBackend,
+        worker: StdArc<DeviceWorker>,
+        spec: EnvelopeSpec,
+        hook_boundary: StdArc<Boundary>,
     ) -> Result<Self, BuildError> {
         for (field, value) in [
             ("max_streams", spec.bounds.max_streams),
@@ -740,16 +822,16 @@ impl AdmissionEnvelope {
         }
         let cancelled = StdArc::new(AtomicBool::new(false));
         let _cancel_on_drop = CancelOnDrop(cancelled.clone());
-        let (tx, rx) = oneshot::channel();
+        let (reply, rx) = Reply::channel();
         let job_backend = backend.clone();
         let (device, grant) = (spec.device, spec.grant_bytes);
         let sink = spec.report_sink.clone();
         worker
             .submit_detached(move || {
                 let outcome = build_on_worker(&job_backend, device, grant, &cancelled);
-                let unreceived = match tx.send(outcome) {
-                    Ok(()) => return,
-                    Err(outcome) => outcome,
+                let unreceived = match reply.send(outcome) {
+                    Ok(()) | Err(None) => return,
+                    Err(Some(outcome)) => outcome,
                 };
                 // The caller is gone: nothing may stay built.
                 let rollback = match unreceived {
@@ -770,11 +852,20 @@ impl AdmissionEnvelope {
                 deliver(sink.as_ref(), report);
             })
             .map_err(BuildError::WorkerGone)?;
-        let outcome = rx.await.map_err(|_| {
-            BuildError::WorkerGone(WorkerGone {
-                device: spec.device,
-            })
-        })?;
+        let outcome = match rx.await {
+            Ok(Some(outcome)) => outcome,
+            // The job unwound: the worker caught the panic and goes on.
+            Ok(None) => {
+                return Err(BuildError::Interrupted {
+                    device: spec.device,
+                })
+            }
+            Err(_) => {
+                return Err(BuildError::WorkerGone(WorkerGone {
+                    device: spec.device,
+                }))
+            }
+        };
         match outcome {
             BuildOutcome::Built(p) => match (p.lane, p.root, p.domain, p.scope) {
                 (Some(lane), Some(root), Some(domain), Some(scope)) => {
@@ -799,7 +890,11 @@ impl AdmissionEnvelope {
                             idle: Notify::new(),
                             torn_down: AtomicBool::new(false),
                             deferred: StdArc::new(Mutex::new(Vec::new())),
-                            on_teardown: StdArc::new(Mutex::new(None)),
+                            callbacks: StdArc::new(Callbacks {
+                                release: Mutex::new(None),
+                                hooks: Mutex::new(Vec::new()),
+                                hook_boundary,
+                            }),
                         }),
                     })
                 }
@@ -844,15 +939,26 @@ impl AdmissionEnvelope {
         self.shared.spec.grant_bytes
     }
 
-    /// Sets the callback called once with the report of this envelope's
+    /// Adds a hook called once with the report of this envelope's
     /// teardown, on the worker right after the teardown finished, whether
     /// it was awaited ([`teardown`](Self::teardown)) or queued because the
     /// envelope was dropped; or, when the worker is gone and no teardown can
-    /// run, with an abandoned report on the thread that found out. Replaces
-    /// an earlier callback. The callback must not block: it runs on the
-    /// device's worker thread.
-    pub fn on_teardown(&self, callback: impl FnOnce(&TeardownReport) + Send + 'static) {
-        *self.shared.on_teardown.lock() = Some(Box::new(callback));
+    /// run, with an abandoned report on the thread that found out.
+    ///
+    /// Hooks are added, never replaced, and run in the order they were
+    /// added, after the query service's own release path (so the grant is
+    /// back before any hook runs), each behind a panic boundary: a hook that
+    /// panics is skipped. A hook must not block: it runs on the device's
+    /// worker thread. A hook added after the teardown ran is never called.
+    pub fn on_teardown(&self, hook: impl FnOnce(&TeardownReport) + Send + 'static) {
+        self.shared.callbacks.hooks.lock().push(Box::new(hook));
+    }
+
+    /// Sets the crate's release callback: runs before every hook, and is
+    /// never displaced by one. Set once, when the service publishes a
+    /// handle.
+    pub(crate) fn set_release(&self, release: impl FnOnce(&TeardownReport) + Send + 'static) {
+        *self.shared.callbacks.release.lock() = Some(Box::new(release));
     }
 
     /// The per-attempt bounds.
@@ -936,14 +1042,20 @@ impl AdmissionEnvelope {
         }
         shared.torn_down.store(true, Ordering::Release);
         let job = shared.teardown_job(false);
+        let (device, grant) = (shared.spec.device, shared.spec.grant_bytes);
         match shared.worker.submit(job).await {
             Ok(report) => report,
-            Err(_) => {
-                // The job never ran (or its result was lost with the
-                // thread): the callback still learns the outcome once.
-                let report =
-                    TeardownReport::abandoned(shared.spec.device, shared.spec.grant_bytes, false);
-                run_callback(&shared.on_teardown, &report);
+            // The job never ran: the callbacks still learn the outcome once.
+            Err(JobError::Gone(_)) => {
+                let report = TeardownReport::abandoned(device, grant, false);
+                shared.callbacks.run(&report);
+                report
+            }
+            // The job ran but unwound in its callbacks; those that did not
+            // run yet run here, once.
+            Err(JobError::Panicked { .. }) => {
+                let report = TeardownReport::interrupted(device, grant, false);
+                shared.callbacks.run(&report);
                 report
             }
         }

@@ -6,8 +6,10 @@
 //! A handle exists only after the ledger committed its slot and grant *and*
 //! all five envelope steps validated; nothing partial is ever visible. The
 //! grant itself is not in the handle: at publication it moves into the
-//! envelope's teardown callback, which runs on the device worker right after
-//! the physical teardown, however that teardown came about:
+//! envelope's release callback (crate-private: a user's teardown hook is
+//! added beside it and can never displace it), which runs on the device
+//! worker right after the physical teardown, however that teardown came
+//! about:
 //!
 //! * [`QueryHandle::release`] waits until every execution context and
 //!   source permit is dropped, tears the envelope down, and returns the
@@ -124,7 +126,7 @@ impl fmt::Debug for QueryHandle {
 
 impl QueryHandle {
     /// Publishes a handle over a validated envelope; the grant moves into
-    /// the envelope's teardown callback.
+    /// the envelope's release callback.
     pub(crate) fn publish(
         inner: StdArc<Inner>,
         envelope: AdmissionEnvelope,
@@ -137,7 +139,7 @@ impl QueryHandle {
         let (id, bytes, floor) = (grant.id(), grant.bytes(), grant.required_floor());
         let callback_proof = proof.clone();
         let published_at = std::time::Instant::now();
-        envelope.on_teardown(move |teardown| {
+        envelope.set_release(move |teardown| {
             let held = published_at.elapsed();
             let report = inner.finish_attempt(
                 grant,

@@ -7,8 +7,11 @@
 //! mutex over every ledger and its queue, so one `&mut` call is one
 //! transaction: [`DeviceLedger::commit`] re-decides and takes the slot and
 //! the bytes together, and nothing can slip in between a decision and its
-//! commit. Every sum and difference is checked; a failure is a bug, reported
-//! as an error (and a `debug_assert` in tests), never a wrap or a panic.
+//! commit. Every sum and difference is checked or, where a sum is only
+//! compared with the capacity, saturating (past `u64::MAX` is past any
+//! capacity). A value the caller passed that would overflow is refused with
+//! the typed error of the limit it breaks; an internal failure is a bug,
+//! logged and reported as an error, never a wrap or a panic.
 //!
 //! At any instant the capacity is split into
 //!
@@ -270,9 +273,6 @@ pub enum NeverReason {
     },
     /// The ledger is closed.
     Closed,
-    /// A counter would overflow: an accounting bug, refused rather than
-    /// wrapped.
-    AccountingOverflow,
 }
 
 /// The answer of [`DeviceLedger::decide`].
@@ -472,9 +472,6 @@ impl fmt::Display for LedgerError {
                     write!(f, "ledger is quarantined (fault {code})")
                 }
                 NeverReason::Closed => f.write_str("ledger is closed"),
-                NeverReason::AccountingOverflow => {
-                    f.write_str("ledger counters would overflow (accounting bug)")
-                }
             },
             LedgerError::CacheCapExceeded {
                 requested,
@@ -678,12 +675,7 @@ impl DeviceLedger {
             };
         }
         let max_new = match self.room_for(request.waiter) {
-            None => {
-                return Decision::Never {
-                    reason: NeverReason::AccountingOverflow,
-                }
-            }
-            Some(Room::NoSlot { protected_slots }) => {
+            Room::NoSlot { protected_slots } => {
                 return Decision::Later {
                     reason: LaterReason::SlotsFull {
                         active: self.active,
@@ -692,7 +684,7 @@ impl DeviceLedger {
                     },
                 }
             }
-            Some(Room::Bytes(max_new)) => max_new,
+            Room::Bytes(max_new) => max_new,
         };
         if required_floor > max_new {
             return Decision::Later {
@@ -834,8 +826,9 @@ impl DeviceLedger {
             self.cache_evictable.checked_add(self.cache_pinned),
             "cache_bytes",
         )?;
-        let after = checked(resident.checked_add(bytes), "cache_bytes")?;
-        if after > self.profile.cache_cap() {
+        // `bytes` is the caller's: a sum past `u64::MAX` is past any cap,
+        // which is what the caller needs to hear, not an accounting bug.
+        if resident.saturating_add(bytes) > self.profile.cache_cap() {
             return Err(LedgerError::CacheCapExceeded {
                 requested: bytes,
                 resident,
@@ -908,8 +901,8 @@ impl DeviceLedger {
     /// A snapshot of every counter.
     pub fn report(&self) -> LedgerReport {
         let max_new_bytes = match self.room_for(None) {
-            Some(Room::Bytes(bytes)) => Some(bytes),
-            _ => None,
+            Room::Bytes(bytes) => Some(bytes),
+            Room::NoSlot { .. } => None,
         };
         LedgerReport {
             device: self.device(),
@@ -958,33 +951,33 @@ impl DeviceLedger {
             .saturating_sub(self.active.saturating_add(self.protected_slots()))
     }
 
-    /// The slot check and `max_new` for a request by `waiter`; `None` on an
-    /// accounting overflow.
-    fn room_for(&self, waiter: Option<WaiterId>) -> Option<Room> {
+    /// The slot check and `max_new` for a request by `waiter`.
+    fn room_for(&self, waiter: Option<WaiterId>) -> Room {
         let own = waiter.is_some() && self.protection_holder() == waiter;
         let (protected_slots, protected_bytes) = if own {
             (0, 0)
         } else {
             (self.protected_slots(), self.protected_bytes())
         };
-        let taken_after = self.active.checked_add(protected_slots)?.checked_add(1)?;
-        let Some(empty_after) = self.profile.max_active_attempts().checked_sub(taken_after) else {
-            return Some(Room::NoSlot { protected_slots });
+        // In u64, so that a limit of `u32::MAX` slots cannot overflow it.
+        let taken_after = u64::from(self.active) + u64::from(protected_slots) + 1;
+        let Some(empty_after) =
+            u64::from(self.profile.max_active_attempts()).checked_sub(taken_after)
+        else {
+            return Room::NoSlot { protected_slots };
         };
-        let headroom = self
-            .profile
-            .attempt_floor()
-            .checked_mul(u64::from(empty_after))?;
+        // Saturating sums are exact here: anything past `u64::MAX` is past
+        // the capacity too, and leaves no room (a profile near `u64::MAX`
+        // bytes is legal and must not read as an accounting bug).
+        let headroom = self.profile.attempt_floor().saturating_mul(empty_after);
         let spoken_for = self
             .live_grants
-            .checked_add(self.cache_evictable)?
-            .checked_add(self.cache_pinned)?
-            .checked_add(protected_bytes)?
-            .checked_add(headroom)?;
+            .saturating_add(self.cache_evictable)
+            .saturating_add(self.cache_pinned)
+            .saturating_add(protected_bytes)
+            .saturating_add(headroom);
         // Cache may have grown into open-slot headroom: then nothing is left.
-        Some(Room::Bytes(
-            self.profile.managed_capacity().saturating_sub(spoken_for),
-        ))
+        Room::Bytes(self.profile.managed_capacity().saturating_sub(spoken_for))
     }
 
     /// Moves free bytes into the protection, up to its target; returns how
@@ -997,20 +990,18 @@ impl DeviceLedger {
         let Some(mut protection) = self.protection else {
             return 0;
         };
+        // Saturating, as in `room_for`: a sum past `u64::MAX` leaves nothing
+        // free, which is exactly what the capacity minus it says.
         let headroom = self
             .profile
             .attempt_floor()
-            .checked_mul(u64::from(self.empty_unprotected_slots()));
-        let spoken_for = headroom.and_then(|h| {
-            self.live_grants
-                .checked_add(self.cache_evictable)?
-                .checked_add(self.cache_pinned)?
-                .checked_add(protection.accumulated)?
-                .checked_add(h)
-        });
-        let Some(spoken_for) = spoken_for else {
-            return accounting_bug(0);
-        };
+            .saturating_mul(u64::from(self.empty_unprotected_slots()));
+        let spoken_for = self
+            .live_grants
+            .saturating_add(self.cache_evictable)
+            .saturating_add(self.cache_pinned)
+            .saturating_add(protection.accumulated)
+            .saturating_add(headroom);
         let free = self.profile.managed_capacity().saturating_sub(spoken_for);
         let wanted = protection.target.saturating_sub(protection.accumulated);
         let moved = free.min(wanted);
@@ -1033,9 +1024,12 @@ fn take(from: u64, bytes: u64, counter: &'static str) -> Result<u64, LedgerError
     })
 }
 
-// A counter broke its invariant. Tests (debug builds) stop here; a release
-// build carries on with the fallback instead of panicking or wrapping.
+// A counter broke its invariant: the crate's bug, never the caller's (every
+// sum a caller's value enters is checked against its limit first, or
+// saturates where saturation is exact). Logged and answered with the
+// fallback, a typed error or a zero, rather than a panic: a ledger that
+// panics under the service's lock would take every admission with it.
 fn accounting_bug<T>(fallback: T) -> T {
-    debug_assert!(false, "device ledger accounting invariant broken");
+    tracing::error!(target: "admission", "device ledger accounting invariant broken");
     fallback
 }

@@ -78,6 +78,62 @@
 //! every ledger. Grants in flight stay valid and drain; nothing new is
 //! issued there.
 //!
+//! # Failure model
+//!
+//! Whatever callers pass and whatever callbacks do, the service neither
+//! panics, nor wedges, nor keeps state that outlives the work it describes.
+//! A caller's value that cannot be honoured is a typed error at once: a
+//! byte count past any limit (a cache charge of `u64::MAX` is
+//! [`LedgerError::CacheCapExceeded`]), a floor no device can ever hold or a
+//! capability none has (refused before queueing), a deadline already
+//! passed, a wait that needs a timer on a runtime without one
+//! ([`GpuAdmitError::TimerUnavailable`]; a queue whose `max_wait` is
+//! `Duration::MAX` has no deadline and needs none). Per-waiter state (the
+//! pending and queued sets, parked outcomes, wakers) lives only as long as
+//! its admit future.
+//!
+//! Code the application hands the service runs behind a panic boundary
+//! per component, reported in
+//! [`AdmissionSnapshot::health`](scheduler::AdmissionSnapshot::health):
+//!
+//! * **`gpu_observer`** fails open: a panic drops that one record. Records
+//!   are delivered after the transaction they describe, outside the lock,
+//!   so no reservation, grant or wake-up depends on the observer returning.
+//!   It is called again for the next record, however often it failed.
+//! * **`gpu_preflight`** fails closed per submission: a panic in the call,
+//!   in a poll of its future or in its drop is that candidate's failed
+//!   preflight ([`GpuAdmitError::PreflightFailed`]), and the reservation is
+//!   withdrawn like any rejection, so no ordering barrier is left behind.
+//!   While it keeps panicking every submission is rejected: the preflight is
+//!   the engine's own check, and skipping it could admit work it would
+//!   refuse.
+//! * **`gpu_teardown_hook`** fails open: hooks added with
+//!   [`AdmissionEnvelope::on_teardown`](envelope::AdmissionEnvelope::on_teardown)
+//!   run after the crate's own release callback, which returns the grant
+//!   and cannot be displaced; a panicking hook is skipped.
+//! * **`gpu_backend`** fails the operation, not the device: a panic in any
+//!   [`GpuBackend`](backend::GpuBackend) method is
+//!   [`BackendError::Panicked`](backend::BackendError::Panicked), a failed
+//!   operation of that attempt. A build step that panics is rolled back and
+//!   the attempt fails with
+//!   [`GpuAdmitError::EnvelopeStepFailed`]; a teardown step that panics is
+//!   recorded in the report and the grant is still returned. The device
+//!   stays in service (a host-side panic is no evidence about device
+//!   memory; only [`BackendError::Fault`](backend::BackendError::Fault)
+//!   quarantines), so a backend that always panics fails each attempt fast
+//!   with a typed error, and the health shows it failing; an operator can
+//!   [`quarantine`](QueryService::quarantine) the device.
+//! * **`gpu_device_worker`** is a backstop around every job of a device's
+//!   worker thread: a panic there loses only that job, its waiter gets a
+//!   typed failure ([`worker::JobError::Panicked`]), and the thread goes on
+//!   with the next job. A dead worker would read as a fault of unknown reach
+//!   and close every ledger; a build or teardown job that unwinds part-way
+//!   quarantines only its own device, since what it created or released
+//!   there is unknown.
+//!
+//! A build with `panic = "abort"` has nothing to catch: a panic there ends
+//! the process, as anywhere else.
+//!
 //! # Backends
 //!
 //! [`backend::GpuBackend`] is the only code that touches a device: the
@@ -156,6 +212,7 @@ pub mod proof;
 pub mod backend;
 pub mod domain;
 pub mod envelope;
+mod guard;
 pub mod worker;
 
 // The query service: the one queue and its scheduler (a plain synchronous

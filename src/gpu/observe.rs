@@ -12,8 +12,10 @@
 //!
 //! The observer is called on whichever thread made the change: a tokio
 //! worker, or a device worker thread for a release that follows a teardown.
-//! It must not block. With the `config` feature, [`jsonl_observer`] writes
-//! one JSON object per line; the authoritative current state remains
+//! It must not block. A panic in it is caught (the `gpu_observer`
+//! boundary): the record is dropped, and nothing else changes. With the
+//! `config` feature, [`jsonl_observer`] writes one JSON object per line;
+//! the authoritative current state remains
 //! [`QueryService::device_ledger_reports`](super::service::QueryService::device_ledger_reports).
 
 use std::time::Duration;

@@ -115,6 +115,11 @@ pub enum GpuAdmitError {
         /// How long the request waited.
         waited: Duration,
     },
+    /// The request had to wait with a deadline (its own or the queue's
+    /// `max_wait`), but the task polling it is not on a tokio runtime with
+    /// timers enabled (`enable_time`), so the deadline could not be kept.
+    /// The request was withdrawn; nothing is held.
+    TimerUnavailable,
     /// The caller cancelled the request.
     Cancelled,
     /// The service closed before the request was admitted.
@@ -124,11 +129,12 @@ pub enum GpuAdmitError {
         /// The compatible devices, none of them healthy.
         devices: Vec<DeviceOrdinal>,
     },
-    /// A device reported a fault during admission.
+    /// A device reported a fault during admission, or the envelope build
+    /// on it panicked part-way (code 0; the device is quarantined).
     DeviceFault {
         /// The device.
         device: DeviceOrdinal,
-        /// The driver's fault code.
+        /// The driver's fault code; 0 when there is none.
         code: u32,
     },
     /// A step of the admission envelope failed and the transaction was
@@ -184,7 +190,8 @@ impl GpuAdmitError {
             GpuAdmitError::UnresolvedOwner { .. }
             | GpuAdmitError::UnresolvedPhase { .. }
             | GpuAdmitError::PreflightFailed { .. }
-            | GpuAdmitError::FloorNeverFits { .. } => O::Configuration,
+            | GpuAdmitError::FloorNeverFits { .. }
+            | GpuAdmitError::TimerUnavailable => O::Configuration,
             GpuAdmitError::QueueFull { .. } => O::CapacityPressure,
             GpuAdmitError::DeadlinePassed | GpuAdmitError::DeadlineExceeded { .. } => O::Deadline,
             GpuAdmitError::Cancelled => O::Cancelled,
@@ -214,6 +221,7 @@ impl GpuAdmitError {
             GpuAdmitError::QueueFull { .. } => "queue_full",
             GpuAdmitError::DeadlinePassed => "deadline_passed",
             GpuAdmitError::DeadlineExceeded { .. } => "deadline_exceeded",
+            GpuAdmitError::TimerUnavailable => "timer_unavailable",
             GpuAdmitError::Cancelled => "cancelled",
             GpuAdmitError::Closed => "closed",
             GpuAdmitError::NoHealthyDevice { .. } => "no_healthy_device",
@@ -276,6 +284,10 @@ impl fmt::Display for GpuAdmitError {
             GpuAdmitError::DeadlineExceeded { waited } => {
                 write!(f, "deadline expired after waiting {waited:?} for GPU admission")
             }
+            GpuAdmitError::TimerUnavailable => f.write_str(
+                "GPU admission had to wait with a deadline, but the task is not on a tokio \
+                 runtime with timers enabled (build the runtime with enable_time or enable_all)",
+            ),
             GpuAdmitError::Cancelled => f.write_str("GPU admission was cancelled"),
             GpuAdmitError::Closed => f.write_str("the GPU query service is closed"),
             GpuAdmitError::NoHealthyDevice { devices } => {

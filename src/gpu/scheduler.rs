@@ -67,6 +67,7 @@ use super::ledger::{
     LedgerReport, MemoryGrant, ReleaseOutcome, WaiterId,
 };
 use super::outcome::GpuAdmitError;
+use crate::health::ComponentHealth;
 
 /// A change to a device's resident cache, as the ledger accounts it: the
 /// cache domain's bytes sit beside grants in the same arithmetic.
@@ -233,6 +234,11 @@ pub struct AdmissionSnapshot {
     pub waiters: Vec<WaiterSnapshot>,
     /// Every device, in ordinal order.
     pub devices: Vec<DeviceSummary>,
+    /// The health of each component that calls user code (see the GPU
+    /// module's failure model), filled in by
+    /// [`QueryService::admission_snapshot`](super::service::QueryService::admission_snapshot);
+    /// empty from [`AdmissionCore::snapshot`], which calls none.
+    pub health: Vec<ComponentHealth>,
 }
 
 #[derive(Debug)]
@@ -401,9 +407,11 @@ impl AdmissionCore {
             Outcome::Granted(grant) => match self.release(grant) {
                 Ok(released) => Some(Withdrawn::Granted(released)),
                 // The grant came from one of these ledgers; a refusal is an
-                // accounting bug, already reported by the ledger's debug
-                // assertions. The grant is dropped rather than re-parked.
-                Err(_) => Some(Withdrawn::Failed),
+                // accounting bug. The grant is dropped rather than re-parked.
+                Err(foreign) => {
+                    tracing::error!(target: "admission", %foreign, "cannot release a parked GPU grant");
+                    Some(Withdrawn::Failed)
+                }
             },
         }
     }
@@ -676,6 +684,7 @@ impl AdmissionCore {
                     }
                 })
                 .collect(),
+            health: Vec::new(),
         }
     }
 

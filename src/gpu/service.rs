@@ -44,8 +44,10 @@
 //!
 //! # Release without blocking in `Drop`
 //!
-//! A published handle registers a teardown callback on its envelope
-//! ([`AdmissionEnvelope::on_teardown`]). Whether the handle is released
+//! A published handle sets its envelope's release callback (crate-private,
+//! run before and apart from any user hook added with
+//! [`AdmissionEnvelope::on_teardown`], which can never displace it).
+//! Whether the handle is released
 //! (the teardown is awaited) or dropped (the envelope queues its own
 //! teardown when the last execution context goes), the callback runs on the
 //! device worker right after the physical teardown: it seals the
@@ -66,14 +68,15 @@
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 use std::future::{poll_fn, Future};
-use std::pin::{pin, Pin};
+use std::pin::Pin;
 use std::task::{Poll, Waker};
 use std::time::Duration;
 
-use tokio::time::Instant;
+use tokio::time::{Instant, Sleep};
 
 use super::backend::{BackendError, DeviceOrdinal, FaultIsolation, SharedBackend};
 use super::envelope::{AdmissionEnvelope, AttemptBounds, BuildError, EnvelopeSpec, TeardownReport};
+use super::guard::{Boundaries, GuardedBackend};
 use super::handle::{AttemptReport, QueryHandle};
 use super::ledger::{GrantRequest, LedgerError, LedgerReport, MemoryGrant, WaiterId};
 use super::observe::{Observation, ObservationKind};
@@ -186,7 +189,9 @@ impl QueryServiceBuilder {
     /// An async device preflight, run for every compatible candidate device
     /// of every submission before it is queued (outside the service's
     /// lock). A failing preflight rejects the submission; a pending one
-    /// holds back every younger submission.
+    /// holds back every younger submission. A panic (in the call, a poll of
+    /// its future, or its drop) is caught and counts as that candidate's
+    /// failed preflight; see the [failure model](super#failure-model).
     pub fn preflight<F>(mut self, preflight: F) -> Self
     where
         F: Fn(&PreflightRequest) -> PreflightFuture + Send + Sync + 'static,
@@ -195,7 +200,9 @@ impl QueryServiceBuilder {
         self
     }
 
-    /// An observer of the admission lifecycle; see [`super::observe`].
+    /// An observer of the admission lifecycle; see [`super::observe`]. A
+    /// panic is caught and drops that record only; see the
+    /// [failure model](super#failure-model).
     pub fn observer<F>(mut self, observer: F) -> Self
     where
         F: Fn(&Observation) + Send + Sync + 'static,
@@ -207,7 +214,14 @@ impl QueryServiceBuilder {
     /// Checks that every profiled ordinal is a device of the backend, then
     /// creates one ledger and one worker thread per device.
     pub fn build(self) -> Result<QueryService, ServiceError> {
-        let inventory = self.backend.inventory().map_err(ServiceError::Inventory)?;
+        let boundaries = Boundaries::new();
+        // Every backend call of the service, on whatever thread, goes
+        // through the `gpu_backend` boundary from here on.
+        let backend: SharedBackend = StdArc::new(GuardedBackend::new(
+            self.backend,
+            boundaries.backend.clone(),
+        ));
+        let inventory = backend.inventory().map_err(ServiceError::Inventory)?;
         let installed: Vec<DeviceOrdinal> = inventory.iter().map(|f| f.ordinal).collect();
         for ordinal in self.devices.ordinals() {
             if !installed.contains(&ordinal) {
@@ -218,12 +232,15 @@ impl QueryServiceBuilder {
             .devices
             .ordinals()
             .into_iter()
-            .map(|d| (d, StdArc::new(DeviceWorker::spawn(d))))
+            .map(|d| {
+                let worker = DeviceWorker::spawn_with(d, boundaries.worker.clone());
+                (d, StdArc::new(worker))
+            })
             .collect();
         let core = AdmissionCore::new(&self.devices, self.bounds);
         Ok(QueryService {
             inner: StdArc::new(Inner {
-                backend: self.backend,
+                backend,
                 devices: self.devices,
                 issuer: self.issuer.unwrap_or_default(),
                 workers,
@@ -233,6 +250,7 @@ impl QueryServiceBuilder {
                 }),
                 preflight: self.preflight,
                 observer: self.observer,
+                boundaries,
                 epoch: Instant::now(),
             }),
         })
@@ -328,12 +346,16 @@ impl QueryService {
     }
 
     /// The queue and devices now: depth, pending preflights, every waiter's
-    /// sequence, age, overtakes and protection, and a summary per device.
+    /// sequence, age, overtakes and protection, a summary per device, and
+    /// the health of every component that calls user code (observer,
+    /// preflight, teardown hooks, backend, device workers).
     pub fn admission_snapshot(&self) -> AdmissionSnapshot {
         let inner = &self.inner;
         let now = Instant::now();
         let depth = |d| inner.worker_depth(d);
-        inner.state.lock().core.snapshot(now, &depth)
+        let mut snapshot = inner.state.lock().core.snapshot(now, &depth);
+        snapshot.health = inner.boundaries.health();
+        snapshot
     }
 
     /// Every ledger's report, in ordinal order: the authoritative view of
@@ -440,6 +462,7 @@ pub(crate) struct Inner {
     state: Mutex<State>,
     preflight: Option<Box<PreflightHook>>,
     observer: Option<Box<ObserverHook>>,
+    boundaries: Boundaries,
     epoch: Instant,
 }
 
@@ -513,10 +536,14 @@ impl Inner {
         result
     }
 
+    /// Hands each record to the observer behind its panic boundary: a
+    /// panic drops that record and nothing else. Never called under the
+    /// lock, and always after the transaction's effects are in place, so a
+    /// panic here cannot leave a reservation or a grant behind.
     fn deliver(&self, records: Vec<Observation>) {
         if let Some(observer) = &self.observer {
             for record in &records {
-                observer(record);
+                let _ = self.boundaries.observer.call(|| observer(record));
             }
         }
     }
@@ -859,30 +886,27 @@ async fn admit(ticket: AdmissionTicket) -> Result<QueryHandle, GpuAdmitError> {
     };
     if let Some(preflight) = &inner.preflight {
         for device in &candidates {
-            let check = preflight(&PreflightRequest {
+            let request = PreflightRequest {
                 waiter,
                 device: *device,
                 proof: proof.clone(),
-            });
-            let outcome = match deadline {
-                Some(d) => tokio::time::timeout_at(d, check).await.ok(),
-                None => Some(check.await),
             };
-            match outcome {
-                Some(Ok(())) => {}
-                Some(Err(message)) => {
+            match run_preflight(&inner, preflight, &request, deadline).await {
+                Preflight::Passed => {}
+                Preflight::Failed(message) => {
                     let error = GpuAdmitError::PreflightFailed {
                         device: Some(*device),
                         message,
                     };
                     return Err(guard.fail(error, true));
                 }
-                None => {
+                Preflight::Expired => {
                     let error = GpuAdmitError::DeadlineExceeded {
                         waited: Instant::now().saturating_duration_since(now),
                     };
                     return Err(guard.fail(error, false));
                 }
+                Preflight::NoTimer(error) => return Err(guard.fail(error, true)),
             }
         }
     }
@@ -937,7 +961,13 @@ async fn admit(ticket: AdmissionTicket) -> Result<QueryHandle, GpuAdmitError> {
         },
         report_sink: None,
     };
-    let built = AdmissionEnvelope::build(inner.backend.clone(), worker.clone(), spec).await;
+    let built = AdmissionEnvelope::build_with(
+        inner.backend.clone(),
+        worker.clone(),
+        spec,
+        inner.boundaries.teardown_hook.clone(),
+    )
+    .await;
     let Stage::Building(grant) = std::mem::replace(&mut guard.stage, Stage::Done) else {
         // Set just above and only taken here.
         return Err(GpuAdmitError::Cancelled);
@@ -981,6 +1011,8 @@ fn build_failure(
             error: error.clone(),
         },
         BuildError::WorkerGone(_) => GpuAdmitError::WorkerGone { device },
+        // No driver code: the build job itself panicked part-way.
+        BuildError::Interrupted { .. } => GpuAdmitError::DeviceFault { device, code: 0 },
         BuildError::InvalidBounds { .. } | BuildError::WrongWorker { .. } => {
             GpuAdmitError::EnvelopeInvalid {
                 message: error.to_string(),
@@ -990,15 +1022,102 @@ fn build_failure(
     (admit_error, isolation)
 }
 
-/// Waits for the waiter's outcome; at the deadline, withdraws it unless the
-/// outcome arrived first (checked in the same transaction).
+/// How one candidate's preflight ended.
+enum Preflight {
+    Passed,
+    /// The hook said no, or panicked (when called, polled or dropped).
+    Failed(String),
+    /// The deadline came first.
+    Expired,
+    /// It had to wait for a deadline, and there is no timer to keep it.
+    NoTimer(GpuAdmitError),
+}
+
+/// Runs the preflight hook for one candidate behind the `gpu_preflight`
+/// boundary: the call that makes the future, every poll of it, and its
+/// drop. A panic anywhere is that candidate's failed preflight, so the
+/// caller withdraws the reservation like any other rejection.
+async fn run_preflight(
+    inner: &Inner,
+    preflight: &PreflightHook,
+    request: &PreflightRequest,
+    deadline: Option<Instant>,
+) -> Preflight {
+    let boundary = &inner.boundaries.preflight;
+    let panicked = || {
+        Preflight::Failed(format!(
+            "the preflight panicked ({} in a row; see the gpu_preflight health)",
+            boundary.consecutive_panics()
+        ))
+    };
+    let Some(mut check) = boundary.call(|| preflight(request)) else {
+        return panicked();
+    };
+    let mut timer = None;
+    let outcome = poll_fn(|cx| {
+        match boundary.call(|| check.as_mut().poll(cx)) {
+            Some(Poll::Ready(Ok(()))) => return Poll::Ready(Preflight::Passed),
+            Some(Poll::Ready(Err(message))) => return Poll::Ready(Preflight::Failed(message)),
+            Some(Poll::Pending) => {}
+            None => return Poll::Ready(panicked()),
+        }
+        match poll_deadline(&mut timer, deadline, cx) {
+            Ok(false) => Poll::Pending,
+            Ok(true) => Poll::Ready(Preflight::Expired),
+            Err(error) => Poll::Ready(Preflight::NoTimer(error)),
+        }
+    })
+    .await;
+    // The future is user code down to its destructor.
+    if boundary.call(move || drop(check)).is_none() {
+        return panicked();
+    }
+    outcome
+}
+
+/// Polls the timer of `deadline`, creating it on the first call: whether
+/// the deadline has passed (`false` without a deadline). The timer is made
+/// only when a wait is really needed, so admissions that never wait work on
+/// any runtime; one that must wait on a runtime without a time driver gets
+/// [`GpuAdmitError::TimerUnavailable`] instead of tokio's panic.
+fn poll_deadline(
+    timer: &mut Option<Pin<Box<Sleep>>>,
+    deadline: Option<Instant>,
+    cx: &mut std::task::Context<'_>,
+) -> Result<bool, GpuAdmitError> {
+    let Some(deadline) = deadline else {
+        return Ok(false);
+    };
+    let timer = match timer {
+        Some(timer) => timer,
+        None => timer.insert(start_timer(deadline)?),
+    };
+    Ok(timer.as_mut().poll(cx).is_ready())
+}
+
+/// A tokio timer for `deadline`, or the typed error for a task that is not
+/// on a runtime with timers. tokio offers no query for its time driver, and
+/// `sleep_until` panics at creation without one; the panic is caught here,
+/// once per admission that has to wait on such a runtime (tokio's panic
+/// hook output included), and never escapes.
+fn start_timer(deadline: Instant) -> Result<Pin<Box<Sleep>>, GpuAdmitError> {
+    if tokio::runtime::Handle::try_current().is_err() {
+        return Err(GpuAdmitError::TimerUnavailable);
+    }
+    std::panic::catch_unwind(|| Box::pin(tokio::time::sleep_until(deadline)))
+        .map_err(|_| GpuAdmitError::TimerUnavailable)
+}
+
+/// Waits for the waiter's outcome; at the deadline (or when a deadline
+/// cannot be kept), withdraws it unless the outcome arrived first (checked
+/// in the same transaction).
 async fn wait(
     inner: &StdArc<Inner>,
     waiter: WaiterId,
     deadline: Option<Instant>,
     submitted: Instant,
 ) -> Result<MemoryGrant, GpuAdmitError> {
-    let mut sleep = pin!(deadline.map(tokio::time::sleep_until));
+    let mut timer = None;
     poll_fn(|cx| {
         {
             let mut state = inner.state.lock();
@@ -1008,15 +1127,12 @@ async fn wait(
             }
             state.wakers.insert(waiter.get(), cx.waker().clone());
         }
-        let expired = match sleep.as_mut().as_pin_mut() {
-            Some(sleep) => sleep.poll(cx).is_ready(),
-            None => false,
-        };
-        if !expired {
-            return Poll::Pending;
-        }
-        let error = GpuAdmitError::DeadlineExceeded {
-            waited: Instant::now().saturating_duration_since(submitted),
+        let error = match poll_deadline(&mut timer, deadline, cx) {
+            Ok(false) => return Poll::Pending,
+            Ok(true) => GpuAdmitError::DeadlineExceeded {
+                waited: Instant::now().saturating_duration_since(submitted),
+            },
+            Err(error) => error,
         };
         let outcome = inner.transact(|core, recorder| {
             let outcome = match core.take_outcome(waiter) {
@@ -1035,4 +1151,48 @@ async fn wait(
         Poll::Ready(outcome.0)
     })
     .await
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+    use crate::gpu::backend::sim::{SimBackend, SimDevice};
+    use crate::gpu::profile::{DeviceProfile, MemoryOwnership};
+
+    const GIB: u64 = 1 << 30;
+
+    #[tokio::test(start_paused = true)]
+    async fn wakers_are_kept_only_for_live_waiters() {
+        let gpu0 = DeviceOrdinal(0);
+        let profile = DeviceProfile::builder(gpu0)
+            .managed_capacity(16 * GIB)
+            .max_active_attempts(1)
+            .build()
+            .unwrap();
+        let devices =
+            DeviceSet::new(vec![profile], vec![MemoryOwnership::exclusive(gpu0)]).unwrap();
+        let bounds = QueueBounds::new(64, Duration::from_secs(5), 4).unwrap();
+        let backend = StdArc::new(SimBackend::new([SimDevice::new(0, 64 * GIB)]));
+        let service = QueryService::new(backend, devices, bounds).unwrap();
+        let held = service.admit_resources(GIB).await.unwrap();
+        let mut cancelled: Vec<_> = (0..8)
+            .map(|_| Box::pin(service.admit_resources(GIB)))
+            .collect();
+        for future in &mut cancelled {
+            assert!(futures::poll!(future).is_pending());
+        }
+        assert_eq!(service.inner.state.lock().wakers.len(), 8);
+        drop(cancelled);
+        let expiring: Vec<_> = (0..8)
+            .map(|_| tokio::spawn(service.admit_resources(GIB)))
+            .collect();
+        for task in expiring {
+            assert!(task.await.unwrap().is_err());
+        }
+        let mut granted = Box::pin(service.admit_resources(GIB));
+        assert!(futures::poll!(&mut granted).is_pending());
+        held.release().await;
+        granted.await.unwrap().release().await;
+        assert!(service.inner.state.lock().wakers.is_empty());
+    }
 }

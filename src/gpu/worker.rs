@@ -20,9 +20,16 @@
 //!   thread finishes the jobs already queued, and the handle joins it. A
 //!   handle dropped on its own thread (a job holding the last reference)
 //!   does not join itself.
-//! * **A gone thread is an error, not a panic.** If the thread has exited
-//!   (a job panicked), [`DeviceWorker::submit`] resolves to
-//!   [`WorkerGone`].
+//! * **A panicking job does not end the thread.** Each job runs behind a
+//!   panic boundary (`gpu_device_worker`): the panic is logged and counted, and the thread
+//!   goes on with the next job. A dead worker would read as a fault of
+//!   unknown reach (nothing could ever run on the device again, and its
+//!   clean-ups would be abandoned), which is far worse than one lost job.
+//! * **A lost result is typed, never a hang.** [`DeviceWorker::submit`]
+//!   resolves to [`JobError::Panicked`] when its job panicked, and to
+//!   [`JobError::Gone`] when the thread could not be started or was shut
+//!   down: the reply is sent by a guard that also answers when the job
+//!   unwinds.
 
 use std::fmt;
 use std::future::Future;
@@ -31,7 +38,8 @@ use std::thread::{JoinHandle, ThreadId};
 use tokio::sync::oneshot;
 
 use crate::gpu::backend::DeviceOrdinal;
-use crate::sync::{mpsc, Arc, AtomicU64, Mutex, Ordering};
+use crate::health::Boundary;
+use crate::sync::{mpsc, Arc, AtomicU64, Mutex, Ordering, StdArc};
 
 type Job = Box<dyn FnOnce() + Send + 'static>;
 
@@ -50,6 +58,76 @@ impl fmt::Display for WorkerGone {
 }
 
 impl std::error::Error for WorkerGone {}
+
+/// Why a job submitted with [`DeviceWorker::submit`] has no result.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum JobError {
+    /// The worker thread is gone: the job did not run.
+    Gone(WorkerGone),
+    /// The job panicked on the worker thread. The panic was caught there
+    /// and the thread serves the next job; what the job had done before it
+    /// panicked is unknown.
+    Panicked {
+        /// The worker's device.
+        device: DeviceOrdinal,
+    },
+}
+
+impl fmt::Display for JobError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            JobError::Gone(gone) => write!(f, "{gone}"),
+            JobError::Panicked { device } => {
+                write!(f, "a job on the worker thread of {device} panicked")
+            }
+        }
+    }
+}
+
+impl std::error::Error for JobError {}
+
+impl From<WorkerGone> for JobError {
+    fn from(gone: WorkerGone) -> Self {
+        JobError::Gone(gone)
+    }
+}
+
+/// The sending half of a job's reply: answers `None` if dropped unsent,
+/// which happens only when the job unwinds, so the waiting side learns
+/// that the result is lost instead of waiting for it.
+pub(crate) struct Reply<T> {
+    sender: Option<oneshot::Sender<Option<T>>>,
+}
+
+impl<T> Reply<T> {
+    /// A reply and the receiver it answers.
+    pub(crate) fn channel() -> (Self, oneshot::Receiver<Option<T>>) {
+        let (sender, receiver) = oneshot::channel();
+        (
+            Reply {
+                sender: Some(sender),
+            },
+            receiver,
+        )
+    }
+
+    /// Sends `value`; gives it back if the receiver is gone (always as
+    /// `Some`: the option is the channel's, not the caller's).
+    pub(crate) fn send(mut self, value: T) -> Result<(), Option<T>> {
+        match self.sender.take() {
+            Some(sender) => sender.send(Some(value)),
+            None => Err(Some(value)),
+        }
+    }
+}
+
+impl<T> Drop for Reply<T> {
+    fn drop(&mut self) {
+        if let Some(sender) = self.sender.take() {
+            let _ = sender.send(None);
+        }
+    }
+}
 
 /// One OS thread running a device's blocking backend calls in FIFO order.
 /// See the [module documentation](self).
@@ -74,6 +152,12 @@ impl DeviceWorker {
     /// Starts the worker thread of `device`. If the OS refuses a thread, the
     /// worker exists without one and every submission is [`WorkerGone`].
     pub fn spawn(device: DeviceOrdinal) -> Self {
+        Self::spawn_with(device, StdArc::new(crate::gpu::guard::worker_boundary()))
+    }
+
+    /// [`spawn`](Self::spawn), with the panic boundary each job runs behind
+    /// (the service shares one among its workers).
+    pub(crate) fn spawn_with(device: DeviceOrdinal, boundary: StdArc<Boundary>) -> Self {
         let (sender, receiver) = mpsc::channel::<Job>();
         let depth = Arc::new(AtomicU64::new(0));
         let thread_depth = depth.clone();
@@ -81,7 +165,9 @@ impl DeviceWorker {
             .name(format!("admission-{device}"))
             .spawn(move || {
                 while let Ok(job) = receiver.recv() {
-                    job();
+                    // A panic is logged and counted by the boundary; the
+                    // job's reply guard tells its waiter.
+                    let _ = boundary.call(job);
                     thread_depth.fetch_sub(1, Ordering::AcqRel);
                 }
             });
@@ -133,21 +219,27 @@ impl DeviceWorker {
 
     /// Queues `job` and returns a future of its result. The job is queued
     /// at once (not when the future is first polled); dropping the future
-    /// does not cancel it.
+    /// does not cancel it. A job that panics resolves to
+    /// [`JobError::Panicked`]; the thread goes on.
     pub fn submit<T: Send + 'static>(
         &self,
         job: impl FnOnce() -> T + Send + 'static,
-    ) -> impl Future<Output = Result<T, WorkerGone>> + Send + 'static {
+    ) -> impl Future<Output = Result<T, JobError>> + Send + 'static {
         let device = self.device;
-        let (tx, rx) = oneshot::channel();
+        let (reply, rx) = Reply::channel();
         let queued = self.submit_detached(move || {
             // The receiver may be gone (a cancelled caller); the job ran
             // anyway, which is what the caller's rollback relies on.
-            let _ = tx.send(job());
+            let _ = reply.send(job());
         });
         async move {
             queued?;
-            rx.await.map_err(|_| WorkerGone { device })
+            match rx.await {
+                Ok(Some(value)) => Ok(value),
+                Ok(None) => Err(JobError::Panicked { device }),
+                // The job was dropped unrun: the thread is gone.
+                Err(_) => Err(JobError::Gone(WorkerGone { device })),
+            }
         }
     }
 
@@ -191,18 +283,32 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_dead_thread_is_a_typed_error() {
-        let worker = DeviceWorker::spawn(DeviceOrdinal(3));
+    async fn a_panicking_job_is_a_typed_error_and_the_thread_goes_on() {
+        let boundary = StdArc::new(crate::gpu::guard::worker_boundary());
+        let worker = DeviceWorker::spawn_with(DeviceOrdinal(3), boundary.clone());
         let panicked = worker.submit(|| -> u32 { panic!("job panics") });
         assert_eq!(
             panicked.await,
-            Err(WorkerGone {
+            Err(JobError::Panicked {
                 device: DeviceOrdinal(3)
             })
         );
-        // The thread is gone now: later jobs fail instead of hanging.
-        let later = worker.submit(|| 1);
-        assert!(later.await.is_err());
+        assert_eq!(boundary.health().panics, 1);
+        // The thread serves the next job, in order.
+        assert_eq!(worker.submit(|| 1).await, Ok(1));
+        assert!(boundary.health().is_healthy());
+    }
+
+    #[tokio::test]
+    async fn a_shut_down_worker_is_a_typed_error() {
+        let worker = DeviceWorker::spawn(DeviceOrdinal(3));
+        worker.shutdown();
+        assert_eq!(
+            worker.submit(|| 1).await,
+            Err(JobError::Gone(WorkerGone {
+                device: DeviceOrdinal(3)
+            }))
+        );
     }
 
     #[test]

@@ -15,7 +15,9 @@
 //!   device) are only ever called from the device's worker thread, never from
 //!   a tokio worker.
 //! * A method never panics on bad input: an unknown id is
-//!   [`BackendError::UnknownHandle`].
+//!   [`BackendError::UnknownHandle`]. The query service still calls every
+//!   method behind a panic boundary, and a panic that escapes one is
+//!   [`BackendError::Panicked`], a failed operation of that attempt.
 //! * [`GpuBackend::alloc`] is called only after the crate's allocation domain
 //!   has reserved the bytes against the grant ceiling, so a backend does no
 //!   byte arithmetic of its own; it may add a driver-level cap (a memory pool
@@ -238,6 +240,14 @@ pub enum BackendError {
         /// The driver's description of the code.
         message: String,
     },
+    /// The backend panicked in this operation. The panic was caught (see
+    /// the GPU module's failure model): the operation counts as failed for
+    /// the attempt that made it, like a [`Driver`](Self::Driver) error, and
+    /// is not taken as evidence about the device.
+    Panicked {
+        /// The operation that panicked.
+        op: BackendOp,
+    },
     /// An error that may have corrupted device state (a sticky CUDA error
     /// such as an illegal address seen at stream synchronization).
     Fault {
@@ -285,6 +295,9 @@ impl fmt::Display for BackendError {
             ),
             BackendError::Driver { op, code, message } => {
                 write!(f, "{op} failed with driver error {code}: {message}")
+            }
+            BackendError::Panicked { op } => {
+                write!(f, "the backend panicked in {op}; the operation failed")
             }
             BackendError::Fault {
                 op,
