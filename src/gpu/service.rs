@@ -1096,16 +1096,11 @@ fn poll_deadline(
 }
 
 /// A tokio timer for `deadline`, or the typed error for a task that is not
-/// on a runtime with timers. tokio offers no query for its time driver, and
-/// `sleep_until` panics at creation without one; the panic is caught here,
-/// once per admission that has to wait on such a runtime (tokio's panic
-/// hook output included), and never escapes.
+/// on a runtime with timers (see `crate::timer`).
 fn start_timer(deadline: Instant) -> Result<Pin<Box<Sleep>>, GpuAdmitError> {
-    if tokio::runtime::Handle::try_current().is_err() {
-        return Err(GpuAdmitError::TimerUnavailable);
-    }
-    std::panic::catch_unwind(|| Box::pin(tokio::time::sleep_until(deadline)))
-        .map_err(|_| GpuAdmitError::TimerUnavailable)
+    crate::timer::sleep_until(deadline)
+        .map(Box::pin)
+        .ok_or(GpuAdmitError::TimerUnavailable)
 }
 
 /// Waits for the waiter's outcome; at the deadline (or when a deadline
