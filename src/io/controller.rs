@@ -99,10 +99,10 @@ impl IoController {
             }),
         });
         let ticker = if manual {
-            Ticker::manual()
+            Ticker::manual("io_ticker")
         } else {
             let core = core.clone();
-            Ticker::spawn("admission-io-ticker", move || {
+            Ticker::spawn("admission-io-ticker", "io_ticker", UNLOADED_TICK, move || {
                 core.tick(Instant::now()).next_tick
             })
             .map_err(|error| {
