@@ -248,7 +248,10 @@ fn the_sampler_thread_survives_a_signal_that_always_panics() {
     let snapshot = controller.snapshot();
     assert!(snapshot.ticks >= 3, "{snapshot:?}");
     assert!(snapshot.signal.panics >= 4, "{snapshot:?}");
-    assert!(snapshot.sampler.is_healthy(), "each panic caught at the signal");
+    assert!(
+        snapshot.sampler.is_healthy(),
+        "each panic caught at the signal"
+    );
     assert_eq!(snapshot.mode, Mode::Active);
     controller.close();
 }

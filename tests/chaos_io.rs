@@ -49,8 +49,14 @@ async fn one_huge_correction_leaves_a_bounded_debt() {
     for _ in 0..61 {
         queues.add_tokens(1_000, 1_000);
     }
-    assert!(matches!(writer.poll(), Poll::Ready(Ok(_))), "regular writer");
-    assert!(matches!(elastic.poll(), Poll::Ready(Ok(_))), "elastic writer");
+    assert!(
+        matches!(writer.poll(), Poll::Ready(Ok(_))),
+        "regular writer"
+    );
+    assert!(
+        matches!(elastic.poll(), Poll::Ready(Ok(_))),
+        "elastic writer"
+    );
 }
 
 #[tokio::test(start_paused = true)]
@@ -102,7 +108,12 @@ async fn refills_of_u64_max_saturate_at_the_burst() {
     }
     assert_eq!(queue.snapshot().granter.available, 10);
     // The largest write there is still gets in, and pays what it can.
-    drop(queue.admit(write(Priority::NORMAL, u64::MAX)).await.unwrap());
+    drop(
+        queue
+            .admit(write(Priority::NORMAL, u64::MAX))
+            .await
+            .unwrap(),
+    );
     assert_eq!(queue.snapshot().granter.available, -600);
 }
 
@@ -115,7 +126,10 @@ fn a_token_burst_of_zero_is_refused_naming_the_field() {
     let error = TokenQueues::new(1, 0).expect_err("elastic burst 0");
     assert_eq!(error.field(), "elastic_burst");
     assert_eq!(TokenGranter::new(0).unwrap_err().field(), "burst");
-    assert_eq!(TokenGranter::pair(1, 0).unwrap_err().field(), "elastic_burst");
+    assert_eq!(
+        TokenGranter::pair(1, 0).unwrap_err().field(),
+        "elastic_burst"
+    );
 
     let queue = WorkQueue::tokens(5).unwrap();
     assert_eq!(queue.set_token_limit(Some(0)).unwrap_err().field(), "burst");
@@ -399,7 +413,11 @@ async fn without_a_history_the_safe_budget_is_the_configured_rate() {
         let tick = controller.step();
         assert!(tick.source_failed);
         let decision = tick.new_interval.unwrap();
-        assert_eq!(decision.regular, Tokens::Limited(MIB), "10 MiB/s over 100 ms");
+        assert_eq!(
+            decision.regular,
+            Tokens::Limited(MIB),
+            "10 MiB/s over 100 ms"
+        );
         assert_eq!(decision.elastic, Tokens::Limited(1));
         assert_eq!(controller.snapshot().failed_intervals, failed);
         tokio::time::advance(INTERVAL).await;
@@ -467,7 +485,11 @@ async fn a_failed_tick_reading_keeps_the_last_hold_until_the_interval_ends() {
     let tick = controller.step();
     assert!(tick.new_interval.is_some());
     assert!(!tick.elastic_held);
-    assert_eq!(tick.added_elastic, Some(1), "the interval's own budget flows");
+    assert_eq!(
+        tick.added_elastic,
+        Some(1),
+        "the interval's own budget flows"
+    );
 
     // Unheld before the failure: stays unheld.
     engine.tick_reading(Some(Reading::Returns));
@@ -522,7 +544,10 @@ fn the_ticker_thread_survives_a_source_that_always_panics() {
             .expect("the ticker keeps reading");
     }
     let snapshot = controller.snapshot();
-    assert!(snapshot.ticks > STATS_FAILURES_BEFORE_FALLBACK, "{snapshot:?}");
+    assert!(
+        snapshot.ticks > STATS_FAILURES_BEFORE_FALLBACK,
+        "{snapshot:?}"
+    );
     assert!(snapshot.on_safe_budget, "{snapshot:?}");
     assert!(snapshot.ticker.is_healthy(), "caught at the source");
     controller.close();

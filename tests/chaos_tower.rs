@@ -14,7 +14,16 @@ use admission::AdmitError;
 fn a_grpc_timeout_that_is_not_ascii_is_ignored_not_a_panic() {
     // Each ends in a multi-byte character, so the last byte is not a
     // character boundary: slicing one byte off the end would panic.
-    for value in ["5é", "1€", "99999999ñ", "é", "€€", "5m\u{301}", "２m", "5\u{1F600}"] {
+    for value in [
+        "5é",
+        "1€",
+        "99999999ñ",
+        "é",
+        "€€",
+        "5m\u{301}",
+        "２m",
+        "5\u{1F600}",
+    ] {
         assert_eq!(parse_grpc_timeout(value), None, "{value:?}");
     }
 }

@@ -237,7 +237,10 @@ fn an_unknown_key_under_admission_is_refused_naming_it() {
     let error = GpuConfig::from_toml(&toml, None).expect_err("unknown table");
     assert_eq!(error.field(), "admission", "{error}");
     assert!(error.to_string().contains("queus"), "{error}");
-    let toml = SAMPLE.replace("[admission.queue]", "[admission]\ncolour = 1\n\n[admission.queue]");
+    let toml = SAMPLE.replace(
+        "[admission.queue]",
+        "[admission]\ncolour = 1\n\n[admission.queue]",
+    );
     let error = GpuConfig::from_toml(&toml, None).expect_err("unknown key");
     assert!(error.to_string().contains("colour"), "{error}");
 }

@@ -333,7 +333,10 @@ impl TokenGranter {
     }
 
     /// `burst` if it is at least one, else a [`ConfigError`] naming `field`.
-    pub(crate) fn nonzero_burst(field: &'static str, burst: u64) -> Result<NonZeroU64, ConfigError> {
+    pub(crate) fn nonzero_burst(
+        field: &'static str,
+        burst: u64,
+    ) -> Result<NonZeroU64, ConfigError> {
         NonZeroU64::new(burst).ok_or_else(|| {
             ConfigError::new(
                 field,
@@ -372,7 +375,6 @@ impl TokenGranter {
         }
     }
 }
-
 
 impl Granter for TokenGranter {
     type State = TokenState;
@@ -514,11 +516,14 @@ mod tests {
         assert_eq!(tokens.snapshot(&TokenState).burst, 10, "left as it was");
     }
 
+    /// One row: a name, the tokens added first, the charges, the balance.
+    type DebtRow = (&'static str, i64, fn(&TokenGranter), i64);
+
     /// Burst 100: admissions and bypass stop at 60 bursts of debt,
     /// corrections at one.
     #[test]
     fn debt_is_bounded_per_kind_of_charge() {
-        let rows: &[(&str, i64, fn(&TokenGranter), i64)] = &[
+        let rows: &[DebtRow] = &[
             ("huge admission", 1, |t| assert!(take(t, u64::MAX)), -6_000),
             (
                 "huge bypass",

@@ -355,7 +355,9 @@ impl IoCore {
         }
         ticking.failed_intervals = ticking.failed_intervals.saturating_add(1);
         let failed = ticking.failed_intervals;
-        let previous = ticking.last.filter(|_| failed < STATS_FAILURES_BEFORE_FALLBACK);
+        let previous = ticking
+            .last
+            .filter(|_| failed < STATS_FAILURES_BEFORE_FALLBACK);
         let tokens = previous.unwrap_or_else(|| {
             // Half the compaction throughput last seen is the listener's
             // most conservative regular budget for a store it can read.

@@ -56,7 +56,9 @@ impl WorkQueue<TokenGranter> {
     /// once. `Some(0)` is refused with a [`ConfigError`] naming `burst`, and
     /// changes nothing.
     pub fn set_token_limit(&self, burst: Option<u64>) -> Result<(), ConfigError> {
-        let burst = burst.map(|burst| TokenGranter::nonzero_burst("burst", burst)).transpose()?;
+        let burst = burst
+            .map(|burst| TokenGranter::nonzero_burst("burst", burst))
+            .transpose()?;
         self.apply_token_limit(burst);
         Ok(())
     }
@@ -191,7 +193,11 @@ impl TokenQueues {
     /// makes it unlimited (and grants its waiters). A burst of zero is
     /// refused with a [`ConfigError`] naming `regular_burst` or
     /// `elastic_burst`, and changes neither class.
-    pub fn set_limits(&self, regular: Option<u64>, elastic: Option<u64>) -> Result<(), ConfigError> {
+    pub fn set_limits(
+        &self,
+        regular: Option<u64>,
+        elastic: Option<u64>,
+    ) -> Result<(), ConfigError> {
         let regular = regular
             .map(|burst| TokenGranter::nonzero_burst("regular_burst", burst))
             .transpose()?;
