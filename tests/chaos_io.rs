@@ -474,17 +474,31 @@ async fn a_failed_tick_reading_keeps_the_last_hold_until_the_interval_ends() {
     assert!(controller.step().elastic_held);
 
     engine.tick_reading(Some(Reading::Panics));
-    for _ in 0..3 {
+    for tick in 0..3 {
         tokio::time::advance(Duration::from_millis(1)).await;
-        let tick = controller.step();
-        assert!(tick.source_failed);
-        assert!(tick.elastic_held, "no reading: the last decision stands");
+        let tick_result = controller.step();
+        assert_eq!(tick_result.source_failed, tick == 0, "retried later");
+        assert!(
+            tick_result.elastic_held,
+            "no reading: the last decision stands"
+        );
     }
+    let tick_source = controller.snapshot().tick_source;
+    assert_eq!(tick_source.component, "lsm_stats_source_tick");
+    assert_eq!(tick_source.panics, 1, "not called again within 250 ms");
+    assert!(
+        controller.health().is_healthy(),
+        "the interval reading works"
+    );
     // A new interval starts unheld, even while tick readings fail.
     tokio::time::advance(INTERVAL).await;
     let tick = controller.step();
     assert!(tick.new_interval.is_some());
     assert!(!tick.elastic_held);
+    // 250 ms after the failure, the tick reading is tried again.
+    tokio::time::advance(Duration::from_millis(250) - INTERVAL).await;
+    assert!(controller.step().source_failed);
+    assert_eq!(controller.snapshot().tick_source.panics, 2);
     assert_eq!(
         tick.added_elastic,
         Some(1),

@@ -89,8 +89,9 @@ struct Ticking {
     /// Whether the latest tick held elastic tokens: kept by a tick whose
     /// reading failed; false at the start of every interval.
     elastic_held: bool,
+    /// When the tick reading last panicked.
+    tick_reading_failed_at: Option<Instant>,
     ticks: u64,
-    last_tick: Option<Instant>,
 }
 
 /// The IO controller's state at one moment.
@@ -132,7 +133,8 @@ pub struct IoTick {
     /// failed, the previous tick's did).
     pub elastic_held: bool,
     /// Whether a call of the stats source panicked during this tick (the
-    /// interval's or the tick's reading); see the
+    /// interval's or the tick's reading; a failing tick reading is retried
+    /// every [`UNLOADED_TICK`], not called in between); see the
     /// [failure model](crate::io#failure-model).
     pub source_failed: bool,
     /// How long until the next tick.
@@ -168,8 +170,8 @@ impl IoController {
                 last_measured: None,
                 failed_intervals: 0,
                 elastic_held: false,
+                tick_reading_failed_at: None,
                 ticks: 0,
-                last_tick: None,
             }),
         });
         let ticker = if manual {
@@ -269,7 +271,6 @@ impl IoCore {
     fn tick(&self, now: Instant) -> IoTick {
         let mut ticking = self.ticking.lock();
         ticking.ticks = ticking.ticks.saturating_add(1);
-        ticking.last_tick = Some(now);
         let due = ticking
             .interval_started
             .is_none_or(|started| now.saturating_duration_since(started) >= self.interval);
@@ -284,13 +285,27 @@ impl IoCore {
         }
         // A cheap reading every tick: a flush backlog or an L0 pile-up
         // builds up within a fraction of an interval, and the engine then
-        // stalls every writer.
-        let elastic_held = match self.tick_boundary.call(|| ticking.source.tick_stats()) {
+        // stalls every writer. While it fails it is retried every
+        // UNLOADED_TICK, not every millisecond: a reader that always panics
+        // then costs four caught panics a second, not a thousand.
+        let retry_due = self.tick_boundary.consecutive_panics() == 0
+            || ticking
+                .tick_reading_failed_at
+                .is_none_or(|failed| now.saturating_duration_since(failed) >= UNLOADED_TICK);
+        let reading = if retry_due {
+            self.tick_boundary.call(|| ticking.source.tick_stats())
+        } else {
+            None
+        };
+        let elastic_held = match reading {
             Some(Some(reading)) => ticking.listener.holds_elastic(&reading),
             Some(None) => false,
             // No reading: this tick makes no decision of its own.
             None => {
-                source_failed = true;
+                if retry_due {
+                    source_failed = true;
+                    ticking.tick_reading_failed_at = Some(now);
+                }
                 ticking.elastic_held
             }
         };
