@@ -229,3 +229,18 @@ fn an_unknown_key_error_names_the_key() {
     assert!(error.to_string().contains("colour"), "{error}");
     assert!(error.to_string().contains("entry 0"), "{error}");
 }
+
+#[test]
+fn an_unknown_key_under_admission_is_refused_naming_it() {
+    // A misspelt table would otherwise be ignored and its settings lost.
+    let toml = format!("{SAMPLE}\n[admission.queus]\nmax_pending = 1\n");
+    let error = GpuConfig::from_toml(&toml, None).expect_err("unknown table");
+    assert_eq!(error.field(), "admission", "{error}");
+    assert!(error.to_string().contains("queus"), "{error}");
+    let toml = SAMPLE.replace(
+        "[admission.queue]",
+        "[admission]\ncolour = 1\n\n[admission.queue]",
+    );
+    let error = GpuConfig::from_toml(&toml, None).expect_err("unknown key");
+    assert!(error.to_string().contains("colour"), "{error}");
+}

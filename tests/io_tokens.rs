@@ -28,7 +28,7 @@ fn write(tenant: u64) -> WorkInfo {
 #[tokio::test(start_paused = true)]
 async fn l0_debt_stays_bounded_near_the_threshold_while_writers_are_backlogged() {
     let mut listener = IoLoadListener::new(IoLoadConfig::default()).unwrap();
-    let queue = WorkQueue::tokens(0).unwrap();
+    let queue = WorkQueue::tokens(1).unwrap();
     let mut stats = LsmStats::default();
     let mut waiting: Vec<Spawn<Admit<TokenGranter>>> = Vec::new();
     let mut sublevels_seen = Vec::new();
@@ -37,11 +37,11 @@ async fn l0_debt_stays_bounded_near_the_threshold_while_writers_are_backlogged()
         let tokens = listener.next_interval(&stats);
         let mut drip = match tokens.regular {
             Tokens::Unlimited => {
-                queue.set_token_limit(None);
+                queue.set_token_limit(None).unwrap();
                 None
             }
             Tokens::Limited(total) => {
-                queue.set_token_limit(Some(total / 60 + WRITE));
+                queue.set_token_limit(Some(total / 60 + WRITE)).unwrap();
                 Some(TokenDrip::new(total, 60))
             }
         };
@@ -101,7 +101,7 @@ async fn l0_debt_stays_bounded_near_the_threshold_while_writers_are_backlogged()
 #[tokio::test(start_paused = true)]
 async fn tokens_go_to_waiters_in_order_and_corrections_settle_without_blocking() {
     let queue = WorkQueue::tokens(1_000).unwrap();
-    queue.set_token_limit(Some(1_000));
+    queue.set_token_limit(Some(1_000)).unwrap();
     let mut first = tokio_test::task::spawn(queue.admit(write_of(1, 300)));
     let mut second = tokio_test::task::spawn(queue.admit(write_of(2, 300)));
     assert!(
@@ -231,7 +231,7 @@ fn work(tenant: u64, priority: Priority, bytes: u64) -> WorkInfo {
 #[tokio::test]
 async fn elastic_work_waits_in_its_own_queue_and_gets_what_regular_work_leaves() {
     let queues = TokenQueues::new(10_000, 10_000).unwrap();
-    queues.set_limits(Some(10_000), Some(10_000));
+    queues.set_limits(Some(10_000), Some(10_000)).unwrap();
 
     // Nothing banked: one writer of each class waits.
     let mut bulk = tokio_test::task::spawn(queues.admit(work(1, Priority::BULK_NORMAL, 300)));
@@ -291,7 +291,7 @@ async fn elastic_work_waits_in_its_own_queue_and_gets_what_regular_work_leaves()
     assert_eq!(queues.elastic().snapshot().granter.available, 400 - 1 - 1);
 
     // Lifting the regular limit alone does not lift the elastic one.
-    queues.set_limits(None, Some(10_000));
+    queues.set_limits(None, Some(10_000)).unwrap();
     assert!(queues.regular().snapshot().granter.unlimited);
     assert!(!queues.elastic().snapshot().granter.unlimited);
 }
@@ -302,7 +302,7 @@ async fn elastic_work_waits_in_its_own_queue_and_gets_what_regular_work_leaves()
 #[tokio::test]
 async fn a_grant_dropped_unseen_returns_its_tokens() {
     let queues = TokenQueues::new(1_000, 1_000).unwrap();
-    queues.set_limits(Some(1_000), Some(1_000));
+    queues.set_limits(Some(1_000), Some(1_000)).unwrap();
     let mut gone = tokio_test::task::spawn(queues.admit(work(1, Priority::NORMAL, 50)));
     assert!(gone.poll().is_pending());
     queues.add_tokens(10, 10);

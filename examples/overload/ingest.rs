@@ -124,6 +124,7 @@ impl Settings {
                 // fjall halts every writer from four sealed memtables; bulk
                 // writes are held back from two.
                 memtable_stop_threshold: Some(FJALL_MEMTABLE_STOP),
+                ..IoLoadConfig::default()
             },
         }
     }

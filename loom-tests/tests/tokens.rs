@@ -23,7 +23,7 @@ fn write(tenant: u64, bytes: u64) -> WorkInfo {
 fn refill_and_correction_race_a_waiting_take() {
     model(|| {
         let queue = WorkQueue::tokens(100).unwrap();
-        queue.set_token_limit(Some(100));
+        queue.set_token_limit(Some(100)).unwrap();
         let mut waiter = Box::pin(queue.admit(write(1, 3)));
         let polled = waiter
             .as_mut()
@@ -59,7 +59,7 @@ fn refill_and_correction_race_a_waiting_take() {
 fn a_refill_wakes_a_blocked_writer() {
     model(|| {
         let queue = WorkQueue::tokens(100).unwrap();
-        queue.set_token_limit(Some(100));
+        queue.set_token_limit(Some(100)).unwrap();
         let writer = {
             let queue = queue.clone();
             thread::spawn(move || {
@@ -96,7 +96,7 @@ fn a_two_class_refill_wakes_a_blocked_elastic_writer() {
 
     model(|| {
         let queues = TokenQueues::new(100, 100).unwrap();
-        queues.set_limits(Some(100), Some(100));
+        queues.set_limits(Some(100), Some(100)).unwrap();
         let bulk = {
             let queues = queues.clone();
             thread::spawn(move || {

@@ -53,6 +53,9 @@ pub enum Hold {
     SlotsFree,
     /// The controller is idle and does not enforce or adjust.
     Idle,
+    /// The signal panicked: no sample, so the total is held (and
+    /// enforced) until it returns one.
+    SignalFailed,
 }
 
 impl fmt::Display for Adjustment {

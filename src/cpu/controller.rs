@@ -1,5 +1,7 @@
 //! The CPU controller: one object that owns the slot queue, the signal, the
 //! adjuster and the sampler thread.
+//!
+//! Its failure model is in the [module documentation](super#failure-model).
 
 use std::collections::VecDeque;
 use std::fmt;
@@ -15,6 +17,7 @@ use super::idle::{IdleDetector, Mode};
 use super::signal::{CpuLoad, CpuSignal, RuntimeSignal, SignalSource};
 use crate::error::ConfigError;
 use crate::grant::{SlotGranter, SlotSnapshot};
+use crate::health::{Boundary, ComponentHealth};
 use crate::observe::QueueSnapshot;
 use crate::queue::{Admit, WorkQueue, WorkQueueBuilder};
 use crate::sync::{Arc, Mutex};
@@ -25,6 +28,16 @@ use crate::work::WorkInfo;
 const RECENT_DECISIONS: usize = 32;
 /// How often the sampler refreshes the tokio-metrics runtime summary.
 const RUNTIME_SUMMARY_EVERY: Duration = Duration::from_millis(100);
+/// The sampler thread's component name.
+const SAMPLER: &str = "cpu_sampler";
+/// The signal's fallback, for health records.
+const SIGNAL_ON_FAILURE: &str =
+    "fails closed: enforcing, the slot total held, retried every idle period";
+/// The smallest and largest expected length of one task poll for the
+/// stable probe: below a microsecond every delay reads as a huge backlog,
+/// above a second none ever reads as one.
+const POLL_ESTIMATE_RANGE: std::ops::RangeInclusive<Duration> =
+    Duration::from_micros(1)..=Duration::from_secs(1);
 
 /// Admission control for CPU: a slot [`WorkQueue`] whose total follows the
 /// runtime's run-queue depth.
@@ -68,6 +81,8 @@ struct Core {
     idle_period: Duration,
     started: Instant,
     source: Option<SignalSource>,
+    /// The panic boundary around the signal, the only user code in a tick.
+    signal_boundary: Boundary,
     ticking: Mutex<Ticking>,
 }
 
@@ -95,6 +110,8 @@ enum SignalChoice {
 
 #[derive(Default)]
 struct Stats {
+    ticks: u64,
+    last_tick: Option<Instant>,
     samples: u64,
     increases: u64,
     decreases: u64,
@@ -107,8 +124,9 @@ struct Stats {
 /// One tick's outcome.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Tick {
-    /// The sample the tick acted on.
-    pub load: CpuLoad,
+    /// The sample the tick acted on; `None` when the signal panicked (the
+    /// tick then held the total, [`Hold::SignalFailed`], and enforced).
+    pub load: Option<CpuLoad>,
     /// The mode after the sample.
     pub mode: Mode,
     /// What the adjuster decided.
@@ -152,11 +170,17 @@ pub struct ControllerSnapshot {
     pub mode: Mode,
     /// Which runtime measurement feeds the signal (`None` for an injected signal).
     pub source: Option<SignalSource>,
-    /// The latest sample.
+    /// The latest sample the signal returned.
     pub load: Option<CpuLoad>,
     /// The latest decision.
     pub last_adjustment: Option<Adjustment>,
-    /// Samples taken.
+    /// Ticks run, including those whose sample failed: while it grows, the
+    /// sampler is alive.
+    pub ticks: u64,
+    /// When the latest tick ran, as time since the controller started.
+    pub last_tick: Option<Duration>,
+    /// Samples the signal returned (ticks whose sample panicked are not
+    /// counted).
     pub samples: u64,
     /// Slot increases so far.
     pub increases: u64,
@@ -168,6 +192,12 @@ pub struct ControllerSnapshot {
     pub runtime: Option<RuntimeSummary>,
     /// The queue, including slots used and total.
     pub queue: QueueSnapshot<SlotSnapshot>,
+    /// The signal's health: panics caught, and whether it is failing now
+    /// (the controller then enforces with the total held).
+    pub signal: ComponentHealth,
+    /// The sampler thread's health: ticks that panicked as a whole (none
+    /// expected; always healthy for a manual controller).
+    pub sampler: ComponentHealth,
 }
 
 impl Controller {
@@ -214,12 +244,18 @@ impl Controller {
             source: self.core.source,
             load: stats.last_load,
             last_adjustment: stats.last_adjustment,
+            ticks: stats.ticks,
+            last_tick: stats
+                .last_tick
+                .map(|at| at.saturating_duration_since(self.core.started)),
             samples: stats.samples,
             increases: stats.increases,
             decreases: stats.decreases,
             recent: stats.recent.iter().copied().collect(),
             runtime: stats.runtime,
             queue: self.core.queue.snapshot(),
+            signal: self.core.signal_boundary.health(),
+            sampler: self.sampler.health(),
         }
     }
 
@@ -257,8 +293,13 @@ impl Core {
             runtime,
             stats,
         } = &mut *ticking;
-        let load = signal.sample();
+        let sampled = self.signal_boundary.call(|| signal.sample());
         let now = Instant::now();
+        stats.ticks = stats.ticks.saturating_add(1);
+        stats.last_tick = Some(now);
+        let Some(load) = sampled else {
+            return self.fail_closed(idle, stats, now);
+        };
         let mode_before = idle.mode();
         let mode = idle.observe(load.per_worker(), now);
         if mode != mode_before {
@@ -286,12 +327,12 @@ impl Core {
         self.queue.record_metrics();
         crate::export::cpu(load.per_worker(), mode == Mode::Idle);
 
-        stats.samples += 1;
+        stats.samples = stats.samples.saturating_add(1);
         stats.last_load = Some(load);
         stats.last_adjustment = Some(adjustment);
         match adjustment {
-            Adjustment::Increase => stats.increases += 1,
-            Adjustment::Decrease => stats.decreases += 1,
+            Adjustment::Increase => stats.increases = stats.increases.saturating_add(1),
+            Adjustment::Decrease => stats.decreases = stats.decreases.saturating_add(1),
             Adjustment::Hold(_) => {}
         }
         if !matches!(adjustment, Adjustment::Hold(_)) {
@@ -323,18 +364,47 @@ impl Core {
             }
         }
         Tick {
-            load,
+            load: Some(load),
             mode,
             adjustment,
             slots_before,
         }
     }
 
-    /// One tick of the sampler thread; returns how long to sleep.
+    /// The tick of a sample that panicked: enforce, hold the total; see the
+    /// module's failure model.
+    fn fail_closed(&self, idle: &mut IdleDetector, stats: &mut Stats, now: Instant) -> Tick {
+        if idle.mode() == Mode::Idle {
+            idle.force_active(now);
+            self.queue.set_enforcing(true);
+            tracing::warn!(
+                target: "admission",
+                "CPU signal failed while idle: enforcing the slot total again"
+            );
+        }
+        let adjustment = Adjustment::Hold(Hold::SignalFailed);
+        stats.last_adjustment = Some(adjustment);
+        // Waiters' deadlines and the fairness reset do not depend on the
+        // signal: they go on.
+        self.queue.maintain();
+        self.queue.record_metrics();
+        Tick {
+            load: None,
+            mode: Mode::Active,
+            adjustment,
+            slots_before: self.queue.granter_snapshot(),
+        }
+    }
+
+    /// One tick of the sampler thread; returns how long to sleep: the
+    /// period while active, the idle period while idle or while the signal
+    /// fails.
     fn sample(&self) -> Duration {
-        match self.tick().mode {
-            Mode::Active => self.period,
-            Mode::Idle => self.idle_period,
+        let mode = self.tick().mode;
+        if mode == Mode::Idle || self.signal_boundary.consecutive_panics() > 0 {
+            self.idle_period
+        } else {
+            self.period
         }
     }
 }
@@ -440,8 +510,10 @@ impl ControllerBuilder {
 
     /// For a controller built [`for_runtime`](Controller::for_runtime) on
     /// stable tokio: the expected length of one task poll, which converts
-    /// the probe's scheduling delay into runnable tasks; see
-    /// [`RuntimeSignal::with_poll_estimate`]. No effect otherwise.
+    /// the probe's scheduling delay into runnable tasks (1 µs..=1 s); see
+    /// [`RuntimeSignal::with_poll_estimate`]. Checked for every
+    /// runtime controller, used only on stable tokio; ignored with an
+    /// injected signal.
     pub fn poll_estimate(mut self, poll: Duration) -> Self {
         if let SignalChoice::Runtime { poll_estimate, .. } = &mut self.signal {
             *poll_estimate = poll;
@@ -471,7 +543,12 @@ impl ControllerBuilder {
             ),
             SignalChoice::Custom(signal) => (signal, None, None),
         };
-        let workers = signal.sample().workers.max(1);
+        let signal_boundary = Boundary::new("cpu_signal", SIGNAL_ON_FAILURE);
+        // A signal that panics here is counted, and the controller starts
+        // with the smallest defaults (one worker), failing closed.
+        let workers = signal_boundary
+            .call(|| signal.sample())
+            .map_or(1, |load| load.workers.max(1));
         let min_slots = self
             .min_slots
             .unwrap_or_else(|| u64::from(workers).min(self.max_slots));
@@ -508,6 +585,7 @@ impl ControllerBuilder {
             idle_period: self.idle_period,
             started: now,
             source,
+            signal_boundary,
             ticking: Mutex::new(Ticking {
                 signal,
                 idle: IdleDetector::new(self.idle_below, now),
@@ -516,10 +594,16 @@ impl ControllerBuilder {
             }),
         });
         let sampler = if self.manual {
-            Ticker::manual()
+            Ticker::manual(SAMPLER)
         } else {
             let core = core.clone();
-            Ticker::spawn("admission-cpu-sampler", move || core.sample()).map_err(|error| {
+            Ticker::spawn(
+                "admission-cpu-sampler",
+                SAMPLER,
+                self.idle_period,
+                move || core.sample(),
+            )
+            .map_err(|error| {
                 ConfigError::new(
                     "sampler",
                     format!("cannot start the sampler thread: {error}"),
@@ -530,6 +614,16 @@ impl ControllerBuilder {
     }
 
     fn validate(&self) -> Result<(), ConfigError> {
+        if let SignalChoice::Runtime { poll_estimate, .. } = &self.signal {
+            if !POLL_ESTIMATE_RANGE.contains(poll_estimate) {
+                return Err(ConfigError::new(
+                    "poll_estimate",
+                    format!(
+                        "{poll_estimate:?} is outside the accepted range {POLL_ESTIMATE_RANGE:?}"
+                    ),
+                ));
+            }
+        }
         if !(1..=1024).contains(&self.threshold) {
             return Err(ConfigError::out_of_range(
                 "threshold",

@@ -34,7 +34,7 @@ pub(crate) struct IdleDetector {
     below: f64,
     ewma: f64,
     window_sum: f64,
-    window_samples: u32,
+    window_samples: u64,
     window_start: Instant,
     mode: Mode,
 }
@@ -59,7 +59,7 @@ impl IdleDetector {
     pub(crate) fn observe(&mut self, per_worker: f64, now: Instant) -> Mode {
         self.ewma = 0.5 * self.ewma + 0.5 * per_worker;
         self.window_sum += per_worker;
-        self.window_samples += 1;
+        self.window_samples = self.window_samples.saturating_add(1);
         match self.mode {
             Mode::Idle if per_worker >= self.below => {
                 self.mode = Mode::Active;
@@ -68,7 +68,7 @@ impl IdleDetector {
             Mode::Idle => {}
             Mode::Active => {
                 if now.saturating_duration_since(self.window_start) >= WINDOW {
-                    let mean = self.window_sum / f64::from(self.window_samples);
+                    let mean = self.window_sum / self.window_samples as f64;
                     if mean < self.below && self.ewma < self.below {
                         self.mode = Mode::Idle;
                     }
@@ -77,6 +77,13 @@ impl IdleDetector {
             }
         }
         self.mode
+    }
+
+    /// Leaves idle mode without a sample (the signal failed): the caller
+    /// enforces again, and going idle takes a fresh quiet window.
+    pub(crate) fn force_active(&mut self, now: Instant) {
+        self.mode = Mode::Active;
+        self.restart_window(now);
     }
 
     fn restart_window(&mut self, now: Instant) {

@@ -18,6 +18,31 @@
 //! signal cannot be outrun by a burst of admissions. When the node is idle
 //! the sampler slows to 250 ms and stops enforcing ([`Mode`]).
 //!
+//! # Failure model
+//!
+//! **The signal** (component `cpu_signal`) is user code, called on the
+//! sampler thread every period and once at build (for the worker count).
+//! A panic is caught, logged and counted, and the controller **fails
+//! closed**: it enforces (leaving idle mode if it was there: an idle
+//! controller admits everything, and a controller that cannot see the load
+//! must not), holds the slot total where it is (no adjustment in either
+//! direction: the last total is the best estimate it has) and retries
+//! every idle period (250 ms by default) rather than every period, so a
+//! signal that always panics costs four caught panics a second, not a
+//! thousand. The first sample that returns resumes the normal rule; idle
+//! mode needs a fresh quiet second. A failure at build counts the runtime
+//! as one worker (the smallest defaults: one slot, a grant burst of one).
+//! [`ControllerSnapshot::signal`] shows the signal's health, and
+//! [`ticks`](ControllerSnapshot::ticks) and
+//! [`last_tick`](ControllerSnapshot::last_tick) show that the sampler is
+//! alive, failing or not.
+//!
+//! **The sampler thread** (component `cpu_sampler`) catches a panic of a
+//! whole tick as a last resort (it should have none: the signal is the only
+//! user code in a tick), counts it in [`ControllerSnapshot::sampler`] and
+//! tries again after the idle period; the thread never ends before the
+//! controller does.
+//!
 //! # The threshold on tokio
 //!
 //! Upstream uses 32 runnable goroutines per CPU. Tokio tasks are not

@@ -121,11 +121,14 @@ impl RuntimeSignal {
 
     /// Sets the expected length of one task poll that converts the stable
     /// probe's delay into runnable tasks (no effect with `tokio_unstable`).
-    /// Zero is treated as one microsecond.
+    /// Kept within 1 µs..=1 s (the range
+    /// [`ControllerBuilder::poll_estimate`](super::ControllerBuilder::poll_estimate)
+    /// accepts): zero would divide by zero, and an estimate of hours would
+    /// read every delay as no backlog at all.
     pub fn with_poll_estimate(#[allow(unused_mut)] mut self, poll: Duration) -> Self {
         #[cfg(not(tokio_unstable))]
         {
-            self.probe.poll_estimate = poll.max(Duration::from_micros(1));
+            self.probe.poll_estimate = poll.clamp(Duration::from_micros(1), Duration::from_secs(1));
         }
         #[cfg(tokio_unstable)]
         let _ = poll;

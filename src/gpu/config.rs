@@ -47,6 +47,9 @@ use crate::error::ConfigError;
 /// The environment variable selecting device ordinals (`"0,2"`).
 pub const DEVICES_ENV: &str = "ADMISSION_GPU_DEVICES";
 
+/// The keys the `[admission]` table may hold.
+const ADMISSION_KEYS: [&str; 2] = ["queue", "device_profiles"];
+
 /// The GPU admission configuration: the selected devices and the queue
 /// bounds.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -71,6 +74,22 @@ impl GpuConfig {
                 ))
             }
         };
+
+        // The inner tables deny unknown fields through serde; the
+        // [admission] table is read by hand, so it checks its own keys: a
+        // misspelt `[admission.queus]` must not be ignored with its settings.
+        if let Some(unknown) = admission
+            .keys()
+            .find(|key| !ADMISSION_KEYS.contains(&key.as_str()))
+        {
+            return Err(ConfigError::new(
+                "admission",
+                format!(
+                    "unknown key `{unknown}` (expected one of: {})",
+                    ADMISSION_KEYS.join(", ")
+                ),
+            ));
+        }
 
         let queue = match admission.get("queue") {
             Some(value) => {

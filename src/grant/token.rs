@@ -11,6 +11,9 @@
 //! same way. The balance is capped at a burst size, so an idle stretch does
 //! not bank an unbounded allowance.
 //!
+//! Debt is bounded, and a burst of zero refused: see
+//! [`TokenBucket`](TokenBucket#bounded-debt).
+//!
 //! # Regular and elastic tokens
 //!
 //! A [`TokenBucket`] holds two balances. **Regular** tokens admit work at
@@ -36,7 +39,9 @@
 //! grant the waiters the new tokens cover.
 
 use std::fmt;
+use std::num::NonZeroU64;
 
+use crate::error::ConfigError;
 use crate::sync::{Arc, Mutex};
 use crate::work::Priority;
 
@@ -71,16 +76,23 @@ impl TokenClass {
     }
 }
 
+/// The most debt an admission or a bypass can leave, in bursts; see
+/// [`TokenBucket`].
+const DEBT_LIMIT_BURSTS: u64 = 60;
+
+/// The most debt a correction can leave, in bursts.
+const CORRECTION_DEBT_BURSTS: u64 = 1;
+
 /// One class's balance. Negative is debt.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct Balance {
     available: i64,
-    burst: u64,
+    burst: NonZeroU64,
     unlimited: bool,
 }
 
 impl Balance {
-    fn new(burst: u64) -> Self {
+    fn new(burst: NonZeroU64) -> Self {
         Balance {
             available: 0,
             burst,
@@ -92,22 +104,28 @@ impl Balance {
         self.unlimited || self.available > 0
     }
 
-    /// Adds (or, negative, charges) `tokens`: a charge is never refused, a
-    /// credit is capped at the burst. A balance already above the burst
-    /// (the burst was lowered) is not cut, only not raised further. An
-    /// unlimited balance is not charged, so it has no debt when the limit
-    /// comes on.
-    fn adjust(&mut self, tokens: i64) {
+    /// Charges `tokens`, never refused, leaving at most `debt_bursts`
+    /// bursts of debt. A balance already below that is not raised, only not
+    /// lowered further. An unlimited balance is not charged, so it has no
+    /// debt when the limit comes on.
+    fn charge(&mut self, tokens: u64, debt_bursts: u64) {
         if self.unlimited {
             return;
         }
-        let burst = to_balance(self.burst);
-        let after = self.available.saturating_add(tokens);
-        self.available = if tokens > 0 {
-            after.min(burst.max(self.available))
-        } else {
-            after
-        };
+        let floor = to_balance(self.burst.get().saturating_mul(debt_bursts)).saturating_neg();
+        let after = self.available.saturating_sub(to_balance(tokens));
+        self.available = after.max(floor.min(self.available));
+    }
+
+    /// Credits `tokens`, capped at the burst. A balance already above the
+    /// burst (the burst was lowered) is not cut, only not raised further.
+    fn credit(&mut self, tokens: u64) {
+        if self.unlimited {
+            return;
+        }
+        let burst = to_balance(self.burst.get());
+        let after = self.available.saturating_add(to_balance(tokens));
+        self.available = after.min(burst.max(self.available));
     }
 }
 
@@ -123,13 +141,33 @@ impl Balance {
 /// regular work's tokens. A class that is unlimited is not charged, so a
 /// healthy store runs up no debt. Corrections, bypass and the credit for a
 /// grant dropped unseen reach both balances the same way.
+///
+/// # Bounded debt
+///
+/// Debt is bounded too, so that no single number a caller passes can block
+/// a class for good (a `u64::MAX` correction once put both balances 9.2e18
+/// bytes into debt, which no refill would ever pay):
+///
+/// * an admission or a bypass leaves a balance at most
+///   60 bursts below zero: one interval's budget for the
+///   [`IoController`](crate::io::IoController), whose burst is an interval's
+///   tokens over 60, so any admitted size is paid off within an interval;
+/// * a correction ([`WorkQueue::correct_tokens`](crate::WorkQueue::correct_tokens))
+///   leaves it at most **one burst** below zero: an estimate that was off is
+///   settled, but a correction cannot cost a class more than one burst of
+///   refills (a quarter of a second at the IO controller's defaults);
+/// * a balance already below a bound (the burst was lowered) is not raised
+///   by a charge, only not lowered further; all arithmetic saturates.
+///
+/// A burst of zero is refused ([`ConfigError`]): a class that can bank
+/// nothing never admits anything.
 #[derive(Debug)]
 pub struct TokenBucket {
     balances: Mutex<[Balance; 2]>,
 }
 
 impl TokenBucket {
-    fn new(regular_burst: u64, elastic_burst: u64) -> Self {
+    fn new(regular_burst: NonZeroU64, elastic_burst: NonZeroU64) -> Self {
         TokenBucket {
             balances: Mutex::new([Balance::new(regular_burst), Balance::new(elastic_burst)]),
         }
@@ -148,17 +186,24 @@ impl TokenBucket {
                 TokenClass::Elastic => regular.has_tokens() && elastic.has_tokens(),
             };
             if allowed {
-                regular.adjust(-to_balance(count));
-                elastic.adjust(-to_balance(count));
+                regular.charge(count, DEBT_LIMIT_BURSTS);
+                elastic.charge(count, DEBT_LIMIT_BURSTS);
             }
             allowed
         })
     }
 
-    fn charge_both(&self, tokens: i64) {
+    fn charge_both(&self, tokens: u64, debt_bursts: u64) {
         self.with(|regular, elastic| {
-            regular.adjust(tokens);
-            elastic.adjust(tokens);
+            regular.charge(tokens, debt_bursts);
+            elastic.charge(tokens, debt_bursts);
+        })
+    }
+
+    fn credit_both(&self, tokens: u64) {
+        self.with(|regular, elastic| {
+            regular.credit(tokens);
+            elastic.credit(tokens);
         })
     }
 
@@ -173,7 +218,8 @@ impl TokenBucket {
 /// A token budget: consumed at admission, never returned, refilled with
 /// [`WorkQueue::add_tokens`](crate::WorkQueue::add_tokens). The balance may
 /// go negative (a positive balance admits a whole request; bypass and low
-/// estimates add debt) and refills pay the debt first.
+/// estimates add debt, within [bounds](TokenBucket#bounded-debt)) and refills
+/// pay the debt first.
 ///
 /// A granter spends one [`TokenClass`] of a [`TokenBucket`]; see the
 /// [`TokenBucket`] for how the classes share it.
@@ -216,15 +262,30 @@ fn to_balance(tokens: u64) -> i64 {
 impl TokenGranter {
     /// A regular-class granter with a bucket of its own that starts
     /// unlimited (a healthy store has no budget) and banks at most `burst`
-    /// tokens once limited.
-    pub fn new(burst: u64) -> Self {
-        Self::pair(burst, burst).0
+    /// tokens once limited; a [`ConfigError`] naming `burst` if it is zero.
+    pub fn new(burst: u64) -> Result<Self, ConfigError> {
+        let burst = Self::nonzero_burst("burst", burst)?;
+        Ok(Self::nonzero_pair(burst, burst).0)
     }
 
     /// A regular and an elastic granter sharing one [`TokenBucket`], both
     /// starting unlimited, banking at most `regular_burst` and
-    /// `elastic_burst` once limited.
-    pub fn pair(regular_burst: u64, elastic_burst: u64) -> (TokenGranter, TokenGranter) {
+    /// `elastic_burst` once limited; a [`ConfigError`] naming the burst
+    /// that is zero.
+    pub fn pair(
+        regular_burst: u64,
+        elastic_burst: u64,
+    ) -> Result<(TokenGranter, TokenGranter), ConfigError> {
+        Ok(Self::nonzero_pair(
+            Self::nonzero_burst("regular_burst", regular_burst)?,
+            Self::nonzero_burst("elastic_burst", elastic_burst)?,
+        ))
+    }
+
+    fn nonzero_pair(
+        regular_burst: NonZeroU64,
+        elastic_burst: NonZeroU64,
+    ) -> (TokenGranter, TokenGranter) {
         let bucket = Arc::new(TokenBucket::new(regular_burst, elastic_burst));
         (
             TokenGranter {
@@ -264,32 +325,54 @@ impl TokenGranter {
     }
 
     /// Sets the most this class can bank (for example an interval's tokens
-    /// over 60, as upstream does).
-    pub fn set_burst(&self, burst: u64) {
+    /// over 60, as upstream does); a [`ConfigError`] naming `burst` if it is
+    /// zero.
+    pub fn set_burst(&self, burst: u64) -> Result<(), ConfigError> {
+        self.set_nonzero_burst(Self::nonzero_burst("burst", burst)?);
+        Ok(())
+    }
+
+    /// `burst` if it is at least one, else a [`ConfigError`] naming `field`.
+    pub(crate) fn nonzero_burst(
+        field: &'static str,
+        burst: u64,
+    ) -> Result<NonZeroU64, ConfigError> {
+        NonZeroU64::new(burst).ok_or_else(|| {
+            ConfigError::new(
+                field,
+                "0 banks nothing, so the class would never admit anything; use at least 1",
+            )
+        })
+    }
+
+    pub(crate) fn set_nonzero_burst(&self, burst: NonZeroU64) {
         self.bucket
             .with_class(self.class, |balance| balance.burst = burst);
     }
 
-    /// This class's burst, or `default` when it is zero.
-    pub(crate) fn burst_or(&self, default: u64) -> u64 {
-        self.bucket
-            .with_class(self.class, |balance| match balance.burst {
-                0 => default,
-                burst => burst,
-            })
+    /// This class's burst.
+    pub(crate) fn burst(&self) -> NonZeroU64 {
+        self.bucket.with_class(self.class, |balance| balance.burst)
     }
 
     /// Adds `tokens` to this class's balance, paying debt first, up to the
     /// burst.
     pub(crate) fn add(&self, tokens: u64) {
         self.bucket
-            .with_class(self.class, |balance| balance.adjust(to_balance(tokens)));
+            .with_class(self.class, |balance| balance.credit(tokens));
     }
 
     /// Charges (`delta > 0`) or credits (`delta < 0`) a correction between
-    /// an estimate and the actual cost to both classes, never blocking.
+    /// an estimate and the actual cost to both classes, never blocking; a
+    /// charge leaves at most one burst of debt (see
+    /// [`TokenBucket`](TokenBucket#bounded-debt)).
     pub(crate) fn correct(&self, delta: i64) {
-        self.bucket.charge_both(delta.saturating_neg());
+        if delta > 0 {
+            self.bucket
+                .charge_both(delta.unsigned_abs(), CORRECTION_DEBT_BURSTS);
+        } else {
+            self.bucket.credit_both(delta.unsigned_abs());
+        }
     }
 }
 
@@ -313,18 +396,18 @@ impl Granter for TokenGranter {
     fn cancel_grant(&self, _state: &mut TokenState, count: u64) {
         // The write never happened: its tokens go back to both budgets, as
         // they were taken from both.
-        self.bucket.charge_both(to_balance(count));
+        self.bucket.credit_both(count);
     }
 
     fn took_without_permission(&self, _state: &mut TokenState, count: u64) {
-        self.bucket.charge_both(-to_balance(count));
+        self.bucket.charge_both(count, DEBT_LIMIT_BURSTS);
     }
 
     fn snapshot(&self, _state: &TokenState) -> TokenSnapshot {
         self.bucket.with_class(self.class, |balance| TokenSnapshot {
             class: self.class,
             available: balance.available,
-            burst: balance.burst,
+            burst: balance.burst.get(),
             unlimited: balance.unlimited,
         })
     }
@@ -335,7 +418,7 @@ mod tests {
     use super::*;
 
     fn limited(burst: u64) -> TokenGranter {
-        let granter = TokenGranter::new(burst);
+        let granter = TokenGranter::new(burst).unwrap();
         granter.set_unlimited(false);
         granter
     }
@@ -369,7 +452,7 @@ mod tests {
         assert_eq!(available(&tokens), 100);
         tokens.correct(-500);
         assert_eq!(available(&tokens), 100, "credits are capped too");
-        tokens.set_burst(10);
+        tokens.set_burst(10).unwrap();
         tokens.add(1);
         assert_eq!(available(&tokens), 100, "a lowered burst cuts nothing");
     }
@@ -387,7 +470,7 @@ mod tests {
 
     #[test]
     fn unlimited_admits_everything_without_running_up_a_debt() {
-        let tokens = TokenGranter::new(10);
+        let tokens = TokenGranter::new(10).unwrap();
         assert!(take(&tokens, 1_000));
         tokens.took_without_permission(&mut TokenState, 5);
         assert_eq!(available(&tokens), 0);
@@ -407,18 +490,89 @@ mod tests {
         assert!(take(&tokens, u64::MAX));
         tokens.took_without_permission(&mut TokenState, u64::MAX);
         tokens.took_without_permission(&mut TokenState, u64::MAX);
-        assert_eq!(available(&tokens), i64::MIN);
+        assert_eq!(available(&tokens), -i64::MAX, "the floor saturates");
         tokens.correct(i64::MIN);
         tokens.correct(i64::MAX);
         assert_eq!(
             available(&tokens),
-            i64::MIN,
+            -i64::MAX,
             "a full credit then a full charge"
         );
     }
 
+    #[test]
+    fn a_burst_of_zero_is_refused_naming_the_field() {
+        assert_eq!(TokenGranter::new(0).unwrap_err().field(), "burst");
+        assert_eq!(
+            TokenGranter::pair(0, 1).unwrap_err().field(),
+            "regular_burst"
+        );
+        assert_eq!(
+            TokenGranter::pair(1, 0).unwrap_err().field(),
+            "elastic_burst"
+        );
+        let tokens = limited(10);
+        assert_eq!(tokens.set_burst(0).unwrap_err().field(), "burst");
+        assert_eq!(tokens.snapshot(&TokenState).burst, 10, "left as it was");
+    }
+
+    /// One row: a name, the tokens added first, the charges, the balance.
+    type DebtRow = (&'static str, i64, fn(&TokenGranter), i64);
+
+    /// Burst 100: admissions and bypass stop at 60 bursts of debt,
+    /// corrections at one.
+    #[test]
+    fn debt_is_bounded_per_kind_of_charge() {
+        let rows: &[DebtRow] = &[
+            ("huge admission", 1, |t| assert!(take(t, u64::MAX)), -6_000),
+            (
+                "huge bypass",
+                0,
+                |t| t.took_without_permission(&mut TokenState, u64::MAX),
+                -6_000,
+            ),
+            ("huge correction", 0, |t| t.correct(i64::MAX), -100),
+            (
+                "correction on top of admission debt",
+                1,
+                |t| {
+                    assert!(take(t, 301));
+                    t.correct(i64::MAX);
+                },
+                -300,
+            ),
+            (
+                "bypass on top of correction debt",
+                0,
+                |t| {
+                    t.correct(i64::MAX);
+                    t.took_without_permission(&mut TokenState, 50);
+                },
+                -150,
+            ),
+            ("small charges are exact", 0, |t| t.correct(42), -42),
+        ];
+        for &(name, start, charge, expected) in rows {
+            let tokens = limited(100);
+            tokens.add(u64::try_from(start).unwrap());
+            charge(&tokens);
+            assert_eq!(available(&tokens), expected, "{name}");
+        }
+    }
+
+    #[test]
+    fn a_debt_below_a_lowered_floor_is_kept_not_raised() {
+        let tokens = limited(100);
+        tokens.took_without_permission(&mut TokenState, 5_000);
+        tokens.set_burst(10).unwrap();
+        tokens.correct(1);
+        assert_eq!(available(&tokens), -5_000);
+        tokens.took_without_permission(&mut TokenState, 1);
+        assert_eq!(available(&tokens), -5_000);
+    }
+
     fn limited_pair(regular: u64, elastic: u64) -> (TokenGranter, TokenGranter) {
-        let (r, e) = TokenGranter::pair(u64::MAX, u64::MAX);
+        let (r, e) = TokenGranter::pair(u64::MAX, u64::MAX).unwrap();
         r.set_unlimited(false);
         e.set_unlimited(false);
         r.add(regular);
@@ -450,7 +604,7 @@ mod tests {
     fn regular_writes_use_up_the_elastic_budget() {
         // Regular unlimited, elastic limited (score between 0.2 and 0.5):
         // regular work is admitted freely but still uses elastic tokens up.
-        let (regular, elastic) = TokenGranter::pair(u64::MAX, 1_000);
+        let (regular, elastic) = TokenGranter::pair(u64::MAX, 1_000).unwrap();
         elastic.set_unlimited(false);
         elastic.add(100);
         assert!(take(&regular, 80));
@@ -471,7 +625,7 @@ mod tests {
 
     #[test]
     fn a_class_turning_limited_starts_empty() {
-        let (regular, _elastic) = TokenGranter::pair(100, 100);
+        let (regular, _elastic) = TokenGranter::pair(100, 100).unwrap();
         regular.set_unlimited(false);
         regular.add(80);
         regular.set_unlimited(true);

@@ -1,16 +1,20 @@
 //! The IO controller: reads the engine every interval, drips the interval's
 //! tokens into a token queue tick by tick.
+//!
+//! Its failure model is in the [module documentation](super#failure-model).
 
 use std::fmt;
+use std::num::NonZeroU64;
 use std::time::Duration;
 
 use tokio::time::Instant;
 
 use super::drip::TokenDrip;
 use super::listener::{IoLoadConfig, IoLoadListener, IoTokens, Tokens};
-use super::stats::LsmStatsSource;
+use super::stats::{LsmStats, LsmStatsSource};
 use crate::error::ConfigError;
 use crate::grant::{TokenClass, TokenGranter};
+use crate::health::{Boundary, ComponentHealth};
 use crate::queue::{Admit, TokenQueues};
 use crate::sync::{Arc, Mutex};
 use crate::ticker::Ticker;
@@ -22,6 +26,18 @@ pub const UNLOADED_TICK: Duration = Duration::from_millis(250);
 /// Ticks once the store has been limited: high-priority work waits at most
 /// a millisecond for the next tokens.
 pub const LOADED_TICK: Duration = Duration::from_millis(1);
+/// Failed interval readings in a row after which the controller leaves the
+/// previous interval's budgets for the safe budget; see the
+/// [failure model](crate::io#failure-model).
+pub const STATS_FAILURES_BEFORE_FALLBACK: u64 = 4;
+
+/// The interval reading's fallback, for health records.
+const SOURCE_ON_FAILURE: &str =
+    "the previous interval's budgets, then a safe budget after 4 failed intervals";
+/// The tick reading's fallback, for health records.
+const TICK_ON_FAILURE: &str = "the previous tick's elastic hold decision, until the interval ends";
+/// The ticker thread's component name.
+const TICKER: &str = "io_ticker";
 
 /// Byte-token admission for one store: regular and elastic token queues
 /// whose budgets follow the engine's L0 debt.
@@ -43,6 +59,15 @@ pub struct IoController {
 struct IoCore {
     queues: TokenQueues,
     interval: Duration,
+    /// The regular budget per interval once the safe budget is on, before
+    /// the compaction throughput is considered.
+    failure_budget: u64,
+    /// The panic boundary around the stats source's interval reading.
+    source_boundary: Boundary,
+    /// The panic boundary around its tick reading: a separate record, so
+    /// that a tick reading that works (or the default that returns `None`)
+    /// does not hide an interval reading that keeps failing.
+    tick_boundary: Boundary,
     ticking: Mutex<Ticking>,
 }
 
@@ -56,6 +81,41 @@ struct Ticking {
     elastic_limited_for_backlog: bool,
     interval_started: Option<Instant>,
     last: Option<IoTokens>,
+    /// The latest decision made from a reading (not a fallback): its
+    /// compaction throughput sizes the safe budget.
+    last_measured: Option<IoTokens>,
+    /// Interval readings that failed since the last one that returned.
+    failed_intervals: u64,
+    /// Whether the latest tick held elastic tokens: kept by a tick whose
+    /// reading failed; false at the start of every interval.
+    elastic_held: bool,
+    /// When the tick reading last panicked.
+    tick_reading_failed_at: Option<Instant>,
+    ticks: u64,
+}
+
+/// The IO controller's state at one moment.
+#[derive(Clone, Debug, PartialEq)]
+#[non_exhaustive]
+pub struct IoSnapshot {
+    /// The health of the stats source's interval reading
+    /// ([`LsmStatsSource::stats`], component `lsm_stats_source`).
+    pub source: ComponentHealth,
+    /// The health of its tick reading ([`LsmStatsSource::tick_stats`],
+    /// component `lsm_stats_source_tick`).
+    pub tick_source: ComponentHealth,
+    /// The ticker thread's health: ticks that panicked as a whole (none
+    /// expected; always healthy for a manual controller).
+    pub ticker: ComponentHealth,
+    /// Interval readings that failed in a row (0 while the source works).
+    pub failed_intervals: u64,
+    /// Whether the safe budget is on (after
+    /// [`STATS_FAILURES_BEFORE_FALLBACK`] failed readings in a row).
+    pub on_safe_budget: bool,
+    /// The latest interval's budgets, measured or fallen back to.
+    pub last_interval: Option<IoTokens>,
+    /// Ticks run: while it grows, the ticker is alive.
+    pub ticks: u64,
 }
 
 /// What one tick did.
@@ -69,25 +129,36 @@ pub struct IoTick {
     pub added_elastic: Option<u64>,
     /// Whether this tick's reading (a flush backlog of at least half the
     /// engine's memtable stop threshold, or L0 at the score where elastic
-    /// tokens run out) withheld elastic tokens.
+    /// tokens run out) withheld elastic tokens (or, when the reading
+    /// failed, the previous tick's did).
     pub elastic_held: bool,
+    /// Whether a call of the stats source panicked during this tick (the
+    /// interval's or the tick's reading; a failing tick reading is retried
+    /// every [`UNLOADED_TICK`], not called in between); see the
+    /// [failure model](crate::io#failure-model).
+    pub source_failed: bool,
     /// How long until the next tick.
     pub next_tick: Duration,
 }
 
 impl IoController {
-    /// A controller reading `source`, with `config`, driven by its own
-    /// thread unless `manual`.
+    /// A controller reading `source`, with `config` (validated as by
+    /// [`IoLoadListener::new`]), driven by its own thread unless `manual`.
     pub fn new(
         source: impl LsmStatsSource,
         config: IoLoadConfig,
         manual: bool,
     ) -> Result<Self, ConfigError> {
         let listener = IoLoadListener::new(config)?;
-        let queues = TokenQueues::new(0, 0)?;
+        // Placeholder bursts: every limit this controller turns on comes
+        // with its own burst (`set_limits`), and both start unlimited.
+        let queues = TokenQueues::new(1, 1)?;
         let core = Arc::new(IoCore {
             queues,
             interval: config.interval,
+            failure_budget: per_interval(config.stats_failure_bytes_per_second, config.interval),
+            source_boundary: Boundary::new("lsm_stats_source", SOURCE_ON_FAILURE),
+            tick_boundary: Boundary::new("lsm_stats_source_tick", TICK_ON_FAILURE),
             ticking: Mutex::new(Ticking {
                 source: Box::new(source),
                 listener,
@@ -96,13 +167,18 @@ impl IoController {
                 elastic_limited_for_backlog: false,
                 interval_started: None,
                 last: None,
+                last_measured: None,
+                failed_intervals: 0,
+                elastic_held: false,
+                tick_reading_failed_at: None,
+                ticks: 0,
             }),
         });
         let ticker = if manual {
-            Ticker::manual()
+            Ticker::manual(TICKER)
         } else {
             let core = core.clone();
-            Ticker::spawn("admission-io-ticker", move || {
+            Ticker::spawn("admission-io-ticker", TICKER, UNLOADED_TICK, move || {
                 core.tick(Instant::now()).next_tick
             })
             .map_err(|error| {
@@ -129,7 +205,8 @@ impl IoController {
     }
 
     /// Settles admitted `work`'s estimate against the bytes it actually
-    /// wrote; see [`TokenQueues::correct_tokens`].
+    /// wrote; see [`TokenQueues::correct_tokens`] (a charge leaves at most
+    /// one burst of debt, however large `actual` is).
     pub fn correct_tokens(&self, work: &WorkInfo, estimated: u64, actual: u64) {
         self.core.queues.correct_tokens(work, estimated, actual);
     }
@@ -142,6 +219,29 @@ impl IoController {
     /// The latest interval's decision.
     pub fn last_interval(&self) -> Option<IoTokens> {
         self.core.ticking.lock().last
+    }
+
+    /// The health of the stats source's interval reading (component
+    /// `lsm_stats_source`): panics caught, and whether the latest reading
+    /// failed; see the [failure model](crate::io#failure-model). The tick
+    /// reading's is in the [`snapshot`](Self::snapshot).
+    pub fn health(&self) -> ComponentHealth {
+        self.core.source_boundary.health()
+    }
+
+    /// The controller's state: the source's and the ticker's health, the
+    /// fallback in force and the latest budgets.
+    pub fn snapshot(&self) -> IoSnapshot {
+        let ticking = self.core.ticking.lock();
+        IoSnapshot {
+            source: self.core.source_boundary.health(),
+            tick_source: self.core.tick_boundary.health(),
+            ticker: self.ticker.health(),
+            failed_intervals: ticking.failed_intervals,
+            on_safe_budget: ticking.failed_intervals >= STATS_FAILURES_BEFORE_FALLBACK,
+            last_interval: ticking.last,
+            ticks: ticking.ticks,
+        }
     }
 
     /// Stops and joins the ticker thread and closes the queue. Idempotent;
@@ -170,52 +270,58 @@ impl fmt::Debug for IoController {
 impl IoCore {
     fn tick(&self, now: Instant) -> IoTick {
         let mut ticking = self.ticking.lock();
+        ticking.ticks = ticking.ticks.saturating_add(1);
         let due = ticking
             .interval_started
             .is_none_or(|started| now.saturating_duration_since(started) >= self.interval);
         let mut new_interval = None;
+        let mut source_failed = false;
         if due {
-            let stats = ticking.source.stats();
-            let tokens = ticking.listener.next_interval(&stats);
-            ticking.interval_started = Some(now);
-            ticking.last = Some(tokens);
+            let reading = self.source_boundary.call(|| ticking.source.stats());
+            source_failed = reading.is_none();
+            let tokens = self.next_budgets(&mut ticking, reading);
+            self.start_interval(&mut ticking, tokens, now);
             new_interval = Some(tokens);
-            let ticks = (self.interval.as_nanos() / LOADED_TICK.as_nanos()).max(1);
-            let ticks = u32::try_from(ticks).unwrap_or(u32::MAX);
-            let mut limits = [None, None];
-            for (class, budget) in [tokens.regular, tokens.elastic].into_iter().enumerate() {
-                ticking.drips[class] = match budget {
-                    Tokens::Unlimited => None,
-                    Tokens::Limited(total) => {
-                        ticking.loaded = true;
-                        // Bank at most what 60 ticks of the interval give.
-                        limits[class] = Some((total / 60).max(1));
-                        Some(TokenDrip::new(total, ticks))
-                    }
-                };
-            }
-            ticking.elastic_limited_for_backlog = false;
-            self.queues.set_limits(limits[0], limits[1]);
         }
         // A cheap reading every tick: a flush backlog or an L0 pile-up
         // builds up within a fraction of an interval, and the engine then
-        // stalls every writer.
-        let elastic_held = match ticking.source.tick_stats() {
-            Some(reading) => ticking.listener.holds_elastic(&reading),
-            None => false,
+        // stalls every writer. While it fails it is retried every
+        // UNLOADED_TICK, not every millisecond: a reader that always panics
+        // then costs four caught panics a second, not a thousand.
+        let retry_due = self.tick_boundary.consecutive_panics() == 0
+            || ticking
+                .tick_reading_failed_at
+                .is_none_or(|failed| now.saturating_duration_since(failed) >= UNLOADED_TICK);
+        let reading = if retry_due {
+            self.tick_boundary.call(|| ticking.source.tick_stats())
+        } else {
+            None
         };
+        let elastic_held = match reading {
+            Some(Some(reading)) => ticking.listener.holds_elastic(&reading),
+            Some(None) => false,
+            // No reading: this tick makes no decision of its own.
+            None => {
+                if retry_due {
+                    source_failed = true;
+                    ticking.tick_reading_failed_at = Some(now);
+                }
+                ticking.elastic_held
+            }
+        };
+        ticking.elastic_held = elastic_held;
         if elastic_held {
             ticking.loaded = true;
             // No elastic drip: the interval left elastic work unlimited.
             let elastic_unlimited = ticking.drips[1].is_none();
             if elastic_unlimited && !ticking.elastic_limited_for_backlog {
                 ticking.elastic_limited_for_backlog = true;
-                let burst = self.queues.elastic().granter().burst_or(1);
-                self.queues.elastic().set_token_limit(Some(burst));
+                let burst = self.queues.elastic().granter().burst();
+                self.queues.elastic().apply_token_limit(Some(burst));
             }
         } else if ticking.elastic_limited_for_backlog {
             ticking.elastic_limited_for_backlog = false;
-            self.queues.elastic().set_token_limit(None);
+            self.queues.elastic().apply_token_limit(None);
         }
         // Ticks left from the time left, so a ticker running late still
         // hands out the whole interval's tokens.
@@ -223,8 +329,7 @@ impl IoCore {
         let left = self
             .interval
             .saturating_sub(now.saturating_duration_since(started));
-        let ticks_left =
-            u32::try_from(left.as_nanos().div_ceil(LOADED_TICK.as_nanos())).unwrap_or(u32::MAX);
+        let ticks_left = ticks_in(left);
         let [regular, elastic] = &mut ticking.drips;
         let added = regular.as_mut().map(|drip| drip.take(ticks_left));
         // A held tick's elastic tokens are withheld for good, not saved
@@ -243,6 +348,7 @@ impl IoCore {
             added,
             added_elastic,
             elastic_held,
+            source_failed,
             next_tick: if ticking.loaded {
                 LOADED_TICK
             } else {
@@ -250,4 +356,81 @@ impl IoCore {
             },
         }
     }
+
+    /// The next interval's budgets: from the reading, or (it failed) the
+    /// previous interval's, or the safe budget; see the module's failure
+    /// model.
+    fn next_budgets(&self, ticking: &mut Ticking, reading: Option<LsmStats>) -> IoTokens {
+        if let Some(stats) = reading {
+            let intervals = ticking.failed_intervals.saturating_add(1);
+            ticking.failed_intervals = 0;
+            let tokens = ticking.listener.next_interval_spanning(&stats, intervals);
+            ticking.last_measured = Some(tokens);
+            return tokens;
+        }
+        ticking.failed_intervals = ticking.failed_intervals.saturating_add(1);
+        let failed = ticking.failed_intervals;
+        let previous = ticking
+            .last
+            .filter(|_| failed < STATS_FAILURES_BEFORE_FALLBACK);
+        let tokens = previous.unwrap_or_else(|| {
+            // Half the compaction throughput last seen is the listener's
+            // most conservative regular budget for a store it can read.
+            let (compacted, score) = ticking
+                .last_measured
+                .map_or((0, 0.0), |tokens| (tokens.smoothed_compacted, tokens.score));
+            IoTokens {
+                regular: Tokens::Limited((compacted / 2).max(self.failure_budget)),
+                elastic: Tokens::Limited(1),
+                // The last measured: nothing newer is known.
+                score,
+                compacted: 0,
+                smoothed_compacted: compacted,
+                added: 0,
+            }
+        });
+        tracing::warn!(
+            target: "admission::io",
+            failed_intervals = failed,
+            safe_budget = previous.is_none(),
+            regular = ?tokens.regular,
+            elastic = ?tokens.elastic,
+            "IO stats source failed; budgets for the next interval without a reading"
+        );
+        tokens
+    }
+
+    /// Starts an interval at `now` with `tokens`: new drips and limits.
+    fn start_interval(&self, ticking: &mut Ticking, tokens: IoTokens, now: Instant) {
+        ticking.interval_started = Some(now);
+        ticking.last = Some(tokens);
+        let ticks = ticks_in(self.interval);
+        let mut limits = [None, None];
+        for (class, budget) in [tokens.regular, tokens.elastic].into_iter().enumerate() {
+            ticking.drips[class] = match budget {
+                Tokens::Unlimited => None,
+                Tokens::Limited(total) => {
+                    ticking.loaded = true;
+                    // Bank at most what 60 ticks of the interval give.
+                    limits[class] = NonZeroU64::new((total / 60).max(1));
+                    Some(TokenDrip::new(total, ticks))
+                }
+            };
+        }
+        ticking.elastic_limited_for_backlog = false;
+        ticking.elastic_held = false;
+        self.queues.apply_limits(limits[0], limits[1]);
+    }
+}
+
+/// Loaded ticks in `span`, rounded up, at least one.
+fn ticks_in(span: Duration) -> u64 {
+    let ticks = span.as_nanos().div_ceil(LOADED_TICK.as_nanos()).max(1);
+    u64::try_from(ticks).unwrap_or(u64::MAX)
+}
+
+/// `bytes_per_second` over `interval`, saturating.
+fn per_interval(bytes_per_second: u64, interval: Duration) -> u64 {
+    let bytes = u128::from(bytes_per_second) * interval.as_nanos() / 1_000_000_000;
+    u64::try_from(bytes).unwrap_or(u64::MAX).max(1)
 }

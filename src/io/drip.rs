@@ -18,14 +18,14 @@
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct TokenDrip {
     total: u64,
-    ticks: u32,
+    ticks: u64,
     given: u64,
-    tick: u32,
+    tick: u64,
 }
 
 impl TokenDrip {
     /// A drip of `total` tokens over `ticks` ticks (zero ticks give nothing).
-    pub fn new(total: u64, ticks: u32) -> Self {
+    pub fn new(total: u64, ticks: u64) -> Self {
         TokenDrip {
             total,
             ticks,
@@ -38,7 +38,7 @@ impl TokenDrip {
     pub fn next_tick(&mut self) -> Option<u64> {
         let remaining_ticks = self.ticks.checked_sub(self.tick).filter(|&n| n > 0)?;
         let remaining = self.total - self.given;
-        let now = remaining.div_ceil(u64::from(remaining_ticks));
+        let now = remaining.div_ceil(remaining_ticks);
         self.given += now;
         self.tick += 1;
         Some(now)
@@ -48,9 +48,9 @@ impl TokenDrip {
     /// (from the time left in the interval, so a ticker that runs late does
     /// not leave tokens undistributed): `ceil(remaining / ticks_left)`, and
     /// everything on the last.
-    pub fn take(&mut self, ticks_left: u32) -> u64 {
+    pub fn take(&mut self, ticks_left: u64) -> u64 {
         let remaining = self.total - self.given;
-        let now = remaining.div_ceil(u64::from(ticks_left.max(1)));
+        let now = remaining.div_ceil(ticks_left.max(1));
         self.given += now;
         self.tick = self.tick.saturating_add(1);
         now
@@ -78,7 +78,7 @@ mod tests {
         ] {
             let mut drip = TokenDrip::new(total, ticks);
             let given: Vec<u64> = std::iter::from_fn(|| drip.next_tick()).collect();
-            assert_eq!(given.len(), ticks as usize);
+            assert_eq!(given.len() as u64, ticks);
             let sum = given
                 .iter()
                 .fold(0u64, |sum, &n| sum.checked_add(n).unwrap());

@@ -57,6 +57,28 @@ pub struct IoLoadConfig {
     /// [`IoController`](super::IoController) pauses its drip on every tick
     /// that sees the backlog there.
     pub memtable_stop_threshold: Option<u64>,
+    /// The regular budget, in bytes per second, of an
+    /// [`IoController`](super::IoController) whose stats source has failed
+    /// for [`STATS_FAILURES_BEFORE_FALLBACK`](super::STATS_FAILURES_BEFORE_FALLBACK)
+    /// intervals in a row, unless compactions were last seen removing more
+    /// (then half of that, the listener's own most conservative budget).
+    /// Default 16 MiB/s: what an LSM on any disk compacts, so a store whose
+    /// state is unknown neither stops nor floods.
+    pub stats_failure_bytes_per_second: u64,
+}
+
+impl IoLoadConfig {
+    /// Accepted intervals: from one loaded tick to an hour (a longer one
+    /// would leave a store's budget unrevised for hours).
+    pub const INTERVAL_RANGE: std::ops::RangeInclusive<Duration> =
+        Duration::from_millis(1)..=Duration::from_secs(3600);
+    /// The largest L0 file threshold accepted (upstream: 1,000); a
+    /// threshold no engine reaches would silently turn the limit off.
+    pub const MAX_L0_FILE_THRESHOLD: u64 = 1_000_000;
+    /// The largest L0 sub-level threshold accepted (upstream: 20).
+    pub const MAX_L0_SUBLEVEL_THRESHOLD: u64 = 10_000;
+    /// The largest memtable stop threshold accepted (Pebble and fjall: 4).
+    pub const MAX_MEMTABLE_STOP_THRESHOLD: u64 = 10_000;
 }
 
 impl Default for IoLoadConfig {
@@ -66,6 +88,7 @@ impl Default for IoLoadConfig {
             l0_file_threshold: 1_000,
             l0_sublevel_threshold: 20,
             memtable_stop_threshold: None,
+            stats_failure_bytes_per_second: 16 << 20,
         }
     }
 }
@@ -99,24 +122,49 @@ pub struct IoLoadListener {
 
 impl IoLoadListener {
     /// A listener with `config`, or a [`ConfigError`] naming the field that
-    /// is zero.
+    /// is out of its range (see the constants on [`IoLoadConfig`]).
     pub fn new(config: IoLoadConfig) -> Result<Self, ConfigError> {
-        if config.interval.is_zero() {
-            return Err(ConfigError::new("interval", "must be longer than zero"));
-        }
-        if config.l0_file_threshold == 0 {
-            return Err(ConfigError::new("l0_file_threshold", "must be at least 1"));
-        }
-        if config.l0_sublevel_threshold == 0 {
+        let range = IoLoadConfig::INTERVAL_RANGE;
+        if !range.contains(&config.interval) {
             return Err(ConfigError::new(
-                "l0_sublevel_threshold",
-                "must be at least 1",
+                "interval",
+                format!(
+                    "{:?} is outside the accepted range {range:?}",
+                    config.interval
+                ),
             ));
         }
-        if config.memtable_stop_threshold == Some(0) {
+        if !(1..=IoLoadConfig::MAX_L0_FILE_THRESHOLD).contains(&config.l0_file_threshold) {
+            return Err(ConfigError::out_of_range(
+                "l0_file_threshold",
+                config.l0_file_threshold,
+                1,
+                IoLoadConfig::MAX_L0_FILE_THRESHOLD,
+            ));
+        }
+        if !(1..=IoLoadConfig::MAX_L0_SUBLEVEL_THRESHOLD).contains(&config.l0_sublevel_threshold) {
+            return Err(ConfigError::out_of_range(
+                "l0_sublevel_threshold",
+                config.l0_sublevel_threshold,
+                1,
+                IoLoadConfig::MAX_L0_SUBLEVEL_THRESHOLD,
+            ));
+        }
+        if let Some(stop) = config.memtable_stop_threshold {
+            if !(1..=IoLoadConfig::MAX_MEMTABLE_STOP_THRESHOLD).contains(&stop) {
+                return Err(ConfigError::new(
+                    "memtable_stop_threshold",
+                    format!(
+                        "{stop} is outside the accepted range 1..={} (or None to ignore the flush backlog)",
+                        IoLoadConfig::MAX_MEMTABLE_STOP_THRESHOLD
+                    ),
+                ));
+            }
+        }
+        if config.stats_failure_bytes_per_second == 0 {
             return Err(ConfigError::new(
-                "memtable_stop_threshold",
-                "must be at least 1 (or None to ignore the flush backlog)",
+                "stats_failure_bytes_per_second",
+                "0 would stop every writer while the stats source fails; use at least 1",
             ));
         }
         Ok(IoLoadListener {
@@ -137,9 +185,19 @@ impl IoLoadListener {
     /// `tracing` event (target `admission::io`, level INFO) with the
     /// readings it used and the decision.
     pub fn next_interval(&mut self, stats: &LsmStats) -> IoTokens {
-        let decision = self.decide(stats);
+        self.next_interval_spanning(stats, 1)
+    }
+
+    /// [`next_interval`](Self::next_interval) for a reading that comes
+    /// `intervals` intervals after the previous one (the readings between
+    /// failed): the bytes added and compacted are averaged over them, so a
+    /// gap does not read as one interval of several intervals' throughput.
+    pub(crate) fn next_interval_spanning(&mut self, stats: &LsmStats, intervals: u64) -> IoTokens {
+        let intervals = intervals.max(1);
+        let decision = self.decide(stats, intervals);
         tracing::info!(
             target: "admission::io",
+            intervals,
             l0_files = stats.l0_files,
             l0_sublevels = stats.l0_sublevels,
             l0_bytes = stats.l0_bytes,
@@ -155,7 +213,7 @@ impl IoLoadListener {
         decision
     }
 
-    fn decide(&mut self, stats: &LsmStats) -> IoTokens {
+    fn decide(&mut self, stats: &LsmStats, intervals: u64) -> IoTokens {
         let Some(previous) = self.previous.replace(*stats) else {
             return IoTokens {
                 regular: Tokens::Unlimited,
@@ -166,19 +224,21 @@ impl IoLoadListener {
                 added: 0,
             };
         };
-        let added = stats
+        let added_since = stats
             .flushed_bytes
             .saturating_sub(previous.flushed_bytes)
             .saturating_add(stats.ingested_bytes.saturating_sub(previous.ingested_bytes));
-        let compacted = match (stats.compacted_bytes, previous.compacted_bytes) {
+        let compacted_since = match (stats.compacted_bytes, previous.compacted_bytes) {
             (Some(now), Some(before)) => now.saturating_sub(before),
             // An engine that starts or stops counting between two readings
             // is judged by its L0 bytes for that interval.
             _ => previous
                 .l0_bytes
-                .saturating_add(added)
+                .saturating_add(added_since)
                 .saturating_sub(stats.l0_bytes),
         };
+        let added = added_since / intervals;
+        let compacted = compacted_since / intervals;
         self.smoothed_compacted = if self.smoothed_compacted == 0.0 {
             compacted as f64
         } else {

@@ -41,11 +41,56 @@
 //! ([`ELASTIC_EXHAUSTED_SCORE`]): a pile-up forms within a fraction of an
 //! interval, and the engine would then stall every writer.
 //!
+//! A stats source that panics does not stop the tokens: the controller
+//! keeps the previous interval's budgets, then a safe budget, and reports
+//! the source's health (see the [failure model](#failure-model)).
+//!
 //! Engines plug in through [`LsmStatsSource`]; with the `fjall` feature,
 //! [`fjall::FjallStats`] reads a [fjall](https://docs.rs/fjall) keyspace
 //! (L0 tables, runs as sub-levels, L0 bytes, and flushed and compacted
 //! bytes from the L0 tables it sees come and go; see its documentation for
 //! the approximations).
+//!
+//! # Failure model
+//!
+//! **The stats source** is user code, called under the controller's tick
+//! lock on its ticker thread: [`LsmStatsSource::stats`] (component
+//! `lsm_stats_source`, [`IoController::health`]) and
+//! [`LsmStatsSource::tick_stats`] (component `lsm_stats_source_tick`, in
+//! [`IoSnapshot::tick_source`]). A panic is caught, logged and counted, and:
+//!
+//! * a failed **interval reading** starts the next interval with the
+//!   previous interval's budgets (the same regular and elastic tokens,
+//!   dripped the same way): writers keep being admitted at the last rate
+//!   known to suit the store, never zero. The reading is retried at the
+//!   next interval. A controller that has no previous budget (its first
+//!   reading failed) takes the safe budget below at once.
+//! * after [`STATS_FAILURES_BEFORE_FALLBACK`] failed readings in a row
+//!   (a minute at the default 15 s interval), the controller stops trusting
+//!   the old budgets (the last one may have been unlimited) and switches to
+//!   a **safe budget**: regular work gets half the compaction throughput
+//!   last seen, or [`IoLoadConfig::stats_failure_bytes_per_second`] over the
+//!   interval if that is more; elastic work gets one token an interval (it
+//!   is the work meant to yield when the store's state is in doubt). Never
+//!   zero, never unlimited, until a reading returns.
+//! * the first reading that returns is measured against the last good one,
+//!   averaged over the intervals between, so the gap does not read as one
+//!   interval's throughput.
+//! * a failed **tick reading** skips that tick's hold decision: elastic
+//!   tokens stay held if the previous tick held them and flow if it did
+//!   not, until the interval ends (a new interval starts unheld). While it
+//!   fails, the tick reading is retried every [`UNLOADED_TICK`] rather
+//!   than every tick, so one that always panics costs four caught panics a
+//!   second, not a thousand.
+//!
+//! [`IoController::snapshot`] shows the source's health, the failed
+//! readings in a row, whether the safe budget is on and how many ticks ran.
+//!
+//! **The ticker thread** (component `io_ticker`) catches a panic of a whole
+//! tick as a last resort (none expected: the source is the only user code
+//! in a tick), counts it in [`IoSnapshot::ticker`] and tries again after
+//! [`UNLOADED_TICK`]; a tick that runs late still hands out the whole
+//! interval's tokens, so the drip survives it.
 
 mod controller;
 mod drip;
@@ -54,7 +99,9 @@ pub mod fjall;
 mod listener;
 mod stats;
 
-pub use controller::{IoController, IoTick, LOADED_TICK, UNLOADED_TICK};
+pub use controller::{
+    IoController, IoSnapshot, IoTick, LOADED_TICK, STATS_FAILURES_BEFORE_FALLBACK, UNLOADED_TICK,
+};
 pub use drip::TokenDrip;
 pub use listener::{IoLoadConfig, IoLoadListener, IoTokens, Tokens, ELASTIC_EXHAUSTED_SCORE};
 pub use stats::{LsmStats, LsmStatsSource};

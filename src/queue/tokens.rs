@@ -1,4 +1,12 @@
 //! Token queues: a queue per token class over one shared bucket.
+//!
+//! Whatever numbers callers pass, a token queue neither panics nor wedges:
+//! a burst of zero is refused with a [`ConfigError`] (it would never admit
+//! anything), refills saturate at the burst however often `u64::MAX` is
+//! added, and a correction of any size leaves at most one burst of debt
+//! (see [`TokenBucket`](crate::grant::TokenBucket#bounded-debt)).
+
+use std::num::NonZeroU64;
 
 use crate::error::ConfigError;
 use crate::grant::{Requester, TokenClass, TokenGranter};
@@ -26,8 +34,10 @@ impl WorkQueue<TokenGranter> {
     /// Tenants are ordered by the tokens they were granted since the last
     /// reset ([`Usage::Granted`]): tokens are consumed, nothing comes back
     /// when the work completes.
+    ///
+    /// A `burst` of zero is refused with a [`ConfigError`] naming `burst`.
     pub fn tokens(burst: u64) -> Result<Self, ConfigError> {
-        token_builder(WorkQueueBuilder::default()).build_with(TokenGranter::new(burst))
+        token_builder(WorkQueueBuilder::default()).build_with(TokenGranter::new(burst)?)
     }
 
     /// Adds `tokens` to this queue's class (one tick of a
@@ -43,11 +53,20 @@ impl WorkQueue<TokenGranter> {
 
     /// Turns this class's budget on with `burst` as the most that can be
     /// banked, or (`None`) off: unlimited admission, every waiter granted at
-    /// once.
-    pub fn set_token_limit(&self, burst: Option<u64>) {
+    /// once. `Some(0)` is refused with a [`ConfigError`] naming `burst`, and
+    /// changes nothing.
+    pub fn set_token_limit(&self, burst: Option<u64>) -> Result<(), ConfigError> {
+        let burst = burst
+            .map(|burst| TokenGranter::nonzero_burst("burst", burst))
+            .transpose()?;
+        self.apply_token_limit(burst);
+        Ok(())
+    }
+
+    pub(crate) fn apply_token_limit(&self, burst: Option<NonZeroU64>) {
         match burst {
             Some(burst) => {
-                self.shared.granter.set_burst(burst);
+                self.shared.granter.set_nonzero_burst(burst);
                 self.shared.granter.set_unlimited(false);
             }
             None => {
@@ -60,6 +79,11 @@ impl WorkQueue<TokenGranter> {
     /// Settles an admitted request's estimate against its actual cost: the
     /// difference is charged to (or credited back to) the balances and the
     /// tenant's usage at once, never blocking. A credit may admit waiters.
+    ///
+    /// A charge leaves the balances at most one burst in debt, however
+    /// large `actual` is, so a wrong size cannot block the class for good;
+    /// the tenant's usage is charged in full (saturating), which orders it
+    /// behind others until the next fairness reset.
     pub fn correct_tokens(&self, tenant: TenantId, estimated: u64, actual: u64) {
         let delta = saturating_delta(estimated, actual);
         self.shared.with_state(|queue, grants, wakes| {
@@ -89,7 +113,7 @@ impl WorkQueue<TokenGranter> {
 ///
 /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
 /// let queues = TokenQueues::new(1_000, 100).unwrap();
-/// queues.set_limits(Some(1_000), Some(100));
+/// queues.set_limits(Some(1_000), Some(100)).unwrap();
 /// queues.add_tokens(500, 50);
 ///
 /// let bulk = WorkInfo::builder()
@@ -111,7 +135,9 @@ pub struct TokenQueues {
 
 impl TokenQueues {
     /// Two default token queues over one bucket, both unlimited until
-    /// [`set_limits`](Self::set_limits), banking at most the given bursts.
+    /// [`set_limits`](Self::set_limits), banking at most the given bursts;
+    /// a burst of zero is refused with a [`ConfigError`] naming
+    /// `regular_burst` or `elastic_burst`.
     pub fn new(regular_burst: u64, elastic_burst: u64) -> Result<Self, ConfigError> {
         Self::with_builder(WorkQueueBuilder::default(), regular_burst, elastic_burst)
     }
@@ -124,7 +150,7 @@ impl TokenQueues {
         regular_burst: u64,
         elastic_burst: u64,
     ) -> Result<Self, ConfigError> {
-        let (regular, elastic) = TokenGranter::pair(regular_burst, elastic_burst);
+        let (regular, elastic) = TokenGranter::pair(regular_burst, elastic_burst)?;
         Ok(TokenQueues {
             regular: token_builder(builder.clone()).build_with(regular)?,
             elastic: token_builder(builder).build_with(elastic)?,
@@ -164,10 +190,27 @@ impl TokenQueues {
     }
 
     /// Sets each class's limit: `Some(burst)` turns its budget on, `None`
-    /// makes it unlimited (and grants its waiters).
-    pub fn set_limits(&self, regular: Option<u64>, elastic: Option<u64>) {
-        self.regular.set_token_limit(regular);
-        self.elastic.set_token_limit(elastic);
+    /// makes it unlimited (and grants its waiters). A burst of zero is
+    /// refused with a [`ConfigError`] naming `regular_burst` or
+    /// `elastic_burst`, and changes neither class.
+    pub fn set_limits(
+        &self,
+        regular: Option<u64>,
+        elastic: Option<u64>,
+    ) -> Result<(), ConfigError> {
+        let regular = regular
+            .map(|burst| TokenGranter::nonzero_burst("regular_burst", burst))
+            .transpose()?;
+        let elastic = elastic
+            .map(|burst| TokenGranter::nonzero_burst("elastic_burst", burst))
+            .transpose()?;
+        self.apply_limits(regular, elastic);
+        Ok(())
+    }
+
+    pub(crate) fn apply_limits(&self, regular: Option<NonZeroU64>, elastic: Option<NonZeroU64>) {
+        self.regular.apply_token_limit(regular);
+        self.elastic.apply_token_limit(elastic);
         // A regular budget lifted lets blocked elastic work through too.
         self.elastic.granted();
     }

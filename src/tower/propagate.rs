@@ -26,6 +26,7 @@ use tokio::time::Instant;
 use tower_layer::Layer;
 use tower_service::Service;
 
+use crate::error::ConfigError;
 use crate::work::{Priority, TenantId, WorkInfo};
 
 /// The header carrying the tenant id (a decimal `u64`).
@@ -65,19 +66,27 @@ pub(super) fn with_work<F: std::future::Future>(
 /// assert_eq!(parse_grpc_timeout("5S"), Some(Duration::from_secs(5)));
 /// assert_eq!(parse_grpc_timeout("5"), None);
 /// ```
+///
+/// Anything else is `None`, never a panic: the value is read as bytes, so a
+/// multi-byte character (which a header may carry) is simply not a digit or
+/// a unit. Eight digits bound the largest value, `99999999H` (about 11,400
+/// years), which a [`Duration`] and a deadline after now both represent.
 pub fn parse_grpc_timeout(value: &str) -> Option<Duration> {
-    let (digits, unit) = value.split_at(value.len().checked_sub(1)?);
-    if digits.is_empty() || digits.len() > 8 || !digits.bytes().all(|b| b.is_ascii_digit()) {
+    let (&unit, digits) = value.as_bytes().split_last()?;
+    if digits.is_empty() || digits.len() > 8 || !digits.iter().all(u8::is_ascii_digit) {
         return None;
     }
-    let amount: u64 = digits.parse().ok()?;
+    // At most eight ASCII digits: no overflow, here or in the unit below.
+    let amount = digits
+        .iter()
+        .fold(0u64, |amount, digit| amount * 10 + u64::from(digit - b'0'));
     Some(match unit {
-        "H" => Duration::from_secs(amount.checked_mul(3600)?),
-        "M" => Duration::from_secs(amount.checked_mul(60)?),
-        "S" => Duration::from_secs(amount),
-        "m" => Duration::from_millis(amount),
-        "u" => Duration::from_micros(amount),
-        "n" => Duration::from_nanos(amount),
+        b'H' => Duration::from_secs(amount.saturating_mul(3600)),
+        b'M' => Duration::from_secs(amount.saturating_mul(60)),
+        b'S' => Duration::from_secs(amount),
+        b'm' => Duration::from_millis(amount),
+        b'u' => Duration::from_micros(amount),
+        b'n' => Duration::from_nanos(amount),
         _ => return None,
     })
 }
@@ -155,16 +164,42 @@ impl HttpClassifier {
         self
     }
 
-    /// The priority of requests without a priority header.
-    pub fn default_priority(mut self, priority: Priority) -> Self {
+    /// The priority of requests without a priority header (default
+    /// [`Priority::NORMAL`]). A default above
+    /// [`max_priority`](Self::max_priority) contradicts it and is refused
+    /// with a [`ConfigError`] naming `default_priority`; to lower both,
+    /// lower the default first.
+    pub fn default_priority(mut self, priority: Priority) -> Result<Self, ConfigError> {
+        if priority > self.max_priority {
+            return Err(ConfigError::new(
+                "default_priority",
+                format!(
+                    "{priority} is above max_priority {}; lower the default first",
+                    self.max_priority
+                ),
+            ));
+        }
         self.default_priority = priority;
-        self
+        Ok(self)
     }
 
-    /// The highest priority a header may ask for.
-    pub fn max_priority(mut self, priority: Priority) -> Self {
+    /// The highest priority a header may ask for (default
+    /// [`Priority::USER_HIGH`]). A cap below
+    /// [`default_priority`](Self::default_priority) is refused with a
+    /// [`ConfigError`] naming `max_priority`; to raise both, raise the cap
+    /// first.
+    pub fn max_priority(mut self, priority: Priority) -> Result<Self, ConfigError> {
+        if priority < self.default_priority {
+            return Err(ConfigError::new(
+                "max_priority",
+                format!(
+                    "{priority} is below default_priority {}; lower the default first",
+                    self.default_priority
+                ),
+            ));
+        }
         self.max_priority = priority;
-        self
+        Ok(self)
     }
 
     /// The header read as the request's timeout, in `grpc-timeout` format
@@ -235,13 +270,18 @@ where
 
 /// Writes `work`'s class into `headers`, replacing what was there.
 pub fn stamp(headers: &mut HeaderMap, work: &WorkInfo) {
-    // Digits, a minus sign and a unit letter are always a valid value.
-    let numeric = |value: String| HeaderValue::from_str(&value).expect("a valid header value");
-    headers.insert(TENANT_HEADER, numeric(work.tenant().get().to_string()));
-    headers.insert(PRIORITY_HEADER, numeric(work.priority().get().to_string()));
+    headers.insert(TENANT_HEADER, HeaderValue::from(work.tenant().get()));
+    headers.insert(
+        PRIORITY_HEADER,
+        HeaderValue::from(i16::from(work.priority().get())),
+    );
     if let Some(deadline) = work.deadline() {
         let left = deadline.saturating_duration_since(Instant::now());
-        headers.insert(GRPC_TIMEOUT_HEADER, numeric(format_grpc_timeout(left)));
+        // Digits and a unit letter: always a valid value, but a request is
+        // better sent without its deadline than not at all.
+        if let Ok(value) = HeaderValue::try_from(format_grpc_timeout(left)) {
+            headers.insert(GRPC_TIMEOUT_HEADER, value);
+        }
     }
 }
 
@@ -302,7 +342,9 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn headers_map_to_the_work_class_with_defaults_and_a_cap() {
-        let classifier = HttpClassifier::new().default_priority(Priority::USER_LOW);
+        let classifier = HttpClassifier::new()
+            .default_priority(Priority::USER_LOW)
+            .unwrap();
         let plain = classifier.classify(&request(&[]));
         assert_eq!(
             (plain.tenant(), plain.priority(), plain.deadline()),

@@ -8,8 +8,32 @@ use tower_service::Service;
 use super::error::AdmissionError;
 use super::future::ResponseFuture;
 use crate::grant::SlotGranter;
+use crate::health::{Boundary, ComponentHealth};
 use crate::queue::WorkQueue;
-use crate::work::WorkInfo;
+use crate::sync::StdArc;
+use crate::work::{Priority, TenantId, WorkInfo};
+
+/// The priority a request is admitted at when its classifier panics: the
+/// lowest rung for requests from users. The rungs below it ([`Priority::BULK_LOW`],
+/// [`Priority::LOW`]) are for background work that may wait indefinitely,
+/// which a request someone is waiting on is not; every rung above it is one
+/// the broken classifier did not vouch for.
+pub const CLASSIFIER_FALLBACK_PRIORITY: Priority = Priority::USER_LOW;
+
+/// What [`CLASSIFIER_FALLBACK_PRIORITY`] is called in health records.
+const CLASSIFIER_ON_FAILURE: &str =
+    "the request is admitted as the default tenant at user-low priority, no deadline";
+
+pub(super) fn classifier_boundary() -> StdArc<Boundary> {
+    StdArc::new(Boundary::new("classifier", CLASSIFIER_ON_FAILURE))
+}
+
+/// The class of a request whose classifier panicked: the least trust a
+/// request can be given without being refused. Never a bypass, never a
+/// tenant the request did not name, never above user-low priority.
+fn lowest_trust() -> WorkInfo {
+    WorkInfo::new(TenantId::default(), CLASSIFIER_FALLBACK_PRIORITY)
+}
 
 /// Admits each request through a [`WorkQueue`] before calling the inner
 /// service; built by [`AdmissionLayer`](super::AdmissionLayer).
@@ -24,16 +48,34 @@ pub struct AdmissionService<S, C> {
     inner: S,
     queue: WorkQueue<SlotGranter>,
     classify: C,
+    boundary: StdArc<Boundary>,
 }
 
 impl<S, C> AdmissionService<S, C> {
-    /// Wraps `inner`.
+    /// Wraps `inner`. A panicking `classify` is answered as described on
+    /// [`AdmissionLayer`](super::AdmissionLayer).
     pub fn new(inner: S, queue: WorkQueue<SlotGranter>, classify: C) -> Self {
+        Self::with_boundary(inner, queue, classify, classifier_boundary())
+    }
+
+    pub(super) fn with_boundary(
+        inner: S,
+        queue: WorkQueue<SlotGranter>,
+        classify: C,
+        boundary: StdArc<Boundary>,
+    ) -> Self {
         AdmissionService {
             inner,
             queue,
             classify,
+            boundary,
         }
+    }
+
+    /// The classifier's panics (shared with the layer that built this
+    /// service and its other services).
+    pub fn classifier_health(&self) -> ComponentHealth {
+        self.boundary.health()
     }
 
     /// The queue requests wait in.
@@ -56,7 +98,10 @@ where
     }
 
     fn call(&mut self, request: Req) -> Self::Future {
-        let work = (self.classify)(&request);
+        let work = self
+            .boundary
+            .call(|| (self.classify)(&request))
+            .unwrap_or_else(lowest_trust);
         // Keep the instance that was polled ready for this request.
         let clone = self.inner.clone();
         let ready = std::mem::replace(&mut self.inner, clone);
@@ -69,6 +114,7 @@ impl<S: fmt::Debug, C> fmt::Debug for AdmissionService<S, C> {
         f.debug_struct("AdmissionService")
             .field("inner", &self.inner)
             .field("queue", &self.queue)
+            .field("classifier", &self.boundary)
             .finish_non_exhaustive()
     }
 }

@@ -54,7 +54,10 @@ pub fn rejection_response<B: Default>(error: &AdmitError, retry_after: Duration)
     let mut response = Response::new(B::default());
     *response.status_mut() = status;
     if let Some(retry) = retry {
-        let seconds = retry.as_secs() + u64::from(retry.subsec_nanos() > 0);
+        // Saturating: `Duration::MAX` has a fraction on top of `u64::MAX` seconds.
+        let seconds = retry
+            .as_secs()
+            .saturating_add(u64::from(retry.subsec_nanos() > 0));
         response
             .headers_mut()
             .insert(header::RETRY_AFTER, HeaderValue::from(seconds.max(1)));
