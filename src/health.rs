@@ -5,7 +5,7 @@
 //! [`LsmStatsSource`](crate::io::LsmStatsSource), a custom
 //! [`Granter`](crate::grant::Granter), a GPU observer, preflight or teardown
 //! hook, a tower classifier) must not take the service down with it. Every
-//! place the crate calls such code goes through a [`Boundary`]: the call runs
+//! place the crate calls such code goes through a panic boundary: the call runs
 //! under [`std::panic::catch_unwind`], and a panic is
 //!
 //! * logged as a `tracing` error under the target `admission`, with the

@@ -341,3 +341,46 @@ async fn a_panicking_custom_granter_never_wedges_the_queue_and_is_reported() {
     // take, and units admitted unaccounted were never returned.
     assert_eq!(snapshot.granter, 0);
 }
+
+#[tokio::test(start_paused = true)]
+async fn under_a_controller_a_request_may_wait_for_a_total_it_can_reach() {
+    use admission::cpu::{Controller, CpuLoad};
+    let controller = Controller::with_signal(|| CpuLoad::new(0, 1))
+        .initial_slots(1)
+        .min_slots(1)
+        .max_slots(4)
+        .manual()
+        .build()
+        .unwrap();
+    let held = controller
+        .admit(deadline_work(1, Duration::from_secs(1)))
+        .await
+        .unwrap();
+    // Three slots: more than the total now, within what it may grow to.
+    let mut three = tokio_test::task::spawn(
+        controller.admit(
+            WorkInfo::builder()
+                .tenant(TenantId::new(2))
+                .requested(3)
+                .build(),
+        ),
+    );
+    assert!(
+        three.poll().is_pending(),
+        "three slots fit under max_slots 4"
+    );
+    // Five never can.
+    let five = controller
+        .admit(
+            WorkInfo::builder()
+                .tenant(TenantId::new(3))
+                .requested(5)
+                .build(),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(five.reason(), "never_fits");
+    drop(three);
+    drop(held);
+    assert_eq!(controller.snapshot().queue.granter.used, 0);
+}

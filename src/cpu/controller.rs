@@ -54,8 +54,11 @@ const POLL_ESTIMATE_RANGE: std::ops::RangeInclusive<Duration> =
 /// use admission::cpu::Controller;
 /// use admission::{Priority, TenantId, WorkInfo};
 ///
+/// // Requests that wait with a deadline need tokio's timer: a runtime
+/// // without it refuses them (`AdmitError::TimerUnavailable`).
 /// let runtime = tokio::runtime::Builder::new_multi_thread()
 ///     .worker_threads(2)
+///     .enable_all()
 ///     .build()
 ///     .unwrap();
 /// let controller = Controller::for_runtime(runtime.handle()).build().unwrap();
@@ -573,6 +576,9 @@ impl ControllerBuilder {
             .total_slots(initial)
             .grant_burst(usize::try_from(burst).unwrap_or(usize::MAX))
             .build()?;
+        // A request for more slots than the total now, but no more than it
+        // may grow to, waits; only a larger one can never fit.
+        queue.granter().set_ceiling(self.max_slots)?;
         let now = Instant::now();
         let runtime = runtime.as_ref().map(|handle| RuntimeWatch {
             intervals: RuntimeMonitor::new(handle).intervals(),

@@ -24,7 +24,7 @@
 //! Every call is logged as a [`LoggedOp`] (operation, device, argument ids,
 //! result), so a test can assert the exact order of a rollback.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::fmt;
 
 use super::{
@@ -157,7 +157,8 @@ struct State {
     calls: HashMap<BackendOp, u64>,
     injected: Vec<Injected>,
     gates: HashMap<BackendOp, GateSide>,
-    log: Vec<LoggedOp>,
+    /// The most recent calls, at most [`SimBackend::LOG_LIMIT`].
+    log: VecDeque<LoggedOp>,
     driver_ceiling: bool,
 }
 
@@ -279,6 +280,10 @@ fn live(state: &State) -> usize {
 }
 
 impl SimBackend {
+    /// How many calls the log keeps: the most recent ones. A long-running
+    /// simulation (a soak run) must not grow with every call.
+    pub const LOG_LIMIT: usize = 16_384;
+
     /// A simulator with these devices (a later duplicate ordinal replaces an
     /// earlier one).
     pub fn new(devices: impl IntoIterator<Item = SimDevice>) -> Self {
@@ -345,12 +350,14 @@ impl SimBackend {
         }
     }
 
-    /// Every call so far, in order.
+    /// Every call so far, in order (the most recent
+    /// [`LOG_LIMIT`](Self::LOG_LIMIT) of them).
     pub fn log(&self) -> Vec<LoggedOp> {
-        self.state.lock().log.clone()
+        self.state.lock().log.iter().cloned().collect()
     }
 
-    /// The operations of every call so far, in order.
+    /// The operations of every call so far, in order (the most recent
+    /// [`LOG_LIMIT`](Self::LOG_LIMIT)).
     pub fn ops(&self) -> Vec<BackendOp> {
         self.state.lock().log.iter().map(|l| l.op).collect()
     }
@@ -420,7 +427,10 @@ impl SimBackend {
         if let Err(error) = &result {
             state.note(error);
         }
-        state.log.push(LoggedOp {
+        if state.log.len() == Self::LOG_LIMIT {
+            state.log.pop_front();
+        }
+        state.log.push_back(LoggedOp {
             op,
             device: ordinal,
             args,
