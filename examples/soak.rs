@@ -83,7 +83,8 @@ fn args() -> Result<Args, String> {
             other => return Err(format!("unknown flag {other}")),
         }
     }
-    if args.minutes == 0 || args.report_secs == 0 || !(args.overload > 0.0) {
+    if args.minutes == 0 || args.report_secs == 0 || args.overload.is_nan() || args.overload <= 0.0
+    {
         return Err("--minutes, --report-secs and --overload must be positive".into());
     }
     Ok(args)

@@ -7,9 +7,11 @@
 //!
 //! [`Mutex::lock`] returns the guard directly. A poisoned lock is recovered
 //! rather than propagated: every critical section in this crate leaves the
-//! state consistent before it can panic (it calls no user code under a lock),
-//! so the data behind a poisoned lock is still valid, and a panic in one
-//! handler must not turn every later admission into a panic.
+//! state consistent before it can panic (user code called under a lock, a
+//! custom granter's methods, runs behind a panic boundary that catches the
+//! panic inside the lock), so the data behind a poisoned lock is still
+//! valid, and a panic in one handler must not turn every later admission
+//! into a panic.
 
 #[cfg(not(loom))]
 pub(crate) use std::sync::{
