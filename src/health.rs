@@ -132,6 +132,20 @@ impl Boundary {
         }
     }
 
+    /// Like [`call`](Self::call), for a last-resort boundary around code
+    /// that has boundaries of its own inside: a panic is recorded, but a
+    /// normal return says nothing about the user code and ends no run of
+    /// failures.
+    pub(crate) fn backstop<R>(&self, f: impl FnOnce() -> R) -> Option<R> {
+        match catch_unwind(AssertUnwindSafe(f)) {
+            Ok(value) => Some(value),
+            Err(payload) => {
+                self.record(payload.as_ref());
+                None
+            }
+        }
+    }
+
     fn record(&self, payload: &(dyn Any + Send)) {
         let message = panic_message(payload);
         let panics = self

@@ -54,12 +54,7 @@ async fn early_rejection_survives_a_stall_with_every_slot_held() {
     }
     // A request with a deadline that has to queue: after a stall it is
     // refused at once, not a panic.
-    let mut doomed =
-        tokio_test::task::spawn(queue.admit(deadline_work(3, Duration::from_millis(50))));
-    let refused = match doomed.poll() {
-        std::task::Poll::Ready(Err(error)) => error,
-        other => panic!("expected an early refusal, got {other:?}"),
-    };
+    let refused = refused_at_once(&queue, deadline_work(3, Duration::from_millis(50)));
     assert_eq!(refused.reason(), "would_miss_deadline");
     drop(held);
     // And the queue recovers as soon as work completes again.
@@ -129,18 +124,13 @@ async fn a_request_larger_than_the_total_is_refused_at_once_and_blocks_nobody() 
     let t0 = Instant::now();
     let queue = WorkQueue::new(2).unwrap();
     let held = admit_now(&queue, work(1, 0, t0, 0));
-    let mut too_big = tokio_test::task::spawn(
-        queue.admit(
-            WorkInfo::builder()
-                .tenant(TenantId::new(2))
-                .requested(3)
-                .build(),
-        ),
+    let error = refused_at_once(
+        &queue,
+        WorkInfo::builder()
+            .tenant(TenantId::new(2))
+            .requested(3)
+            .build(),
     );
-    let error = match too_big.poll() {
-        std::task::Poll::Ready(Err(error)) => error,
-        other => panic!("expected a refusal, got {other:?}"),
-    };
     assert_eq!(error.reason(), "never_fits");
     assert!(error.to_string().contains('3'), "{error}");
     // Nothing waits in front of the others: the free slot is used.

@@ -133,6 +133,9 @@ impl<T> Drop for Reply<T> {
 /// See the [module documentation](self).
 pub struct DeviceWorker {
     device: DeviceOrdinal,
+    /// The boundary jobs run behind, also used by `submit` to record a
+    /// panic before the waiting side hears of it.
+    boundary: StdArc<Boundary>,
     sender: Mutex<Option<mpsc::Sender<Job>>>,
     depth: Arc<AtomicU64>,
     thread: Mutex<Option<JoinHandle<()>>>,
@@ -163,12 +166,15 @@ impl DeviceWorker {
         let thread_depth = depth.clone();
         let spawned = std::thread::Builder::new()
             .name(format!("admission-{device}"))
-            .spawn(move || {
-                while let Ok(job) = receiver.recv() {
-                    // A panic is logged and counted by the boundary; the
-                    // job's reply guard tells its waiter.
-                    let _ = boundary.call(job);
-                    thread_depth.fetch_sub(1, Ordering::AcqRel);
+            .spawn({
+                let boundary = boundary.clone();
+                move || {
+                    while let Ok(job) = receiver.recv() {
+                        // A panic is logged and counted by the boundary; the
+                        // job's reply guard tells its waiter.
+                        let _ = boundary.backstop(job);
+                        thread_depth.fetch_sub(1, Ordering::AcqRel);
+                    }
                 }
             });
         let (sender, thread) = match spawned {
@@ -180,6 +186,7 @@ impl DeviceWorker {
         };
         Self {
             device,
+            boundary,
             thread_id: thread.as_ref().map(|t| t.thread().id()),
             sender: Mutex::new(sender),
             depth,
@@ -227,10 +234,15 @@ impl DeviceWorker {
     ) -> impl Future<Output = Result<T, JobError>> + Send + 'static {
         let device = self.device;
         let (reply, rx) = Reply::channel();
+        let boundary = self.boundary.clone();
         let queued = self.submit_detached(move || {
-            // The receiver may be gone (a cancelled caller); the job ran
-            // anyway, which is what the caller's rollback relies on.
-            let _ = reply.send(job());
+            // The panic is recorded before the reply is dropped unsent, so
+            // a waiter that hears of it finds it in the health already.
+            if let Some(value) = boundary.call(job) {
+                // The receiver may be gone (a cancelled caller); the job
+                // ran anyway, which is what the caller's rollback relies on.
+                let _ = reply.send(value);
+            }
         });
         async move {
             queued?;

@@ -75,3 +75,12 @@ pub fn granted(waiters: &mut Vec<(&'static str, Pending)>) -> Vec<(&'static str,
 pub fn names<T>(grants: &[(&'static str, T)]) -> Vec<&'static str> {
     grants.iter().map(|(name, _)| *name).collect()
 }
+
+/// Polls an admission once and expects it to be refused at once.
+pub fn refused_at_once(queue: &WorkQueue, work: WorkInfo) -> AdmitError {
+    let mut admit = task::spawn(queue.admit(work));
+    match admit.poll() {
+        std::task::Poll::Ready(Err(error)) => error,
+        other => panic!("expected an immediate refusal, got {other:?}"),
+    }
+}
