@@ -186,7 +186,7 @@ fn flood(threshold: u32, spin_per_chunk: u64, seconds: u64) -> (f64, f64, f64, f
 
 fn sweep(spin_per_chunk: u64) {
     println!("compute flood, {WORKERS} workers, {CLIENTS} clients, {CHUNKS} x {CHUNK:?} chunks per request");
-    println!("signal: {}", RuntimeSignal::source());
+    println!("signal: {}", RuntimeSignal::best_source());
     println!(
         "{:>9} {:>12} {:>17} {:>17} {:>11}",
         "threshold", "completed/s", "service p50 ms", "service p99 ms", "mean total"
@@ -202,7 +202,7 @@ fn phased(threshold: u32, spin_per_chunk: u64) {
     let controller = controller(&runtime, threshold);
     println!(
         "threshold {threshold}, signal: {}; every 100 ms:",
-        RuntimeSignal::source()
+        RuntimeSignal::best_source()
     );
     println!(
         "{:>6} {:>7} {:>7} {:>9} {:>6} {:>5} {:>8} {:>9} {:>10}",

@@ -106,6 +106,24 @@
 //! through `cudarc` behind the `cuda` feature; a deterministic simulated
 //! backend with fault injection is what the tests run on.
 //!
+//! # Never the failure
+//!
+//! An admission controller is a safety device: when it fails, it takes the
+//! service down with it. So every piece of code the application hands the
+//! crate (a [`CpuSignal`](cpu::CpuSignal), an
+//! [`LsmStatsSource`](io::LsmStatsSource), a custom
+//! [`Granter`](grant::Granter), a classifier, GPU observers, preflights,
+//! teardown hooks and backends) runs behind a panic boundary ([`health`]): a
+//! panic is logged, counted, shown as a [`ComponentHealth`] in the
+//! component's snapshot, and answered by that component's documented
+//! fallback, never by a dead thread, a wedged queue or lost capacity. Time
+//! arithmetic saturates; a request that can never be satisfied is refused
+//! at once with a typed error ([`AdmitError::NeverFits`],
+//! [`AdmitError::TimerUnavailable`]); every per-key table (tenants above
+//! all, whose ids arrive in request headers) is bounded on the queue's own
+//! schedule. `docs/ARCHITECTURE.md` has the failure model of each component;
+//! the chaos tests and a ten-minute soak run check it.
+//!
 //! # Requester and granter
 //!
 //! Two small interfaces in [`grant`] keep *who wants to run* apart from

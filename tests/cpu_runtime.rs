@@ -127,3 +127,38 @@ fn a_cpu_flood_shrinks_the_total_and_io_bound_work_grows_it_back() {
     controller.close();
     runtime.shutdown_timeout(Duration::from_secs(5));
 }
+
+#[test]
+fn the_stable_probe_can_be_chosen_in_any_build() {
+    use admission::cpu::{Controller, RuntimeSignal, SignalSource};
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let probing = Controller::for_runtime(runtime.handle())
+        .signal_source(SignalSource::GlobalQueueAndProbe)
+        .manual()
+        .build()
+        .unwrap();
+    assert_eq!(
+        probing.snapshot().source,
+        Some(SignalSource::GlobalQueueAndProbe)
+    );
+    let depths = Controller::for_runtime(runtime.handle())
+        .signal_source(SignalSource::QueueDepths)
+        .manual()
+        .build();
+    if cfg!(tokio_unstable) {
+        assert_eq!(
+            depths.unwrap().snapshot().source,
+            Some(SignalSource::QueueDepths)
+        );
+    } else {
+        assert_eq!(depths.unwrap_err().field(), "signal_source");
+    }
+    assert_eq!(
+        RuntimeSignal::new(runtime.handle()).source(),
+        RuntimeSignal::best_source()
+    );
+}

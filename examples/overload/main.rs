@@ -219,7 +219,7 @@ fn main() {
     println!(
         "machine: {} cores; runtime: {WORKERS} workers; signal: {}; service: {:?}; handler: {:?}",
         std::thread::available_parallelism().map_or(0, |n| n.get()),
-        admission::cpu::RuntimeSignal::source(),
+        admission::cpu::RuntimeSignal::best_source(),
         bench.service,
         bench.handler,
     );

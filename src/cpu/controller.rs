@@ -107,6 +107,7 @@ enum SignalChoice {
     Runtime {
         handle: Handle,
         poll_estimate: Duration,
+        source: SignalSource,
     },
     Custom(Box<dyn CpuSignal>),
 }
@@ -211,6 +212,7 @@ impl Controller {
         ControllerBuilder::new(SignalChoice::Runtime {
             handle: handle.clone(),
             poll_estimate: RuntimeSignal::DEFAULT_POLL_ESTIMATE,
+            source: RuntimeSignal::best_source(),
         })
     }
 
@@ -524,6 +526,20 @@ impl ControllerBuilder {
         self
     }
 
+    /// For a controller built [`for_runtime`](Controller::for_runtime): how
+    /// its [`RuntimeSignal`] reads the runtime (default: the best this build
+    /// has, [`RuntimeSignal::best_source`]). Choosing
+    /// [`SignalSource::GlobalQueueAndProbe`] in a `tokio_unstable` build
+    /// measures what a crate that depends on this one gets; queue depths on
+    /// stable tokio fail the build with a [`ConfigError`] naming
+    /// `signal_source`. Ignored with an injected signal.
+    pub fn signal_source(mut self, chosen: SignalSource) -> Self {
+        if let SignalChoice::Runtime { source, .. } = &mut self.signal {
+            *source = chosen;
+        }
+        self
+    }
+
     /// No sampler thread: the controller moves only when
     /// [`Controller::step`] is called.
     pub fn manual(mut self) -> Self {
@@ -539,10 +555,13 @@ impl ControllerBuilder {
             SignalChoice::Runtime {
                 handle,
                 poll_estimate,
+                source,
             } => (
-                Box::new(RuntimeSignal::new(&handle).with_poll_estimate(poll_estimate)),
+                Box::new(
+                    RuntimeSignal::with_source(&handle, source)?.with_poll_estimate(poll_estimate),
+                ),
                 Some(handle),
-                Some(RuntimeSignal::source()),
+                Some(source),
             ),
             SignalChoice::Custom(signal) => (signal, None, None),
         };

@@ -80,7 +80,6 @@
 mod adjuster;
 mod controller;
 mod idle;
-#[cfg(not(tokio_unstable))]
 mod probe;
 mod signal;
 

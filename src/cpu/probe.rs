@@ -1,5 +1,5 @@
-//! The stable fallback's scheduling-delay probe (compiled only without
-//! `tokio_unstable`, where local queue depths are not exposed).
+//! The scheduling-delay probe: the signal of stable tokio, where local queue
+//! depths are not exposed (and of any build that asks for it).
 //!
 //! The probe's atomics are shared with a task on a tokio runtime, which loom
 //! cannot model; nothing here runs inside a loom model, so std types are

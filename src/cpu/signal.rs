@@ -5,8 +5,8 @@ use std::time::Duration;
 
 use tokio::runtime::{Handle, RuntimeMetrics};
 
-#[cfg(not(tokio_unstable))]
 use super::probe::Probe;
+use crate::error::ConfigError;
 
 /// One sample of the CPU signal.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -102,45 +102,92 @@ impl fmt::Display for SignalSource {
 #[derive(Debug)]
 pub struct RuntimeSignal {
     metrics: RuntimeMetrics,
-    #[cfg(not(tokio_unstable))]
-    probe: Probe,
+    reading: Reading,
+}
+
+/// How a [`RuntimeSignal`] reads its runtime.
+#[derive(Debug)]
+enum Reading {
+    #[cfg(tokio_unstable)]
+    QueueDepths,
+    Probe(Probe),
 }
 
 impl RuntimeSignal {
     /// The default expected length of one task poll, for the stable probe.
     pub const DEFAULT_POLL_ESTIMATE: Duration = Duration::from_micros(50);
 
-    /// A signal reading the runtime behind `handle`.
+    /// A signal reading the runtime behind `handle` with the best source
+    /// this build has ([`best_source`](Self::best_source)).
     pub fn new(handle: &Handle) -> Self {
+        match Self::with_source(handle, Self::best_source()) {
+            Ok(signal) => signal,
+            // The best source is always available.
+            Err(_) => Self::probing(handle),
+        }
+    }
+
+    /// A signal reading the runtime behind `handle` with `source`:
+    /// [`SignalSource::GlobalQueueAndProbe`] in any build (it is what every
+    /// crate that depends on this one gets, since a dependency is built
+    /// without `--cfg tokio_unstable`; choosing it in this repository's
+    /// `tokio_unstable` builds measures that), [`SignalSource::QueueDepths`]
+    /// only with `tokio_unstable`, a [`ConfigError`] naming `signal_source`
+    /// otherwise.
+    pub fn with_source(handle: &Handle, source: SignalSource) -> Result<Self, ConfigError> {
+        match source {
+            SignalSource::GlobalQueueAndProbe => Ok(Self::probing(handle)),
+            #[cfg(tokio_unstable)]
+            SignalSource::QueueDepths => Ok(RuntimeSignal {
+                metrics: handle.metrics(),
+                reading: Reading::QueueDepths,
+            }),
+            #[cfg(not(tokio_unstable))]
+            SignalSource::QueueDepths => Err(ConfigError::new(
+                "signal_source",
+                "queue depths need a build with `--cfg tokio_unstable`",
+            )),
+        }
+    }
+
+    fn probing(handle: &Handle) -> Self {
         RuntimeSignal {
             metrics: handle.metrics(),
-            #[cfg(not(tokio_unstable))]
-            probe: Probe::start(handle, Self::DEFAULT_POLL_ESTIMATE),
+            reading: Reading::Probe(Probe::start(handle, Self::DEFAULT_POLL_ESTIMATE)),
         }
     }
 
     /// Sets the expected length of one task poll that converts the stable
-    /// probe's delay into runnable tasks (no effect with `tokio_unstable`).
+    /// probe's delay into runnable tasks (no effect on queue depths).
     /// Kept within 1 µs..=1 s (the range
     /// [`ControllerBuilder::poll_estimate`](super::ControllerBuilder::poll_estimate)
     /// accepts): zero would divide by zero, and an estimate of hours would
     /// read every delay as no backlog at all.
-    pub fn with_poll_estimate(#[allow(unused_mut)] mut self, poll: Duration) -> Self {
-        #[cfg(not(tokio_unstable))]
-        {
-            self.probe.poll_estimate = poll.clamp(Duration::from_micros(1), Duration::from_secs(1));
+    // Without `tokio_unstable` the probe is the only reading.
+    #[allow(irrefutable_let_patterns)]
+    pub fn with_poll_estimate(mut self, poll: Duration) -> Self {
+        if let Reading::Probe(probe) = &mut self.reading {
+            probe.poll_estimate = poll.clamp(Duration::from_micros(1), Duration::from_secs(1));
         }
-        #[cfg(tokio_unstable)]
-        let _ = poll;
         self
     }
 
-    /// The measurement this build uses.
-    pub const fn source() -> SignalSource {
+    /// The best measurement this build has: queue depths with
+    /// `tokio_unstable`, the probe without.
+    pub const fn best_source() -> SignalSource {
         if cfg!(tokio_unstable) {
             SignalSource::QueueDepths
         } else {
             SignalSource::GlobalQueueAndProbe
+        }
+    }
+
+    /// The measurement this signal uses.
+    pub fn source(&self) -> SignalSource {
+        match self.reading {
+            #[cfg(tokio_unstable)]
+            Reading::QueueDepths => SignalSource::QueueDepths,
+            Reading::Probe(_) => SignalSource::GlobalQueueAndProbe,
         }
     }
 
@@ -151,23 +198,23 @@ impl RuntimeSignal {
 }
 
 impl CpuSignal for RuntimeSignal {
-    #[cfg(tokio_unstable)]
-    fn sample(&mut self) -> CpuLoad {
-        let workers = self.metrics.num_workers();
-        let local: usize = (0..workers)
-            .map(|worker| self.metrics.worker_local_queue_depth(worker))
-            .sum();
-        let runnable = self.metrics.global_queue_depth().saturating_add(local);
-        CpuLoad::new(runnable as u64, self.workers())
-    }
-
-    #[cfg(not(tokio_unstable))]
     fn sample(&mut self) -> CpuLoad {
         let workers = self.workers();
+        let probe = match &mut self.reading {
+            #[cfg(tokio_unstable)]
+            Reading::QueueDepths => {
+                let local: usize = (0..self.metrics.num_workers())
+                    .map(|worker| self.metrics.worker_local_queue_depth(worker))
+                    .sum();
+                let runnable = self.metrics.global_queue_depth().saturating_add(local);
+                return CpuLoad::new(runnable as u64, workers);
+            }
+            Reading::Probe(probe) => probe,
+        };
         // Read before the probe sends its next task into the global queue.
         let global = self.metrics.global_queue_depth() as u64;
-        let delay = self.probe.sample();
-        let per_worker = delay.as_nanos() / self.probe.poll_estimate.as_nanos();
+        let delay = probe.sample();
+        let per_worker = delay.as_nanos() / probe.poll_estimate.as_nanos();
         let estimated = u64::try_from(per_worker)
             .unwrap_or(u64::MAX)
             .saturating_mul(u64::from(workers));
