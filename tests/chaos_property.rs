@@ -345,3 +345,209 @@ proptest! {
         run(ops, Setup { flaky, epoch_lifo, early_rejection, granted_usage, grant_burst })?;
     }
 }
+
+/// Token queues under the same kind of abuse: refills and corrections of
+/// `u64::MAX`, requests of every size, bursts switched on and off (zero
+/// refused). Throughout, no balance is ever above the largest burst it had
+/// or in more debt than sixty of them (see the io module's failure model); at
+/// quiescence nothing waits and every request settled exactly once.
+mod tokens {
+    use super::*;
+    use admission::grant::TokenGranter;
+    use admission::queue::TokenQueues;
+
+    #[derive(Clone, Debug)]
+    enum TokenOp {
+        Admit {
+            tenant: u64,
+            elastic: bool,
+            requested: u64,
+            timeout: Option<Duration>,
+        },
+        PollAll,
+        DropWaiting(usize),
+        Complete {
+            index: usize,
+            actual: u64,
+        },
+        Add {
+            regular: u64,
+            elastic: u64,
+        },
+        SetLimits {
+            regular: Option<u64>,
+            elastic: Option<u64>,
+        },
+        Advance(Duration),
+    }
+
+    fn amount() -> impl Strategy<Value = u64> {
+        prop::sample::select(vec![0u64, 1, 100, 4096, 1 << 40, u64::MAX])
+    }
+
+    fn token_op() -> impl Strategy<Value = TokenOp> {
+        let burst =
+            prop::option::weighted(0.8, prop::sample::select(vec![0u64, 1, 4096, u64::MAX]));
+        prop_oneof![
+            6 => (0..6u64, any::<bool>(), amount(), prop::option::weighted(0.4, prop::sample::select(vec![
+                Duration::ZERO, Duration::from_millis(5), Duration::MAX])))
+                .prop_map(|(tenant, elastic, requested, timeout)| TokenOp::Admit { tenant, elastic, requested, timeout }),
+            3 => Just(TokenOp::PollAll),
+            1 => any::<usize>().prop_map(TokenOp::DropWaiting),
+            3 => (any::<usize>(), amount()).prop_map(|(index, actual)| TokenOp::Complete { index, actual }),
+            3 => (amount(), amount()).prop_map(|(regular, elastic)| TokenOp::Add { regular, elastic }),
+            1 => (burst.clone(), burst).prop_map(|(regular, elastic)| TokenOp::SetLimits { regular, elastic }),
+            1 => prop::sample::select(vec![Duration::from_millis(3), Duration::from_secs(2)]).prop_map(TokenOp::Advance),
+        ]
+    }
+
+    type Admitted = (WorkInfo, SlotPermit<TokenGranter>);
+
+    fn run_tokens(ops: Vec<TokenOp>) -> Result<(), TestCaseError> {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .start_paused(true)
+            .build()
+            .unwrap();
+        runtime.block_on(async move {
+            let queues = TokenQueues::new(4096, 4096).unwrap();
+            let mut waiting: Vec<(WorkInfo, Spawn<admission::Admit<TokenGranter>>)> = Vec::new();
+            let mut admitted: Vec<Admitted> = Vec::new();
+            let (mut requested, mut granted, mut failed) = (0u64, 0u64, 0u64);
+            // The largest burst each class has had: its debt bound.
+            let mut largest_burst = 4096u64;
+            for op in ops {
+                match op {
+                    TokenOp::Admit {
+                        tenant,
+                        elastic,
+                        requested: units,
+                        timeout,
+                    } => {
+                        let mut work = WorkInfo::builder()
+                            .tenant(TenantId::new(tenant))
+                            .priority(if elastic {
+                                Priority::BULK_NORMAL
+                            } else {
+                                Priority::NORMAL
+                            })
+                            .requested(units);
+                        if let Some(timeout) = timeout {
+                            work = work.timeout(timeout);
+                        }
+                        let work = work.build();
+                        let mut admit = tokio_test::task::spawn(queues.admit(work.clone()));
+                        requested += 1;
+                        match admit.poll() {
+                            std::task::Poll::Ready(Ok(permit)) => {
+                                granted += 1;
+                                admitted.push((work, permit));
+                            }
+                            std::task::Poll::Ready(Err(_)) => failed += 1,
+                            std::task::Poll::Pending => waiting.push((work, admit)),
+                        }
+                    }
+                    TokenOp::PollAll => waiting.retain_mut(|(work, admit)| match admit.poll() {
+                        std::task::Poll::Ready(Ok(permit)) => {
+                            granted += 1;
+                            admitted.push((work.clone(), permit));
+                            false
+                        }
+                        std::task::Poll::Ready(Err(_)) => {
+                            failed += 1;
+                            false
+                        }
+                        std::task::Poll::Pending => true,
+                    }),
+                    TokenOp::DropWaiting(index) if !waiting.is_empty() => {
+                        drop(waiting.swap_remove(index % waiting.len()));
+                        failed += 1;
+                    }
+                    TokenOp::Complete { index, actual } if !admitted.is_empty() => {
+                        let (work, permit) = admitted.swap_remove(index % admitted.len());
+                        queues.correct_tokens(&work, work.requested(), actual);
+                        drop(permit);
+                    }
+                    TokenOp::DropWaiting(_) | TokenOp::Complete { .. } => {}
+                    TokenOp::Add { regular, elastic } => queues.add_tokens(regular, elastic),
+                    TokenOp::SetLimits { regular, elastic } => {
+                        let result = queues.set_limits(regular, elastic);
+                        prop_assert_eq!(result.is_ok(), regular != Some(0) && elastic != Some(0));
+                        if result.is_ok() {
+                            largest_burst = largest_burst
+                                .max(regular.unwrap_or(0))
+                                .max(elastic.unwrap_or(0));
+                        }
+                    }
+                    TokenOp::Advance(by) => tokio::time::advance(by).await,
+                }
+                for queue in [queues.regular(), queues.elastic()] {
+                    let balance = queue.snapshot().granter;
+                    if !balance.unlimited {
+                        // A lowered burst does not cut a balance already
+                        // banked: the bound is the largest burst so far.
+                        prop_assert!(
+                            i128::from(balance.available) <= i128::from(largest_burst),
+                            "{balance:?}"
+                        );
+                        let bound = i128::from(largest_burst) * 61;
+                        prop_assert!(i128::from(balance.available) >= -bound, "{balance:?}");
+                    }
+                }
+            }
+            // Quiescence: budgets off, every waiter granted or expired.
+            queues.set_limits(None, None).unwrap();
+            // A few rounds: a future first polled when this task's
+            // cooperative budget had run out has not asked yet.
+            for _ in 0..4 {
+                tokio::time::advance(Duration::from_secs(1)).await;
+                waiting.retain_mut(|(_, admit)| match admit.poll() {
+                    std::task::Poll::Ready(Ok(_)) => {
+                        granted += 1;
+                        false
+                    }
+                    std::task::Poll::Ready(Err(_)) => {
+                        failed += 1;
+                        false
+                    }
+                    std::task::Poll::Pending => true,
+                });
+            }
+            prop_assert!(
+                waiting.is_empty(),
+                "{} token requests still pending: {:?}; regular {:?}; elastic {:?}",
+                waiting.len(),
+                waiting
+                    .iter()
+                    .map(|(w, _)| (w.priority(), w.requested()))
+                    .collect::<Vec<_>>(),
+                queues.regular().snapshot(),
+                queues.elastic().snapshot()
+            );
+            drop(admitted);
+            let mut counted = (0u64, 0u64, 0u64);
+            for queue in [queues.regular(), queues.elastic()] {
+                let snapshot = queue.snapshot();
+                prop_assert_eq!(snapshot.waiting, 0);
+                for p in &snapshot.priorities {
+                    counted.0 += p.requested;
+                    counted.1 += p.admitted;
+                    counted.2 += p.errored;
+                }
+            }
+            prop_assert_eq!(counted, (requested, granted, failed));
+            Ok(())
+        })
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::default())]
+
+        #[test]
+        fn absurd_token_calls_keep_balances_bounded_and_settle_every_request(
+            ops in prop::collection::vec(token_op(), 1..100),
+        ) {
+            run_tokens(ops)?;
+        }
+    }
+}

@@ -374,3 +374,47 @@ async fn under_a_controller_a_request_may_wait_for_a_total_it_can_reach() {
     drop(held);
     assert_eq!(controller.snapshot().queue.granter.used, 0);
 }
+
+#[tokio::test(start_paused = true)]
+async fn an_absurd_elastic_request_does_not_read_as_a_full_elastic_share() {
+    use admission::queue::TokenQueues;
+    // Found by the property test: elastic work holding `u64::MAX` units
+    // compared equal to the "no share" sentinel, and every later elastic
+    // request waited for good on a queue that has no elastic share.
+    let queues = TokenQueues::new(4096, 4096).unwrap();
+    let elastic = |units| {
+        WorkInfo::builder()
+            .priority(Priority::BULK_NORMAL)
+            .requested(units)
+            .build()
+    };
+    queues.set_limits(None, Some(1)).unwrap();
+    let mut huge = tokio_test::task::spawn(queues.admit(elastic(u64::MAX)));
+    assert!(huge.poll().is_pending(), "no elastic tokens yet");
+    let mut small = enqueue_tokens(&queues, elastic(1));
+    queues.add_tokens(0, 100);
+    let huge = try_settle_tokens(&mut huge).expect("granted").unwrap();
+    // Budgets lifted: the small one must be granted, not held back by a
+    // share this queue does not have.
+    queues.set_limits(None, None).unwrap();
+    let small = try_settle_tokens(&mut small).expect("granted when the budget was lifted");
+    assert!(small.is_ok(), "{small:?}");
+    drop((huge, small));
+}
+
+type TokenAdmit = tokio_test::task::Spawn<admission::Admit<admission::grant::TokenGranter>>;
+
+fn enqueue_tokens(queues: &admission::queue::TokenQueues, work: WorkInfo) -> TokenAdmit {
+    let mut admit = tokio_test::task::spawn(queues.admit(work));
+    assert!(admit.poll().is_pending(), "expected the request to wait");
+    admit
+}
+
+fn try_settle_tokens(
+    admit: &mut TokenAdmit,
+) -> Option<Result<admission::SlotPermit<admission::grant::TokenGranter>, admission::AdmitError>> {
+    match admit.poll() {
+        std::task::Poll::Ready(result) => Some(result),
+        std::task::Poll::Pending => None,
+    }
+}

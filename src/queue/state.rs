@@ -349,8 +349,7 @@ impl QueueState {
         // overtake the queue's order whenever capacity happened to be free.
         // (Elastic work held back by its share does not count: the capacity
         // it may not take is free for others.)
-        let elastic_full =
-            self.limits.elastic_share.is_some() && self.elastic_held >= self.elastic_limit(grants);
+        let elastic_full = self.elastic_full(self.elastic_limit(grants));
         let nobody_grantable =
             self.waiting == 0 || (elastic_full && self.next_grantee(elastic_full).is_none());
         let elastic_blocked = priority.is_elastic() && elastic_full;
@@ -411,16 +410,19 @@ impl QueueState {
     }
 
     /// How many slots elastic work may hold: its share of the granter's
-    /// capacity, at least one; unlimited without an elastic share or a
-    /// capacity to take it of.
-    fn elastic_limit<G: Granter>(&self, grants: &Grants<'_, G>) -> u64 {
-        let Some(share) = self.limits.elastic_share else {
-            return u64::MAX;
-        };
-        let Some(capacity) = grants.capacity() else {
-            return u64::MAX;
-        };
-        ((capacity as f64 * share).floor() as u64).max(1)
+    /// capacity, at least one; `None` (unlimited) without an elastic share
+    /// or a capacity to take it of. Not a sentinel value: elastic work
+    /// holding `u64::MAX` units (one absurd request) must not read as a full
+    /// share on a queue that has none.
+    fn elastic_limit<G: Granter>(&self, grants: &Grants<'_, G>) -> Option<u64> {
+        let share = self.limits.elastic_share?;
+        let capacity = grants.capacity()?;
+        Some(((capacity as f64 * share).floor() as u64).max(1))
+    }
+
+    /// Whether elastic work holds all it may.
+    fn elastic_full(&self, limit: Option<u64>) -> bool {
+        limit.is_some_and(|limit| self.elastic_held >= limit)
     }
 
     /// The first tenant in fair-share order whose next request may be
@@ -589,7 +591,7 @@ impl QueueState {
             if self.pacing.is_full() {
                 break;
             }
-            let elastic_full = self.elastic_held >= elastic_limit;
+            let elastic_full = self.elastic_full(elastic_limit);
             let Some((first, slab_key)) = self.next_grantee(elastic_full) else {
                 break;
             };
