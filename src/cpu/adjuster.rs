@@ -29,6 +29,9 @@ use super::signal::CpuLoad;
 pub enum Adjustment {
     /// Overloaded: one slot fewer.
     Decrease,
+    /// Admitted work's holds grew at least twofold (see
+    /// [`inflation`](super::inflation)): the total is cut to this at once.
+    Cut(u64),
     /// Underloaded with every slot in use: one slot more.
     Increase,
     /// No change, and why.
@@ -51,6 +54,9 @@ pub enum Hold {
     UsedAboveTotal,
     /// Underloaded, but slots are free: nobody is asking for more.
     SlotsFree,
+    /// Underloaded by the runnable rule, but admitted work's holds are not
+    /// (yet) near their unloaded value: see [`inflation`](super::inflation).
+    Inflated,
     /// The controller is idle and does not enforce or adjust.
     Idle,
     /// The signal panicked: no sample, so the total is held (and
@@ -63,6 +69,7 @@ impl fmt::Display for Adjustment {
         match self {
             Adjustment::Decrease => f.pad("decrease"),
             Adjustment::Increase => f.pad("increase"),
+            Adjustment::Cut(to) => f.pad(&format!("cut to {to}")),
             Adjustment::Hold(why) => f.pad(&format!("hold ({why:?})")),
         }
     }
@@ -86,6 +93,11 @@ impl SlotAdjuster {
             min_slots,
             max_slots,
         }
+    }
+
+    /// The lowest total the rule moves to.
+    pub(crate) fn min_slots(&self) -> u64 {
+        self.min_slots
     }
 
     /// The decision for one sample, given the slots in use and the total.
@@ -120,6 +132,7 @@ impl SlotAdjuster {
         match adjustment {
             Adjustment::Decrease => Some(total - 1),
             Adjustment::Increase => Some(total + 1),
+            Adjustment::Cut(to) => Some(to),
             Adjustment::Hold(_) => None,
         }
     }

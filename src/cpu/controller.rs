@@ -14,6 +14,7 @@ use tokio_metrics::{RuntimeIntervals, RuntimeMonitor};
 
 use super::adjuster::{Adjustment, Hold, SlotAdjuster};
 use super::idle::{IdleDetector, Mode};
+use super::inflation::{self, HoldInflation, InflationReading, InflationVerdict};
 use super::signal::{CpuLoad, CpuSignal, RuntimeSignal, SignalSource};
 use crate::error::ConfigError;
 use crate::grant::{SlotGranter, SlotSnapshot};
@@ -22,7 +23,7 @@ use crate::observe::QueueSnapshot;
 use crate::queue::{Admit, WorkQueue, WorkQueueBuilder};
 use crate::sync::{Arc, Mutex};
 use crate::ticker::Ticker;
-use crate::work::WorkInfo;
+use crate::work::{Priority, WorkInfo};
 
 /// How many slot changes the snapshot remembers.
 const RECENT_DECISIONS: usize = 32;
@@ -93,6 +94,7 @@ struct Core {
 struct Ticking {
     signal: Box<dyn CpuSignal>,
     idle: IdleDetector,
+    inflation: HoldInflation,
     runtime: Option<RuntimeWatch>,
     stats: Stats,
 }
@@ -114,6 +116,7 @@ enum SignalChoice {
 
 #[derive(Default)]
 struct Stats {
+    inflation: Option<InflationReading>,
     ticks: u64,
     last_tick: Option<Instant>,
     samples: u64,
@@ -196,6 +199,14 @@ pub struct ControllerSnapshot {
     pub runtime: Option<RuntimeSummary>,
     /// The queue, including slots used and total.
     pub queue: QueueSnapshot<SlotSnapshot>,
+    /// The latest window of the second signal: admitted work's hold
+    /// inflation over its unloaded value, inversion, and the verdict (see
+    /// [`inflation`](super::inflation)); `None` before the first window.
+    pub inflation: Option<InflationReading>,
+    /// Each priority's unloaded hold, the second signal's baseline: the
+    /// mean hold of work admitted with no more slots in flight than the
+    /// runtime has workers.
+    pub hold_baselines: Vec<(Priority, Duration)>,
     /// The signal's health: panics caught, and whether it is failing now
     /// (the controller then enforces with the total held).
     pub signal: ComponentHealth,
@@ -259,6 +270,8 @@ impl Controller {
             recent: stats.recent.iter().copied().collect(),
             runtime: stats.runtime,
             queue: self.core.queue.snapshot(),
+            inflation: stats.inflation,
+            hold_baselines: ticking.inflation.baselines(),
             signal: self.core.signal_boundary.health(),
             sampler: self.sampler.health(),
         }
@@ -295,6 +308,7 @@ impl Core {
         let Ticking {
             signal,
             idle,
+            inflation,
             runtime,
             stats,
         } = &mut *ticking;
@@ -313,11 +327,34 @@ impl Core {
         }
         let mut adjustment = Adjustment::Hold(Hold::Idle);
         let adjuster = self.adjuster;
+        // Held slots can only be CPU queueing while the workers are busy;
+        // otherwise longer holds are waits on IO or locks, and every
+        // completion is a fair baseline (see `inflation.rs`). Without a
+        // runtime to ask (an injected signal) the holds are trusted.
+        let cpu_busy = stats
+            .runtime
+            .is_none_or(|r| r.busy_ratio / (r.workers.max(1) as f64) >= inflation::CPU_BUSY);
+        let base_concurrency = if cpu_busy {
+            u64::from(load.workers)
+        } else {
+            u64::MAX
+        };
+        let reported = self.queue.take_work(base_concurrency);
+        let total_now = self.queue.granter().total();
+        let reading = inflation.observe(reported, now, total_now, adjuster.min_slots());
+        let verdict = reading.map(|r| r.verdict).filter(|_| cpu_busy);
+        let increase_allowed = !cpu_busy || inflation.allows_increase();
         // The adjuster keeps the total within bounds the builder checked
         // against the granter's, so moving it cannot fail.
         let slots_before = match self.queue.adjust_total(|slots| {
             if mode == Mode::Active {
-                adjustment = adjuster.decide(&load, slots.used, slots.total);
+                adjustment = combine(
+                    adjuster.decide(&load, slots.used, slots.total),
+                    verdict,
+                    increase_allowed,
+                    slots,
+                    adjuster.min_slots(),
+                );
             }
             adjuster.apply(adjustment, slots.total)
         }) {
@@ -336,9 +373,17 @@ impl Core {
         stats.last_load = Some(load);
         stats.last_adjustment = Some(adjustment);
         match adjustment {
-            Adjustment::Increase => stats.increases = stats.increases.saturating_add(1),
-            Adjustment::Decrease => stats.decreases = stats.decreases.saturating_add(1),
+            Adjustment::Increase => {
+                stats.increases = stats.increases.saturating_add(1);
+                inflation.increased();
+            }
+            Adjustment::Decrease | Adjustment::Cut(_) => {
+                stats.decreases = stats.decreases.saturating_add(1)
+            }
             Adjustment::Hold(_) => {}
+        }
+        if reading.is_some() {
+            stats.inflation = inflation.last();
         }
         if !matches!(adjustment, Adjustment::Hold(_)) {
             if stats.recent.len() == RECENT_DECISIONS {
@@ -411,6 +456,34 @@ impl Core {
         } else {
             self.period
         }
+    }
+}
+
+/// One tick's decision from the two signals: the runnable rule's, unless
+/// admitted work's holds say otherwise. A cut (holds grew twofold) or a
+/// decrease (grew by 40%, or priority was inverted) wins over a hold or an
+/// increase, as long as a slot is in use (the load is admitted work) and
+/// the total is above its minimum; an increase waits for good windows.
+fn combine(
+    runnable: Adjustment,
+    verdict: Option<InflationVerdict>,
+    increase_allowed: bool,
+    slots: SlotSnapshot,
+    min_slots: u64,
+) -> Adjustment {
+    let may_lower = slots.used > 0 && slots.total > min_slots;
+    match verdict {
+        Some(InflationVerdict::Cut { to }) if may_lower && to < slots.total => {
+            return Adjustment::Cut(to);
+        }
+        Some(InflationVerdict::Cut { .. } | InflationVerdict::Decrease) if may_lower => {
+            return Adjustment::Decrease;
+        }
+        _ => {}
+    }
+    match runnable {
+        Adjustment::Increase if !increase_allowed => Adjustment::Hold(Hold::Inflated),
+        other => other,
     }
 }
 
@@ -594,6 +667,7 @@ impl ControllerBuilder {
             .queue
             .total_slots(initial)
             .grant_burst(usize::try_from(burst).unwrap_or(usize::MAX))
+            .report_work()
             .build()?;
         // A request for more slots than the total now, but no more than it
         // may grow to, waits; only a larger one can never fit.
@@ -614,6 +688,7 @@ impl ControllerBuilder {
             ticking: Mutex::new(Ticking {
                 signal,
                 idle: IdleDetector::new(self.idle_below, now),
+                inflation: HoldInflation::default(),
                 runtime,
                 stats: Stats::default(),
             }),

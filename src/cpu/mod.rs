@@ -80,6 +80,7 @@
 mod adjuster;
 mod controller;
 mod idle;
+pub mod inflation;
 mod probe;
 mod signal;
 

@@ -18,6 +18,7 @@ mod permit;
 mod state;
 mod tenant;
 mod tokens;
+mod work;
 
 pub use admit::Admit;
 pub use epoch::EpochLifo;
@@ -30,6 +31,9 @@ use std::time::Duration;
 use rustc_hash::FxHashMap;
 
 use self::state::{Charge, Limits, QueueState, WakeList};
+#[cfg(test)]
+pub(crate) use self::work::PriorityHolds;
+pub(crate) use self::work::WorkWindow;
 use crate::error::ConfigError;
 use crate::grant::{Granter, Grants, Requester, SlotGranter, SlotSnapshot};
 use crate::health::Boundary;
@@ -207,6 +211,16 @@ impl WorkQueue<SlotGranter> {
         }
     }
 
+    /// The holds completed since the last call (a queue built to
+    /// `report_work`), and sets the concurrency at or below which admitted
+    /// work counts as having had the CPU to itself.
+    pub(crate) fn take_work(&self, base_concurrency: u64) -> WorkWindow {
+        self.shared.with_queue(|queue| {
+            queue.set_base_concurrency(base_concurrency);
+            queue.take_work()
+        })
+    }
+
     /// Switches slot enforcement; see [`SlotGranter::set_enforcing`].
     /// Switching it off grants every waiter at once.
     pub fn set_enforcing(&self, enforcing: bool) {
@@ -336,6 +350,7 @@ pub struct WorkQueueBuilder {
     usage: Usage,
     elastic_share: Option<f64>,
     max_tenants: usize,
+    report_work: bool,
 }
 
 impl Default for WorkQueueBuilder {
@@ -351,6 +366,7 @@ impl Default for WorkQueueBuilder {
             usage: Usage::Held,
             elastic_share: None,
             max_tenants: Self::DEFAULT_MAX_TENANTS,
+            report_work: false,
         }
     }
 }
@@ -467,6 +483,13 @@ impl WorkQueueBuilder {
         self
     }
 
+    /// Times every admission's hold and reports completions to a driver
+    /// (the CPU controller's second signal): two clock reads per admission.
+    pub(crate) fn report_work(mut self) -> Self {
+        self.report_work = true;
+        self
+    }
+
     /// A slot queue.
     pub fn build(self) -> Result<WorkQueue<SlotGranter>, ConfigError> {
         let granter = SlotGranter::new(self.total_slots)?;
@@ -530,6 +553,7 @@ impl WorkQueueBuilder {
             usage: self.usage,
             elastic_share: self.elastic_share,
             max_tenants: self.max_tenants,
+            report_work: self.report_work,
         };
         let locked = Locked {
             queue: QueueState::new(limits),

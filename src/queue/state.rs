@@ -66,6 +66,7 @@ use super::epoch::EpochLifo;
 use super::order::{OpenKey, Place, Recency, TenantOrder, WaiterKey};
 use super::pacing::Pacing;
 use super::tenant::Tenant;
+use super::work::WorkWindow;
 use super::Usage;
 use crate::error::AdmitError;
 use crate::grant::{Granter, Grants};
@@ -122,6 +123,10 @@ pub(crate) struct Charge {
     /// Whether the granter counted the units (not when it panicked and the
     /// queue failed open): only counted units are given back to it.
     accounted: bool,
+    /// Units in flight when it was granted, its own included.
+    concurrency: u64,
+    /// The admitted work's deadline, to tell a late completion.
+    deadline: Option<Instant>,
 }
 
 /// What a first attempt at admission came to.
@@ -184,6 +189,8 @@ pub(crate) struct Limits {
     pub(crate) usage: Usage,
     pub(crate) elastic_share: Option<f64>,
     pub(crate) max_tenants: usize,
+    /// Report every completion's hold to the controller (see `work.rs`).
+    pub(crate) report_work: bool,
 }
 
 /// How fast the queue drains, for early rejection: the rate at which
@@ -267,6 +274,10 @@ pub(crate) struct QueueState {
     /// Units granted and not yet given back (held by permits, or granted to
     /// waiters that have not observed it): tells a stall from an idle queue.
     in_flight: u64,
+    /// With `report_work`: completions since the controller last looked,
+    /// and the concurrency at or below which work has the CPU to itself.
+    work: WorkWindow,
+    base_concurrency: u64,
     stats: PriorityStats,
 }
 
@@ -297,6 +308,8 @@ impl QueueState {
             },
             elastic_held: 0,
             in_flight: 0,
+            work: WorkWindow::default(),
+            base_concurrency: 0,
             stats: PriorityStats::new(),
         }
     }
@@ -405,7 +418,7 @@ impl QueueState {
         let waited = Duration::ZERO;
         self.stats.settled(priority, Settled::Admitted { waited });
         Attempt::Admitted {
-            charge: self.charge_now(priority, count, None, accounted),
+            charge: self.charge_now(priority, count, None, accounted, work.deadline()),
         }
     }
 
@@ -444,17 +457,29 @@ impl QueueState {
         count: u64,
         now: Option<Instant>,
         accounted: bool,
+        deadline: Option<Instant>,
     ) -> Charge {
         Charge {
             accounted,
             generation: self.generation,
             count,
             priority,
-            admitted_at: self
-                .limits
-                .early_rejection
+            admitted_at: (self.limits.early_rejection || self.limits.report_work)
                 .then(|| now.unwrap_or_else(Instant::now)),
+            concurrency: self.in_flight,
+            deadline,
         }
+    }
+
+    /// The holds completed since the last call (with `report_work`).
+    pub(crate) fn take_work(&mut self) -> WorkWindow {
+        std::mem::take(&mut self.work)
+    }
+
+    /// Work admitted with at most `base` units in flight counts as having
+    /// had the CPU to itself (see `work.rs`).
+    pub(crate) fn set_base_concurrency(&mut self, base: u64) {
+        self.base_concurrency = base;
     }
 
     fn reject(&mut self, work: &WorkInfo, error: AdmitError) -> Attempt {
@@ -639,7 +664,8 @@ impl QueueState {
             };
             self.unlink(slab_key);
             let waiter = &self.waiters[slab_key];
-            let (priority, enqueued_at) = (waiter.priority, waiter.enqueued_at);
+            let (priority, enqueued_at, deadline) =
+                (waiter.priority, waiter.enqueued_at, waiter.deadline);
             self.with_tenant(first.id, |t| {
                 t.used = t.used.saturating_add(count);
                 if let Some(now) = now.filter(|_| epoch_lifo) {
@@ -651,7 +677,16 @@ impl QueueState {
                 self.elastic_held = self.elastic_held.saturating_add(count);
             }
             self.in_flight = self.in_flight.saturating_add(count);
-            let charge = self.charge_now(priority, count, now, accounted);
+            if self.limits.report_work {
+                if let (Some(deadline), Some(at)) = (deadline, now) {
+                    // Waited more than half of what its deadline allowed.
+                    let allowed = deadline.saturating_duration_since(enqueued_at);
+                    if at.saturating_duration_since(enqueued_at) > allowed / 2 {
+                        self.work.waited_long(priority);
+                    }
+                }
+            }
+            let charge = self.charge_now(priority, count, now, accounted, deadline);
             let pacing_epoch = self.pacing.granted();
             let waiter = &mut self.waiters[slab_key];
             if let WaiterState::Waiting { waker } = std::mem::replace(
@@ -857,8 +892,14 @@ impl QueueState {
             self.elastic_held = self.elastic_held.saturating_sub(charge.count);
         }
         if let Some(admitted_at) = charge.admitted_at {
-            let held = Instant::now().saturating_duration_since(admitted_at);
+            let now = Instant::now();
+            let held = now.saturating_duration_since(admitted_at);
             self.drain.held(charge.priority, held);
+            if self.limits.report_work {
+                let base = charge.concurrency <= self.base_concurrency;
+                let late = charge.deadline.is_some_and(|deadline| now > deadline);
+                self.work.completed(charge.priority, held, base, late);
+            }
         }
         // A permit from before the last reset was already forgotten; its
         // tenant record may even be gone. Counting grants, nothing is

@@ -1,0 +1,440 @@
+//! The second CPU signal: how much longer admitted work holds its slots
+//! than it does with the CPU to itself.
+//!
+//! The runnable-per-worker rule (`adjuster.rs`) sees only what the runtime
+//! exposes. On stable tokio that is a probe's scheduling delay, and neither
+//! it nor tokio's own metrics see a task parked on the worker's defer list,
+//! where `yield_now` and an exhausted cooperative budget put it. Handlers
+//! written the way tokio's docs teach then hide the very queue admission
+//! exists to move: the total climbs, admitted work waits in tokio's FIFO
+//! queues, and priority is lost there.
+//!
+//! This signal is measured on the admitted work itself. By Little's law a
+//! total above what the CPU can run at once cannot raise throughput, only
+//! the time each admission holds its slot. So:
+//!
+//! * **Baseline**: per priority, the mean hold of work that was admitted
+//!   with no more units in flight than the runtime has workers (work that
+//!   had a worker to itself), smoothed over windows.
+//! * **Inflation**: over a window of completions (at least
+//!   [`MIN_COMPLETIONS`], or [`MAX_WINDOW`] with at least a few), the
+//!   completion-weighted mean of each priority's mean hold over its
+//!   baseline. 1 means work runs as if alone.
+//! * **Inversion**: in the same window, work of some priority finished past
+//!   its deadline, or waited for a grant more than half of what its
+//!   deadline allowed, while work of a lower priority completed: slots went
+//!   to lower priorities while higher ones suffered. Admission exists to
+//!   prevent exactly that; it is an overload signal in its own right.
+//!
+//! The rule ([`verdict`]), with its reasons in [`InflationVerdict`]:
+//!
+//! ```text
+//!  inflation ≥ 2      → cut: total = max(min, ⌈total / inflation⌉)   (a spike, absorbed in one window)
+//!  inflation ≥ 1.4,
+//!   or an inversion   → one slot fewer
+//!  inflation ≤ 1.15   → good: the runnable rule may add a slot after two good windows in a row
+//!  otherwise          → hold (the dead band)
+//! ```
+//!
+//! Holds count as CPU queueing only while the runtime's workers are busy
+//! ([`CPU_BUSY`] of their time, from tokio's busy-time metric, with a
+//! controller built for a runtime). Otherwise longer holds are waits on IO,
+//! timers or locks, which more slots do not make worse: the verdict is
+//! ignored, increases need no good windows, and every completion counts
+//! toward the baseline, so it follows work whose cost changed (a service
+//! that turns from computing to waiting keeps no stale, short baseline).
+//!
+//! Work that waits on IO holds its slot without using the CPU, so raising
+//! the total does not inflate its holds until the CPU is busy: the signal
+//! lets an IO-bound service run more than a slot per worker, and stops it
+//! where holds start to grow. A change of the work's own cost moves the
+//! baseline only through work admitted at low concurrency; a cut brings the
+//! total back there, so the baseline follows.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use crate::queue::WorkWindow;
+use crate::work::Priority;
+
+/// The share of the workers' time they must be busy for longer holds to
+/// count as CPU queueing (measured by the runtime's own busy time, with a
+/// controller built for a runtime).
+pub const CPU_BUSY: f64 = 0.8;
+
+/// Completions that close a window.
+pub const MIN_COMPLETIONS: u64 = 32;
+/// The longest window: after it, a window with at least
+/// [`MIN_SPARSE_COMPLETIONS`] completions closes anyway.
+pub const MAX_WINDOW: Duration = Duration::from_millis(50);
+/// The fewest completions a long window may close with.
+pub const MIN_SPARSE_COMPLETIONS: u64 = 8;
+/// Inflation at or above which the total is cut in proportion.
+pub const CUT_AT: f64 = 2.0;
+/// Inflation at or above which the total loses a slot.
+pub const DECREASE_AT: f64 = 1.4;
+/// Inflation at or below which a window is good.
+pub const GOOD_AT: f64 = 1.15;
+/// Good windows in a row before the runnable rule may add a slot.
+pub const GOOD_WINDOWS_TO_INCREASE: u32 = 2;
+
+/// What one closed window of completions said.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct InflationReading {
+    /// Completion-weighted mean hold over the baseline; `None` until some
+    /// priority that completed has a baseline.
+    pub inflation: Option<f64>,
+    /// Completions in the window.
+    pub completions: u64,
+    /// A priority finished late, or waited long for its grant, while a
+    /// lower priority completed work in the same window.
+    pub inversion: bool,
+    /// The verdict of the rule.
+    pub verdict: InflationVerdict,
+}
+
+/// The rule's verdict on a window.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum InflationVerdict {
+    /// Holds grew at least [`CUT_AT`]-fold: cut the total to this.
+    Cut {
+        /// The new total.
+        to: u64,
+    },
+    /// Holds grew at least [`DECREASE_AT`]-fold, or priority was inverted:
+    /// one slot fewer.
+    Decrease,
+    /// Holds are near their baseline: the total may grow.
+    Good,
+    /// Between the two, or nothing to compare yet.
+    Hold,
+}
+
+/// The rule on one reading: pure, a table in its tests.
+pub fn verdict(
+    inflation: Option<f64>,
+    inversion: bool,
+    total: u64,
+    min_slots: u64,
+) -> InflationVerdict {
+    match inflation {
+        Some(inflation) if inflation >= CUT_AT => {
+            let to = (total as f64 / inflation).ceil() as u64;
+            // Never above the total, and never below the minimum unless
+            // the total already is.
+            InflationVerdict::Cut {
+                to: to.max(min_slots).min(total),
+            }
+        }
+        Some(inflation) if inflation >= DECREASE_AT => InflationVerdict::Decrease,
+        _ if inversion => InflationVerdict::Decrease,
+        Some(inflation) if inflation <= GOOD_AT => InflationVerdict::Good,
+        _ => InflationVerdict::Hold,
+    }
+}
+
+/// The signal's state across ticks: baselines, the open window, and the
+/// run of good windows.
+#[derive(Debug, Default)]
+pub(crate) struct HoldInflation {
+    baselines: BTreeMap<Priority, Duration>,
+    window: WorkWindow,
+    opened: Option<Instant>,
+    good_in_a_row: u32,
+    last: Option<InflationReading>,
+}
+
+impl HoldInflation {
+    /// Adds the completions reported since the last tick; a reading when
+    /// they close a window.
+    pub(crate) fn observe(
+        &mut self,
+        reported: WorkWindow,
+        now: Instant,
+        total: u64,
+        min_slots: u64,
+    ) -> Option<InflationReading> {
+        let opened = *self.opened.get_or_insert(now);
+        for (priority, holds) in reported.priorities {
+            let mine = self.window.priorities.entry(priority).or_default();
+            mine.completions = mine.completions.saturating_add(holds.completions);
+            mine.held = mine.held.saturating_add(holds.held);
+            mine.base_completions = mine.base_completions.saturating_add(holds.base_completions);
+            mine.base_held = mine.base_held.saturating_add(holds.base_held);
+            mine.late = mine.late.saturating_add(holds.late);
+            mine.waited_long = mine.waited_long.saturating_add(holds.waited_long);
+        }
+        let completions: u64 = self.window.priorities.values().map(|h| h.completions).sum();
+        let age = now.saturating_duration_since(opened);
+        let closes = completions >= MIN_COMPLETIONS
+            || (age >= MAX_WINDOW && completions >= MIN_SPARSE_COMPLETIONS);
+        if !closes {
+            if age >= 4 * MAX_WINDOW {
+                // Too little work to say anything: start over.
+                self.window = WorkWindow::default();
+                self.opened = Some(now);
+            }
+            return None;
+        }
+        let window = std::mem::take(&mut self.window);
+        self.opened = Some(now);
+        let inflation = self.inflation(&window);
+        self.learn_baselines(&window);
+        let inversion = inverted(&window);
+        let verdict = verdict(inflation, inversion, total, min_slots);
+        self.good_in_a_row = match verdict {
+            InflationVerdict::Good => self.good_in_a_row.saturating_add(1),
+            _ => 0,
+        };
+        let reading = InflationReading {
+            inflation,
+            completions,
+            inversion,
+            verdict,
+        };
+        self.last = Some(reading);
+        Some(reading)
+    }
+
+    /// Whether the runnable rule may add a slot: the latest windows were
+    /// good. (The controller does not ask while the workers are not busy:
+    /// holds then say nothing about the CPU.)
+    pub(crate) fn allows_increase(&self) -> bool {
+        self.good_in_a_row >= GOOD_WINDOWS_TO_INCREASE
+    }
+
+    /// An increase was made: the next one waits for fresh good windows.
+    pub(crate) fn increased(&mut self) {
+        self.good_in_a_row = 0;
+    }
+
+    pub(crate) fn last(&self) -> Option<InflationReading> {
+        self.last
+    }
+
+    /// The baseline of `priority`, if it has one.
+    #[cfg(test)]
+    pub(crate) fn baseline(&self, priority: Priority) -> Option<Duration> {
+        self.baselines.get(&priority).copied()
+    }
+
+    /// Every priority's baseline, lowest priority first.
+    pub(crate) fn baselines(&self) -> Vec<(Priority, Duration)> {
+        self.baselines.iter().map(|(&p, &d)| (p, d)).collect()
+    }
+
+    fn inflation(&self, window: &WorkWindow) -> Option<f64> {
+        let (mut weighted, mut weight) = (0.0, 0.0);
+        for (priority, holds) in &window.priorities {
+            let Some(baseline) = self.baselines.get(priority) else {
+                continue;
+            };
+            if holds.completions == 0 || baseline.is_zero() {
+                continue;
+            }
+            let mean = holds.held.as_secs_f64() / holds.completions as f64;
+            let n = holds.completions as f64;
+            weighted += n * mean / baseline.as_secs_f64();
+            weight += n;
+        }
+        (weight > 0.0).then(|| weighted / weight)
+    }
+
+    /// Each priority's baseline moves toward the mean hold of its work
+    /// admitted at base concurrency, by a weight that grows with how many
+    /// such completions the window had.
+    fn learn_baselines(&mut self, window: &WorkWindow) {
+        for (priority, holds) in &window.priorities {
+            if holds.base_completions == 0 {
+                continue;
+            }
+            let mean = holds.base_held.as_secs_f64() / holds.base_completions as f64;
+            let n = holds.base_completions as f64;
+            let weight = n / (n + MIN_COMPLETIONS as f64);
+            let learned = match self.baselines.get(priority) {
+                Some(old) => old.as_secs_f64() * (1.0 - weight) + mean * weight,
+                None => mean,
+            };
+            let learned = Duration::try_from_secs_f64(learned).unwrap_or(Duration::MAX);
+            self.baselines.insert(*priority, learned);
+        }
+    }
+}
+
+/// A priority suffered (late, or waited long) while a lower one completed
+/// work in the same window.
+fn inverted(window: &WorkWindow) -> bool {
+    let lowest_completed = window
+        .priorities
+        .iter()
+        .find(|(_, holds)| holds.completions > 0)
+        .map(|(&priority, _)| priority);
+    let Some(lowest) = lowest_completed else {
+        return false;
+    };
+    window
+        .priorities
+        .iter()
+        .any(|(&priority, holds)| priority > lowest && (holds.late > 0 || holds.waited_long > 0))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::queue::PriorityHolds;
+
+    #[test]
+    fn the_rule_as_a_table() {
+        use InflationVerdict::*;
+        // (inflation, inversion, total, min) → verdict
+        let rows: &[(Option<f64>, bool, u64, u64, InflationVerdict)] = &[
+            (None, false, 4, 1, Hold),
+            (None, true, 4, 1, Decrease),
+            (Some(1.0), false, 4, 1, Good),
+            (Some(1.15), false, 4, 1, Good),
+            (Some(1.2), false, 4, 1, Hold),
+            (Some(1.2), true, 4, 1, Decrease),
+            (Some(1.4), false, 4, 1, Decrease),
+            (Some(2.0), false, 4, 1, Cut { to: 2 }),
+            (Some(3.0), false, 8, 1, Cut { to: 3 }),
+            (Some(10.0), false, 8, 2, Cut { to: 2 }),
+            (Some(1e300), false, 8, 1, Cut { to: 1 }),
+            (Some(f64::INFINITY), false, 8, 1, Cut { to: 1 }),
+            (Some(4.0), false, 1, 2, Cut { to: 1 }),
+            (Some(f64::NAN), false, 8, 1, Hold),
+        ];
+        for &(inflation, inversion, total, min, expected) in rows {
+            assert_eq!(
+                verdict(inflation, inversion, total, min),
+                expected,
+                "{inflation:?} {inversion} {total} {min}"
+            );
+        }
+    }
+
+    fn window(rows: &[(i8, u64, u64, u64, u64)]) -> WorkWindow {
+        // (priority, completions, mean hold µs, of which at base, late)
+        let mut window = WorkWindow::default();
+        for &(priority, completions, mean_us, base, late) in rows {
+            window.priorities.insert(
+                Priority::new(priority),
+                PriorityHolds {
+                    completions,
+                    held: Duration::from_micros(mean_us * completions),
+                    base_completions: base,
+                    base_held: Duration::from_micros(mean_us * base),
+                    late,
+                    waited_long: 0,
+                },
+            );
+        }
+        window
+    }
+
+    #[test]
+    fn holds_at_base_concurrency_set_the_baseline_and_inflated_holds_cut() {
+        let t0 = Instant::now();
+        let mut signal = HoldInflation::default();
+        // 32 completions of 500 µs, all with a worker to themselves.
+        let first = signal
+            .observe(window(&[(0, 32, 500, 32, 0)]), t0, 2, 1)
+            .expect("a full window");
+        assert_eq!(first.inflation, None, "no baseline before this window");
+        assert_eq!(
+            signal.baseline(Priority::NORMAL),
+            Some(Duration::from_micros(500))
+        );
+        // The same work held three times as long at a higher total.
+        let inflated = signal
+            .observe(window(&[(0, 32, 1500, 0, 0)]), t0, 6, 1)
+            .expect("a full window");
+        assert_eq!(inflated.inflation, Some(3.0));
+        assert_eq!(inflated.verdict, InflationVerdict::Cut { to: 2 });
+        assert!(!signal.allows_increase());
+    }
+
+    #[test]
+    fn windows_close_on_completions_or_on_age_and_small_ones_start_over() {
+        let t0 = Instant::now();
+        let mut signal = HoldInflation::default();
+        assert_eq!(
+            signal.observe(window(&[(0, 10, 500, 10, 0)]), t0, 2, 1),
+            None
+        );
+        assert!(signal
+            .observe(window(&[(0, 22, 500, 22, 0)]), t0, 2, 1)
+            .is_some());
+        // Sparse: 8 completions close a window only once it is 50 ms old.
+        assert_eq!(signal.observe(window(&[(0, 8, 500, 8, 0)]), t0, 2, 1), None);
+        assert!(signal
+            .observe(WorkWindow::default(), t0 + MAX_WINDOW, 2, 1)
+            .is_some());
+        // Fewer than 8 for 200 ms: dropped.
+        assert_eq!(
+            signal.observe(window(&[(0, 3, 500, 3, 0)]), t0 + MAX_WINDOW, 2, 1),
+            None
+        );
+        assert_eq!(
+            signal.observe(WorkWindow::default(), t0 + 5 * MAX_WINDOW, 2, 1),
+            None
+        );
+        assert_eq!(
+            signal.observe(window(&[(0, 5, 500, 5, 0)]), t0 + 11 * MAX_WINDOW, 2, 1),
+            None,
+            "the three old completions were dropped: 5 < 8"
+        );
+    }
+
+    #[test]
+    fn an_increase_needs_two_good_windows_in_a_row() {
+        let t0 = Instant::now();
+        let mut signal = HoldInflation::default();
+        assert!(!signal.allows_increase(), "nothing to go by yet");
+        signal.observe(window(&[(0, 32, 500, 32, 0)]), t0, 2, 1);
+        assert!(
+            !signal.allows_increase(),
+            "one window, and it had no baseline"
+        );
+        signal.observe(window(&[(0, 32, 520, 32, 0)]), t0, 2, 1);
+        assert!(!signal.allows_increase());
+        signal.observe(window(&[(0, 32, 510, 32, 0)]), t0, 2, 1);
+        assert!(signal.allows_increase());
+        signal.increased();
+        assert!(!signal.allows_increase());
+    }
+
+    #[test]
+    fn late_high_priority_work_beside_completing_low_priority_work_is_an_inversion() {
+        let t0 = Instant::now();
+        let mut signal = HoldInflation::default();
+        signal.observe(
+            window(&[(-50, 16, 500, 16, 0), (50, 16, 500, 16, 0)]),
+            t0,
+            2,
+            1,
+        );
+        let inverted = signal
+            .observe(
+                window(&[(-50, 16, 500, 16, 0), (50, 16, 500, 16, 3)]),
+                t0,
+                2,
+                1,
+            )
+            .unwrap();
+        assert!(inverted.inversion);
+        assert_eq!(inverted.verdict, InflationVerdict::Decrease);
+        // Late low-priority work is not an inversion.
+        let fine = signal
+            .observe(
+                window(&[(-50, 16, 500, 16, 5), (50, 16, 500, 16, 0)]),
+                t0,
+                2,
+                1,
+            )
+            .unwrap();
+        assert!(!fine.inversion);
+        assert_eq!(fine.verdict, InflationVerdict::Good);
+    }
+}
