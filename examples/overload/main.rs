@@ -690,15 +690,12 @@ mod smoke {
         );
         // Unstable is there exactly when the build has tokio_unstable, and
         // its absence is an error that says what to do, not a panic.
-        match parse(&args("--signal unstable")) {
-            Ok(parsed) => {
-                assert!(cfg!(tokio_unstable));
-                assert_eq!(parsed.signal, SignalSource::QueueDepths);
-            }
-            Err(message) => {
-                assert!(!cfg!(tokio_unstable));
-                assert!(message.contains("tokio_unstable"), "{message}");
-            }
+        let unstable = parse(&args("--signal unstable"));
+        if cfg!(tokio_unstable) {
+            assert_eq!(unstable.unwrap().signal, SignalSource::QueueDepths);
+        } else {
+            let message = unstable.unwrap_err();
+            assert!(message.contains("tokio_unstable"), "{message}");
         }
         assert!(parse(&args("--signal fast")).is_err());
         assert_eq!(

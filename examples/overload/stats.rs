@@ -176,7 +176,7 @@ pub fn priority_inversions(classes: &[ClassServed], margin: f64) -> Vec<Inversio
         .iter()
         .filter_map(|class| class.within_slo.map(|frac| (class, frac)))
         .collect();
-    by_priority.sort_by(|a, b| b.0.priority.cmp(&a.0.priority));
+    by_priority.sort_by_key(|&(class, _)| std::cmp::Reverse(class.priority));
     let mut found = Vec::new();
     for (index, &(higher, higher_frac)) in by_priority.iter().enumerate() {
         for &(lower, lower_frac) in &by_priority[index + 1..] {
@@ -665,11 +665,14 @@ mod tests {
         }
     }
 
+    /// High, normal and low served within the SLO.
+    type Served = (Option<f64>, Option<f64>, Option<f64>);
+
     /// (high, normal, low) served within the SLO, and the inversions found,
     /// as "higher<lower" pairs.
     #[test]
     fn high_served_less_than_a_lower_class_is_an_inversion() {
-        let rows: [((Option<f64>, Option<f64>, Option<f64>), &[&str]); 9] = [
+        let rows: [(Served, &[&str]); 9] = [
             // Priority respected: nothing to report.
             ((Some(0.999), Some(0.80), Some(0.20)), &[]),
             // Everything served: equal is not inverted.
