@@ -315,10 +315,12 @@ pub fn schedule(
                 .steps
                 .get(step + 1)
                 .map_or(length, |&(next, _)| next.min(length));
-            if rate <= 0.0 || from >= until {
-                continue;
-            }
-            let gaps = Exp::new(rate).expect("a positive rate");
+            // A rate from a C that failed to calibrate (zero, NaN or
+            // infinite) schedules nothing rather than panic or never end.
+            let gaps = match Exp::new(rate) {
+                Ok(gaps) if rate.is_finite() && rate > 0.0 && from < until => gaps,
+                _ => continue,
+            };
             let mut at = from.as_secs_f64();
             loop {
                 at += gaps.sample(&mut rng);
@@ -500,6 +502,32 @@ mod tests {
             .iter()
             .filter(|p| p.class == 1)
             .all(|p| p.at >= Duration::from_secs(1)));
+    }
+
+    #[test]
+    fn a_rate_that_is_not_a_positive_number_schedules_nothing() {
+        for rate in [0.0, -1.0, f64::NAN, f64::INFINITY] {
+            let streams = [Stream {
+                class: 0,
+                tenant: 0,
+                steps: vec![(Duration::ZERO, rate)],
+            }];
+            let mean = Duration::from_micros(500);
+            let plan = schedule(&streams, Duration::from_secs(1), mean, Service::Constant, 1);
+            assert!(plan.is_empty(), "{rate}");
+        }
+    }
+
+    #[test]
+    fn handler_styles_are_named_as_the_command_line_names_them() {
+        assert_eq!(Handler::named("yield"), Some(Handler::YIELD));
+        assert_eq!(Handler::named("chunked"), None);
+        assert_eq!(Handler::MUTEX.awaits, Awaits::SharedMutex);
+        assert_eq!(Handler::IO.yielding, Yielding::YieldNow);
+        let w8_self_waking = Handler::SELF_WAKE.awaiting(Awaits::SharedMutex);
+        assert_eq!(w8_self_waking.name(), "mutex+self-wake");
+        assert_eq!(Handler::YIELD.awaiting(Awaits::Io), Handler::IO);
+        assert_eq!(Handler::IO.name(), "io");
     }
 
     #[test]

@@ -183,6 +183,11 @@ fn bench(options: &Options) -> Result<Bench, String> {
         calibration_length(quick),
         42,
     )?;
+    if !(capacity.is_finite() && capacity > 0.0) {
+        return Err(format!(
+            "C = {capacity} req/s: the runtime completed nothing"
+        ));
+    }
     let mut bench = Bench {
         units,
         mean_service: MEAN_SERVICE,
