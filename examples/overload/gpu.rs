@@ -410,7 +410,12 @@ enum Under {
     Semaphores(Vec<Arc<Semaphore>>),
 }
 
-fn service(settings: &Settings, budget: u32, observed: Arc<Mutex<Vec<Observation>>>) -> Under {
+fn service(
+    settings: &Settings,
+    budget: u32,
+    observed: Arc<Mutex<Vec<Observation>>>,
+) -> Result<Under, String> {
+    let refused = |what: &str, error: &dyn std::fmt::Display| format!("w7 {what}: {error}");
     let ordinals: Vec<u32> = (0..settings.devices).collect();
     // The simulated devices are larger than the managed capacity: the
     // backend reserve and the unmanaged rest live outside the ledger.
@@ -426,18 +431,20 @@ fn service(settings: &Settings, budget: u32, observed: Arc<Mutex<Vec<Observation
                 .managed_capacity(settings.capacity)
                 .max_active_attempts(settings.slots)
                 .build()
-                .expect("valid profile")
+                .map_err(|error| refused("device profile", &error))
         })
-        .collect();
+        .collect::<Result<_, _>>()?;
     let ownerships = ordinals
         .iter()
         .map(|&o| MemoryOwnership::exclusive(DeviceOrdinal(o)))
         .collect();
-    let devices = DeviceSet::new(profiles, ownerships).expect("valid devices");
+    let devices =
+        DeviceSet::new(profiles, ownerships).map_err(|error| refused("devices", &error))?;
     // The queue's max_wait is the longest class deadline; each query's own
     // deadline is the binding one.
     let max_wait = settings.deadline[SMALL].max(settings.deadline[LARGE]);
-    let bounds = QueueBounds::new(settings.max_pending, max_wait, budget).expect("valid bounds");
+    let bounds = QueueBounds::new(settings.max_pending, max_wait, budget)
+        .map_err(|error| refused("queue bounds", &error))?;
     let service = QueryService::builder(sim, devices, bounds)
         .observer(move |o: &Observation| {
             if let Ok(mut log) = observed.lock() {
@@ -445,17 +452,20 @@ fn service(settings: &Settings, budget: u32, observed: Arc<Mutex<Vec<Observation
             }
         })
         .build()
-        .expect("every profiled device is installed");
+        .map_err(|error| refused("query service", &error))?;
     let proof = |fingerprint, floor| {
         let plan = PlanDescription::new(PlanFingerprint(fingerprint))
             .phase(PhaseRequirement::new("scan", floor, "scan"));
-        service.issuer().lower(&plan).expect("a provable plan")
+        service
+            .issuer()
+            .lower(&plan)
+            .map_err(|error| refused("plan", &error))
     };
     let proofs = [
-        proof(1, settings.attempt_floor()),
-        proof(2, settings.large_floor),
+        proof(1, settings.attempt_floor())?,
+        proof(2, settings.large_floor)?,
     ];
-    Under::Service { service, proofs }
+    Ok(Under::Service { service, proofs })
 }
 
 /// Runs one query against the system under test.
@@ -606,40 +616,44 @@ fn settle_mismatches(log: &[Observation]) -> usize {
 }
 
 /// Runs `system` on the settings' schedule: arrivals for `settings.run`,
-/// then a drain until every query has settled.
-pub fn run(settings: &Settings, system: System) -> Outcome {
+/// then a drain until every query has settled; an error if the run could
+/// not be set up.
+pub fn run(settings: &Settings, system: System) -> Result<Outcome, String> {
     let settings = Arc::new(settings.clone());
     let plan = settings.schedule();
     let observed = Arc::new(Mutex::new(Vec::new()));
-    let runtime = runner::runtime();
+    let runtime = runner::runtime()?;
     // The service spawns nothing on tokio at build, but its futures need a
     // runtime context; building inside one keeps that true if it changes.
     let under = Arc::new(runtime.block_on(async {
         match system {
             System::Admission => service(&settings, settings.overtake_budget, observed.clone()),
             System::Unbounded => service(&settings, u32::MAX, observed.clone()),
-            System::DeviceSemaphore => Under::Semaphores(
+            System::DeviceSemaphore => Ok(Under::Semaphores(
                 (0..settings.devices)
                     .map(|_| Arc::new(Semaphore::new(settings.slots as usize)))
                     .collect(),
-            ),
+            )),
         }
-    }));
+    })?);
     let held = Arc::new(Held::new(&settings));
     let stop = Arc::new(AtomicBool::new(false));
     let start = Instant::now();
     let sampler = {
         let (under, held, settings, stop) =
             (under.clone(), held.clone(), settings.clone(), stop.clone());
-        thread::spawn(move || {
-            let mut samples = Samples::default();
-            while !stop.load(Ordering::Relaxed) {
-                let in_window = start.elapsed() < settings.run;
-                sample(&under, &held, &settings, in_window, &mut samples);
-                thread::sleep(settings.sample_every);
-            }
-            samples
-        })
+        thread::Builder::new()
+            .name("w7-sampler".into())
+            .spawn(move || {
+                let mut samples = Samples::default();
+                while !stop.load(Ordering::Relaxed) {
+                    let in_window = start.elapsed() < settings.run;
+                    sample(&under, &held, &settings, in_window, &mut samples);
+                    thread::sleep(settings.sample_every);
+                }
+                samples
+            })
+            .map_err(|error| format!("cannot start the w7 sampler thread: {error}"))?
     };
     let (settled, lateness) = runtime.block_on(async {
         let next = Arc::new(AtomicUsize::new(0));
@@ -735,7 +749,7 @@ pub fn run(settings: &Settings, system: System) -> Outcome {
             }
         }
     }
-    outcome
+    Ok(outcome)
 }
 
 #[cfg(test)]

@@ -2,11 +2,16 @@
 //!
 //! * **Work** is a calibrated loop of work units, never a spin to a
 //!   wall-clock deadline: under contention a deadline spin hides the
-//!   slowdown. Handlers compute in 50 µs chunks and yield between them (see
-//!   [`reschedule`] for how), as async code that computes between awaits does (a handler that never
-//!   yields holds its worker for its whole service time, and new arrivals
-//!   then wait in tokio's run queue where no admission queue can reorder
-//!   them: the `never-yields` variant shows that limit).
+//!   slowdown. Handlers compute in 50 µs chunks and give their worker back
+//!   between them, as async code that computes between awaits does. How
+//!   they give it back is one axis of the suite ([`Yielding`]): with
+//!   `tokio::task::yield_now`, the style tokio's docs teach (the default);
+//!   by waking themselves, as an await whose value is already there does;
+//!   or never (a handler that never yields holds its worker for its whole
+//!   service time, and new arrivals then wait in tokio's run queue where no
+//!   admission queue can reorder them: the `never-yields` style shows that
+//!   limit). What they await besides the CPU is the other ([`Awaits`]):
+//!   nothing, a shared async mutex, or an IO wait.
 //! * **The schedule** is computed before the run from a seed: Poisson
 //!   arrivals per class (exponential gaps), each with its service time
 //!   drawn up front, so every system sees exactly the same requests.
@@ -66,19 +71,105 @@ fn spin(iterations: u64) {
     std::hint::black_box(x);
 }
 
-/// How a handler spends its service time.
+/// How a handler gives its worker back between two chunks.
 #[derive(Clone, Copy, Debug, PartialEq)]
-pub enum Handler {
-    /// Computes in 50 µs chunks with a yield between them.
-    Chunked,
-    /// Computes its whole service time without yielding.
-    NeverYields,
-    /// Like `Chunked`, but 30% of the service time is spent holding a
-    /// shared async mutex (the bottleneck is not the CPU).
+pub enum Yielding {
+    /// `tokio::task::yield_now().await`: what tokio's docs teach. The task
+    /// waits in its worker's defer list, which no runtime metric shows,
+    /// until the worker runs out of work or does its periodic maintenance,
+    /// so a signal reading run-queue depths does not see this backlog.
+    YieldNow,
+    /// The task wakes itself and goes to the back of its worker's run
+    /// queue, as when an await finds its value already there (see
+    /// [`wake_self`]); the backlog is in the run queues, where
+    /// `tokio_unstable`'s queue depths see it.
+    SelfWake,
+    /// Never: the whole service time in one poll.
+    Never,
+}
+
+/// What a handler awaits besides the CPU.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Awaits {
+    /// Nothing: pure computation.
+    Nothing,
+    /// 30% of the service time is spent holding a shared async mutex (the
+    /// bottleneck is not the CPU).
     SharedMutex,
-    /// Like `Chunked`, with an IO wait (a timer standing in for a database
-    /// call) about as long as the computation, half-way through.
-    AwaitsIo,
+    /// An IO wait (a timer standing in for a database call) about as long
+    /// as the computation, half-way through.
+    Io,
+}
+
+/// How a handler spends its service time: what it awaits, and how it
+/// yields between the chunks it computes in.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Handler {
+    pub awaits: Awaits,
+    pub yielding: Yielding,
+}
+
+impl Handler {
+    /// The default: computes, with `yield_now` between chunks.
+    pub const YIELD: Handler = Handler::computing(Yielding::YieldNow);
+    pub const SELF_WAKE: Handler = Handler::computing(Yielding::SelfWake);
+    pub const NEVER_YIELDS: Handler = Handler::computing(Yielding::Never);
+    pub const MUTEX: Handler = Handler {
+        awaits: Awaits::SharedMutex,
+        yielding: Yielding::YieldNow,
+    };
+    pub const IO: Handler = Handler {
+        awaits: Awaits::Io,
+        yielding: Yielding::YieldNow,
+    };
+
+    /// The styles `--handler` names, by name.
+    pub const STYLES: [(&'static str, Handler); 5] = [
+        ("yield", Handler::YIELD),
+        ("self-wake", Handler::SELF_WAKE),
+        ("mutex", Handler::MUTEX),
+        ("io", Handler::IO),
+        ("never-yields", Handler::NEVER_YIELDS),
+    ];
+
+    pub const fn computing(yielding: Yielding) -> Handler {
+        Handler {
+            awaits: Awaits::Nothing,
+            yielding,
+        }
+    }
+
+    /// The style named `name` on the command line.
+    pub fn named(name: &str) -> Option<Handler> {
+        Handler::STYLES
+            .iter()
+            .find(|(style, _)| *style == name)
+            .map(|&(_, handler)| handler)
+    }
+
+    /// This handler awaiting `awaits`, yielding as it does.
+    pub fn awaiting(self, awaits: Awaits) -> Handler {
+        Handler { awaits, ..self }
+    }
+
+    /// The name `--handler` knows it by; a combination no flag names (W8's
+    /// mutex with self-waking chunks) joins the two.
+    pub fn name(&self) -> String {
+        if let Some((style, _)) = Handler::STYLES.iter().find(|(_, h)| h == self) {
+            return (*style).to_string();
+        }
+        let awaits = match self.awaits {
+            Awaits::Nothing => "compute",
+            Awaits::SharedMutex => "mutex",
+            Awaits::Io => "io",
+        };
+        let yielding = match self.yielding {
+            Yielding::YieldNow => "yield",
+            Yielding::SelfWake => "self-wake",
+            Yielding::Never => "never-yields",
+        };
+        format!("{awaits}+{yielding}")
+    }
 }
 
 /// What a handler needs at run time.
@@ -100,10 +191,9 @@ impl HandlerEnv {
 
     /// Serves one request of `service` time.
     pub async fn serve(&self, service: Duration) {
-        match self.kind {
-            Handler::Chunked => self.chunks(service).await,
-            Handler::NeverYields => self.units.run(service),
-            Handler::SharedMutex => {
+        match self.kind.awaits {
+            Awaits::Nothing => self.chunks(service).await,
+            Awaits::SharedMutex => {
                 let locked = service.mul_f64(0.3);
                 {
                     let _guard = self.mutex.lock().await;
@@ -111,7 +201,7 @@ impl HandlerEnv {
                 }
                 self.chunks(service.saturating_sub(locked)).await;
             }
-            Handler::AwaitsIo => {
+            Awaits::Io => {
                 let first = service / 2;
                 self.chunks(first).await;
                 tokio::time::sleep(service).await;
@@ -121,12 +211,22 @@ impl HandlerEnv {
     }
 
     async fn chunks(&self, mut left: Duration) {
+        let longest = match self.kind.yielding {
+            Yielding::YieldNow | Yielding::SelfWake => CHUNK,
+            Yielding::Never => left,
+        };
         while !left.is_zero() {
-            let chunk = left.min(CHUNK);
+            let chunk = left.min(longest);
             self.units.run(chunk);
             left -= chunk;
-            if !left.is_zero() {
-                reschedule().await;
+            if left.is_zero() {
+                break;
+            }
+            match self.kind.yielding {
+                Yielding::YieldNow => tokio::task::yield_now().await,
+                Yielding::SelfWake => wake_self().await,
+                // Its one chunk was all of it.
+                Yielding::Never => {}
             }
         }
     }
@@ -134,13 +234,8 @@ impl HandlerEnv {
 
 /// Lets the worker run something else, the way an await does when what it
 /// waits for is already there: the task wakes itself and goes to the back
-/// of its worker's run queue. Not `tokio::task::yield_now`, which parks the
-/// task in the worker's defer list until the worker runs out of work or
-/// does its periodic maintenance: a list no runtime metric shows, so a
-/// benchmark built on it would hide its own backlog from the CPU signal
-/// (real handlers that await IO, timers or channels are woken into run
-/// queues).
-async fn reschedule() {
+/// of its worker's run queue (unlike `yield_now`, see [`Yielding`]).
+async fn wake_self() {
     let mut woken = false;
     std::future::poll_fn(|cx| {
         if woken {
@@ -220,10 +315,12 @@ pub fn schedule(
                 .steps
                 .get(step + 1)
                 .map_or(length, |&(next, _)| next.min(length));
-            if rate <= 0.0 || from >= until {
-                continue;
-            }
-            let gaps = Exp::new(rate).expect("a positive rate");
+            // A rate from a C that failed to calibrate (zero, NaN or
+            // infinite) schedules nothing rather than panic or never end.
+            let gaps = match Exp::new(rate) {
+                Ok(gaps) if rate.is_finite() && rate > 0.0 && from < until => gaps,
+                _ => continue,
+            };
             let mut at = from.as_secs_f64();
             loop {
                 at += gaps.sample(&mut rng);
@@ -324,13 +421,13 @@ pub struct Delivery {
 /// Runs the generator on its own thread: calls `send(index, intended)` for
 /// every planned request at (or as soon as possible after) its time,
 /// through `dispatch`. Returns when the last request is sent or `end` is
-/// reached.
+/// reached; an error if the thread cannot start.
 pub fn generate(
     plan: Arc<Vec<Planned>>,
     start: Instant,
     end: Instant,
     send: impl Fn(usize, Instant) + Send + 'static,
-) -> std::thread::JoinHandle<Delivery> {
+) -> std::io::Result<std::thread::JoinHandle<Delivery>> {
     std::thread::Builder::new()
         .name("overload-generator".into())
         .spawn(move || {
@@ -366,7 +463,6 @@ pub fn generate(
                 },
             }
         })
-        .expect("the generator thread starts")
 }
 
 #[cfg(test)]
@@ -406,6 +502,32 @@ mod tests {
             .iter()
             .filter(|p| p.class == 1)
             .all(|p| p.at >= Duration::from_secs(1)));
+    }
+
+    #[test]
+    fn a_rate_that_is_not_a_positive_number_schedules_nothing() {
+        for rate in [0.0, -1.0, f64::NAN, f64::INFINITY] {
+            let streams = [Stream {
+                class: 0,
+                tenant: 0,
+                steps: vec![(Duration::ZERO, rate)],
+            }];
+            let mean = Duration::from_micros(500);
+            let plan = schedule(&streams, Duration::from_secs(1), mean, Service::Constant, 1);
+            assert!(plan.is_empty(), "{rate}");
+        }
+    }
+
+    #[test]
+    fn handler_styles_are_named_as_the_command_line_names_them() {
+        assert_eq!(Handler::named("yield"), Some(Handler::YIELD));
+        assert_eq!(Handler::named("chunked"), None);
+        assert_eq!(Handler::MUTEX.awaits, Awaits::SharedMutex);
+        assert_eq!(Handler::IO.yielding, Yielding::YieldNow);
+        let w8_self_waking = Handler::SELF_WAKE.awaiting(Awaits::SharedMutex);
+        assert_eq!(w8_self_waking.name(), "mutex+self-wake");
+        assert_eq!(Handler::YIELD.awaiting(Awaits::Io), Handler::IO);
+        assert_eq!(Handler::IO.name(), "io");
     }
 
     #[test]

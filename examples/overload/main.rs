@@ -5,10 +5,12 @@
 //! cargo run --release --example overload                  # W2 at 3x, every system (~1 min)
 //! cargo run --release --example overload -- --scenario all
 //! cargo run --release --example overload -- --scenario w4 --quick
+//! cargo run --release --example overload -- --scenario matrix   # styles x signals (~3 min)
 //! cargo run --release --features fjall --example overload -- --scenario w6
 //! cargo run --release --example overload -- --scenario w7
 //! cargo run --release --example overload -- --service bimodal     # or constant
-//! cargo run --release --example overload -- --handler never-yields
+//! cargo run --release --example overload -- --handler self-wake   # or mutex, io, never-yields
+//! cargo run --release --example overload -- --signal unstable
 //! cargo run --release --example overload -- --system admission --system tower
 //! ```
 //!
@@ -19,8 +21,52 @@
 //! L0 are calibrated at the start; loads are multiples of C and the SLO,
 //! carried by every request as its admission deadline, is 10 x the mean
 //! service time (500 µs, exponential). Goodput is completions within the
-//! SLO. Every run writes `target/admission-report/summary.json` and SVG
-//! plots of per-class p99 over time.
+//! SLO.
+//!
+//! Two axes apply to every CPU scenario, so that the suite measures what
+//! users get:
+//!
+//! * **Handler style** (`--handler`, default `yield`): how handlers give
+//!   their worker back between 50 µs chunks and what they await (see
+//!   `load.rs`). `yield` calls `tokio::task::yield_now`, as tokio's docs
+//!   teach; `self-wake` wakes itself into the run queue, as an await whose
+//!   value is ready does; `mutex` and `io` are `yield` handlers that also
+//!   hold a shared async mutex for 30% of their time, or wait on a timer as
+//!   long as their work; `never-yields` computes in one poll. W8 and W9 are
+//!   the mutex and IO scenarios whatever the flag says: their handlers
+//!   await the mutex or the timer and take only the yielding of `--handler`
+//!   (so `yield_now` by default). C is calibrated with the compute-only form
+//!   of the style.
+//! * **Signal** (`--signal`, default `stable`): how the CPU controller reads
+//!   the runtime. `stable` is the global queue plus a scheduling-delay probe,
+//!   what every crate that depends on this one gets, since a dependency is
+//!   built without `--cfg tokio_unstable`; `unstable` is tokio's per-worker
+//!   queue depths, which need that cfg. This repository's
+//!   `.cargo/config.toml` sets it, so its builds have both; a build without
+//!   it (`RUSTFLAGS=""`) refuses `--signal unstable` with an error. Systems
+//!   without a controller read no signal.
+//!
+//! The `matrix` scenario crosses them: W2 at 3x through `admission` per
+//! handler style (yield, self-wake, mutex, io) and signal, with the high
+//! class alone for its p99 ratio and `admission-fixed` per style for the
+//! goodput to match, in one table; it ignores `--handler` and `--signal`.
+//!
+//! Every report checks priority: for each admission system, a class served
+//! within the SLO less often than a lower-priority class (by more than half
+//! a point) is an inversion, marked `INVERTED` in the table, named on a
+//! `PRIORITY INVERSION:` line under it, and in the JSON.
+//!
+//! A run is trusted only if C, calibrated again after the systems ran,
+//! moved by at most 10%, and no goodput exceeded C (on a busy machine C
+//! calibrates low and every fraction of it is inflated); otherwise the last
+//! lines say `RUN INVALID` with the reasons, and so does the JSON. Nothing
+//! here panics on what can fail at run time: a scenario that cannot run
+//! says why and the others go on.
+//!
+//! Every run writes `target/admission-report/summary.json` (`run`: signal,
+//! handler, C before and after, `valid`, `invalid_reasons`; `rows`: one
+//! object per system and scenario, with its handler, signal and priority
+//! check) and SVG plots of per-class p99 over time.
 //!
 //! W6 (IO admission on a fjall database) is compiled in with the `fjall`
 //! feature only; without it, W6 says so and reports nothing. W7 (GPU query
@@ -40,8 +86,9 @@ mod systems;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use load::{Dispatch, Handler, Service, WorkUnits};
-use report::SummaryRow;
+use admission::cpu::SignalSource;
+use load::{Awaits, Dispatch, Handler, Service, WorkUnits};
+use report::{RunInfo, SummaryRow};
 use runner::{Bench, WORKERS};
 use systems::System;
 
@@ -55,6 +102,7 @@ struct Options {
     out: PathBuf,
     service: Service,
     handler: Handler,
+    signal: SignalSource,
     /// Only the systems whose names start with one of these (all if empty).
     only: Vec<String>,
 }
@@ -65,7 +113,8 @@ fn parse(args: &[String]) -> Result<Options, String> {
         quick: false,
         out: PathBuf::from("target/admission-report"),
         service: Service::Exponential,
-        handler: Handler::Chunked,
+        handler: Handler::YIELD,
+        signal: SignalSource::GlobalQueueAndProbe,
         only: Vec::new(),
     };
     let mut args = args.iter();
@@ -98,11 +147,15 @@ fn parse(args: &[String]) -> Result<Options, String> {
                 }
             }
             "--handler" => {
-                options.handler = match args.next().map(String::as_str) {
-                    Some("chunked") => Handler::Chunked,
-                    Some("never-yields") => Handler::NeverYields,
-                    _ => return Err("--handler takes chunked or never-yields".into()),
-                }
+                let styles: Vec<&str> = Handler::STYLES.iter().map(|(name, _)| *name).collect();
+                options.handler = args
+                    .next()
+                    .and_then(|name| Handler::named(name))
+                    .ok_or_else(|| format!("--handler takes {}", styles.join(", ")))?;
+            }
+            "--signal" => {
+                options.signal =
+                    runner::signal_named(args.next().ok_or("--signal takes stable or unstable")?)?;
             }
             other => return Err(format!("unknown argument {other}")),
         }
@@ -110,15 +163,31 @@ fn parse(args: &[String]) -> Result<Options, String> {
     Ok(options)
 }
 
-/// Calibrates the machine and sizes the runs.
-fn bench(quick: bool, service: Service, handler: Handler) -> Bench {
-    let units = WorkUnits::calibrate();
-    let calibration = if quick {
+/// How long C is calibrated for, before the systems run and after.
+fn calibration_length(quick: bool) -> Duration {
+    if quick {
         Duration::from_millis(300)
     } else {
         Duration::from_secs(1)
-    };
-    let capacity = runner::calibrate_capacity(units, MEAN_SERVICE, calibration, 42);
+    }
+}
+
+/// Calibrates the machine and sizes the runs.
+fn bench(options: &Options) -> Result<Bench, String> {
+    let units = WorkUnits::calibrate();
+    let quick = options.quick;
+    let capacity = runner::calibrate_capacity(
+        units,
+        options.handler,
+        MEAN_SERVICE,
+        calibration_length(quick),
+        42,
+    )?;
+    if !(capacity.is_finite() && capacity > 0.0) {
+        return Err(format!(
+            "C = {capacity} req/s: the runtime completed nothing"
+        ));
+    }
     let mut bench = Bench {
         units,
         mean_service: MEAN_SERVICE,
@@ -136,8 +205,9 @@ fn bench(quick: bool, service: Service, handler: Handler) -> Bench {
             Duration::from_secs(5)
         },
         seed: 42,
-        service,
-        handler,
+        service: options.service,
+        handler: options.handler,
+        signal: options.signal,
     };
     let spec = runner::RunSpec::new(
         vec![runner::Class {
@@ -150,9 +220,9 @@ fn bench(quick: bool, service: Service, handler: Handler) -> Bench {
             steps: vec![(Duration::ZERO, 0.1 * capacity)],
         }],
     );
-    let unloaded = runner::run(&bench, System::NoAdmission, &spec);
+    let unloaded = runner::run(&bench, System::NoAdmission, &spec)?;
     bench.unloaded = stats::latency_of_class(&unloaded.measured(), 0, unloaded.length);
-    bench
+    Ok(bench)
 }
 
 fn run_scenario(
@@ -161,7 +231,7 @@ fn run_scenario(
     dir: &Path,
     quick: bool,
     only: &[String],
-) -> Vec<SummaryRow> {
+) -> Result<Vec<SummaryRow>, String> {
     let systems: Vec<System> = System::all(WORKERS)
         .into_iter()
         .filter(|system| {
@@ -182,22 +252,35 @@ fn run_scenario(
         #[cfg(not(feature = "fjall"))]
         "w6" => {
             eprintln!("  w6 needs the fjall feature (--features fjall); skipped");
-            Vec::new()
+            Ok(Vec::new())
         }
         "w7" => scenarios::w7(&scenarios::w7_settings(quick)),
-        "w8" => scenarios::w2_variant(bench, dir, "w8", Handler::SharedMutex),
-        "w9" => scenarios::w2_variant(bench, dir, "w9", Handler::AwaitsIo),
-        _ => unreachable!("names are checked when parsing"),
+        "w8" => scenarios::w2_variant(bench, dir, "w8", Awaits::SharedMutex),
+        "w9" => scenarios::w2_variant(bench, dir, "w9", Awaits::Io),
+        "matrix" => scenarios::matrix(bench),
+        _ => Err(format!("no scenario named {name}")),
     }
 }
 
 fn classes_of(name: &str) -> &'static [&'static str] {
     match name {
-        "w2" | "w2-local" | "w8" | "w9" => &["high", "normal", "low"],
+        "w2" | "w2-local" | "w8" | "w9" | "matrix" => &["high", "normal", "low"],
         "w4" => &["high", "normal"],
         "w6" => &["foreground"],
         "w7" => &gpu::CLASSES,
         _ => &["normal"],
+    }
+}
+
+/// The terminal's table of one scenario's rows.
+fn scenario_table(name: &str, rows: &[SummaryRow]) -> String {
+    match name {
+        "matrix" => scenarios::matrix_table(rows),
+        "w6" if !rows.is_empty() => {
+            report::table(rows, classes_of(name)) + &scenarios::w6_table(rows)
+        }
+        "w7" => report::table(rows, classes_of(name)) + &scenarios::w7_table(rows),
+        _ => report::table(rows, classes_of(name)),
     }
 }
 
@@ -215,38 +298,71 @@ fn main() {
         std::process::exit(1);
     }
     eprintln!("calibrating ...");
-    let bench = bench(options.quick, options.service, options.handler);
+    let bench = match bench(&options) {
+        Ok(bench) => bench,
+        Err(error) => {
+            eprintln!("calibration failed: {error}");
+            std::process::exit(1);
+        }
+    };
     println!(
-        "machine: {} cores; runtime: {WORKERS} workers; signal: {}; service: {:?}; handler: {:?}",
+        "machine: {} cores; runtime: {WORKERS} workers; signal: {} ({}); service: {:?}; handler: {}",
         std::thread::available_parallelism().map_or(0, |n| n.get()),
-        admission::cpu::RuntimeSignal::best_source(),
+        runner::signal_name(bench.signal),
+        bench.signal,
         bench.service,
-        bench.handler,
+        bench.handler.name(),
     );
     println!(
         "C = {:.0} req/s (closed loop); L0 p50/p99 = {:.2}/{:.2} ms at 0.1 C; SLO = {:?}",
         bench.capacity, bench.unloaded.p50_ms, bench.unloaded.p99_ms, bench.slo
     );
     let mut all = Vec::new();
+    let mut failed = Vec::new();
     for name in &options.scenarios {
         eprintln!("{name}:");
-        let rows = run_scenario(&bench, name, &options.out, options.quick, &options.only);
-        println!("\n{name}");
-        print!("{}", report::table(&rows, classes_of(name)));
-        if name == "w6" && !rows.is_empty() {
-            print!("{}", scenarios::w6_table(&rows));
+        match run_scenario(&bench, name, &options.out, options.quick, &options.only) {
+            Ok(rows) => {
+                println!("\n{name}");
+                print!("{}", scenario_table(name, &rows));
+                all.extend(rows);
+            }
+            Err(error) => {
+                println!("\n{name}: could not run: {error}");
+                failed.push(name.clone());
+            }
         }
-        if name == "w7" {
-            print!("{}", scenarios::w7_table(&rows));
-        }
-        all.extend(rows);
     }
-    match report::write_summary(&all, &options.out) {
-        Ok(path) => println!("\nsummary: {}", path.display()),
+    eprintln!("calibrating again ...");
+    let capacity_after = runner::calibrate_capacity(
+        bench.units,
+        bench.handler,
+        MEAN_SERVICE,
+        calibration_length(options.quick),
+        42,
+    )
+    .inspect_err(|error| eprintln!("calibration after the run failed: {error}"))
+    .ok();
+    let run = RunInfo {
+        signal: runner::signal_name(bench.signal).to_string(),
+        handler: bench.handler.name(),
+        service: format!("{:?}", bench.service),
+        capacity_before: bench.capacity,
+        capacity_after,
+        invalid_reasons: report::run_problems(bench.capacity, capacity_after, &all),
+    };
+    report::mark_rows(&run, &mut all);
+    println!("\n{}", report::verdict(&run).trim_end());
+    match report::write_summary(&run, &all, &options.out) {
+        Ok(path) => println!("summary: {}", path.display()),
         Err(error) => {
             eprintln!("could not write the summary: {error}");
             std::process::exit(1);
         }
+    }
+    if !failed.is_empty() {
+        eprintln!("could not run: {}", failed.join(", "));
+        std::process::exit(1);
     }
 }
 
@@ -254,14 +370,10 @@ fn main() {
 mod smoke {
     use super::*;
 
-    /// The harness end to end at toy size: every system of W2 runs, every
-    /// row is filled in, the summary and plots are written. Asserts only
-    /// that the suite works, never how fast anything is.
-    #[test]
-    fn a_tiny_w2_runs_every_system_and_writes_its_report() {
-        let units = WorkUnits::calibrate();
-        let bench = Bench {
-            units,
+    /// A bench at toy size: runs of 200 ms, C assumed, not calibrated.
+    fn tiny_bench(handler: Handler, signal: SignalSource) -> Bench {
+        Bench {
+            units: WorkUnits::calibrate(),
             mean_service: MEAN_SERVICE,
             capacity: 2_000.0,
             unloaded: stats::Percentiles::default(),
@@ -270,22 +382,208 @@ mod smoke {
             measure: Duration::from_millis(150),
             seed: 7,
             service: Service::Exponential,
-            handler: Handler::Chunked,
-        };
-        let dir = std::env::temp_dir().join(format!("admission-smoke-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let rows = scenarios::w2(&bench, &dir, &System::all(WORKERS), Dispatch::Remote, "w2");
-        assert_eq!(rows.len(), System::all(WORKERS).len());
-        for row in &rows {
-            assert_eq!(row.latency_ms.len(), 3, "{}", row.system);
-            assert!(row.goodput_frac.is_finite() && row.goodput_frac >= 0.0);
-            assert!((0.0..=1.0).contains(&row.rejected_frac));
+            handler,
+            signal,
         }
-        let summary = report::write_summary(&rows, &dir).unwrap();
-        let text = std::fs::read_to_string(summary).unwrap();
-        assert!(text.contains("\"goodput_frac\"") && text.contains("admission-fifo"));
+    }
+
+    fn temp_dir(name: &str) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!("admission-{name}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        dir
+    }
+
+    fn assert_filled_in(rows: &[SummaryRow]) {
+        for row in rows {
+            let label = report::row_label(row);
+            assert_eq!(row.latency_ms.len(), 3, "{label}");
+            assert!(
+                row.goodput_frac.is_finite() && row.goodput_frac >= 0.0,
+                "{label}"
+            );
+            assert!((0.0..=1.0).contains(&row.rejected_frac), "{label}");
+            assert!(
+                row.extra["served_within_slo"]["high"].is_number(),
+                "{label}"
+            );
+        }
+    }
+
+    fn run_info(rows: &[SummaryRow]) -> RunInfo {
+        RunInfo {
+            signal: "stable".into(),
+            handler: "yield".into(),
+            service: "Exponential".into(),
+            capacity_before: 2_000.0,
+            capacity_after: Some(2_000.0),
+            invalid_reasons: report::run_problems(2_000.0, Some(2_000.0), rows),
+        }
+    }
+
+    /// The harness end to end at toy size: every system of W2 runs, every
+    /// row is filled in, the summary and plots are written. Asserts only
+    /// that the suite works, never how fast anything is.
+    #[test]
+    fn a_tiny_w2_runs_every_system_and_writes_its_report() {
+        let bench = tiny_bench(Handler::YIELD, SignalSource::GlobalQueueAndProbe);
+        let dir = temp_dir("smoke");
+        let rows =
+            scenarios::w2(&bench, &dir, &System::all(WORKERS), Dispatch::Remote, "w2").unwrap();
+        assert_eq!(rows.len(), System::all(WORKERS).len());
+        assert_filled_in(&rows);
+        for row in &rows {
+            let admission = row.system.starts_with("admission");
+            assert_eq!(row.inversions.is_some(), admission, "{}", row.system);
+        }
+        let text = scenario_table("w2", &rows);
+        assert!(text.contains("prio") && text.contains("semaphore-wait(2)"));
+        let run = run_info(&rows);
+        let summary = report::write_summary(&run, &rows, &dir).unwrap();
+        let json: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(summary).unwrap()).unwrap();
+        assert_eq!(json["run"]["signal"], "stable");
+        assert!(json["rows"][0]["goodput_frac"].is_number());
+        assert!(json["rows"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|row| row["system"] == "admission-fifo"
+                && row["signal"] == "stable"
+                && row["priority_inversion"].is_boolean()));
         assert!(dir.join("w2-high-p99.svg").exists());
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// Every handler style with every signal this build has, through
+    /// the systems that read the signal or wait on a semaphore the run
+    /// closes: each runs to its report without a panic.
+    #[test]
+    fn every_handler_style_runs_with_every_signal_of_the_build() {
+        let dir = temp_dir("styles");
+        let systems = [
+            System::SemaphoreWait { limit: WORKERS },
+            System::admission(),
+        ];
+        for (style, handler) in Handler::STYLES {
+            for signal in runner::signals_in_this_build() {
+                let bench = tiny_bench(handler, signal);
+                let rows = scenarios::w2(&bench, &dir, &systems, Dispatch::Remote, "w2").unwrap();
+                assert_eq!(rows.len(), 2, "{style}");
+                assert_filled_in(&rows);
+                assert_eq!(rows[1].extra["handler"], style);
+                assert_eq!(rows[1].extra["signal"], runner::signal_name(signal));
+            }
+        }
+        // W8 and W9 keep their awaits and take the chunks' yielding.
+        let bench = tiny_bench(Handler::SELF_WAKE, SignalSource::GlobalQueueAndProbe);
+        let rows = scenarios::w2_variant(&bench, &dir, "w8", Awaits::SharedMutex).unwrap();
+        assert!(rows
+            .iter()
+            .all(|row| row.extra["handler"] == "mutex+self-wake"));
+        let bench = tiny_bench(Handler::YIELD, SignalSource::GlobalQueueAndProbe);
+        let rows = scenarios::w2_variant(&bench, &dir, "w9", Awaits::Io).unwrap();
+        assert!(rows.iter().all(|row| row.extra["handler"] == "io"));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// The matrix at toy size: one `admission` line per handler style and
+    /// signal this build has, each with its fixed-total comparison.
+    #[test]
+    fn a_tiny_matrix_has_a_line_per_style_and_signal() {
+        let bench = tiny_bench(Handler::YIELD, SignalSource::GlobalQueueAndProbe);
+        let rows = scenarios::matrix(&bench).unwrap();
+        let signals = runner::signals_in_this_build();
+        let styles = scenarios::MATRIX_STYLES.len();
+        assert_eq!(rows.len(), styles * (signals.len() + 1));
+        assert_filled_in(&rows);
+        let table = scenario_table("matrix", &rows);
+        for handler in scenarios::MATRIX_STYLES {
+            for &signal in &signals {
+                let line = format!("{}  {}", handler.name(), runner::signal_name(signal));
+                assert!(
+                    table
+                        .lines()
+                        .any(|l| l.split_whitespace().take(2).collect::<Vec<_>>()
+                            == line.split_whitespace().collect::<Vec<_>>()),
+                    "{line} missing from\n{table}"
+                );
+            }
+        }
+        assert_eq!(
+            table.contains("unstable: not in this build"),
+            !cfg!(tokio_unstable)
+        );
+        for row in rows.iter().filter(|row| row.system == "admission") {
+            assert!(row.extra["high_p99_vs_alone"].is_number());
+            assert!(row.extra["fixed_total_goodput_frac"].is_number());
+        }
+    }
+
+    /// The runner closes a waiting semaphore when a run ends: a request
+    /// still waiting then is not served, and nothing panics.
+    #[test]
+    fn a_closed_semaphore_ends_its_waiters_unserved() {
+        let runtime = runner::runtime().unwrap();
+        let sut = systems::Sut::build(
+            System::SemaphoreWait { limit: 0 },
+            runtime.handle(),
+            load::HandlerEnv::new(WorkUnits::calibrate(), Handler::YIELD),
+            MEAN_SERVICE * 10,
+            SignalSource::GlobalQueueAndProbe,
+            &[],
+        )
+        .unwrap();
+        let now = std::time::Instant::now();
+        let request = systems::Request {
+            priority: admission::Priority::NORMAL,
+            tenant: admission::TenantId::new(1),
+            service: MEAN_SERVICE,
+            intended: now,
+            deadline: now + MEAN_SERVICE * 10,
+        };
+        let waiting = runtime.spawn({
+            let sut = sut.clone();
+            async move { sut.serve(request).await }
+        });
+        std::thread::sleep(Duration::from_millis(20));
+        sut.close();
+        let outcome = runtime.block_on(waiting);
+        assert_eq!(outcome.ok(), Some(stats::Outcome::Unfinished));
+    }
+
+    /// C that moved by more than 10%, or a goodput over C, makes the run
+    /// invalid, with a reason each; JSON and the rows carry the verdict.
+    #[test]
+    fn a_run_whose_capacity_moved_or_was_exceeded_is_invalid() {
+        let bench = tiny_bench(Handler::YIELD, SignalSource::GlobalQueueAndProbe);
+        let dir = temp_dir("verdict");
+        let mut rows =
+            scenarios::w2(&bench, &dir, &[System::admission()], Dispatch::Remote, "w2").unwrap();
+        std::fs::remove_dir_all(&dir).unwrap();
+        rows[0].goodput_frac = 0.9;
+        assert!(report::run_problems(2_000.0, Some(2_150.0), &rows).is_empty());
+        assert!(report::run_problems(2_000.0, Some(1_850.0), &rows).is_empty());
+        let moved = report::run_problems(2_000.0, Some(1_000.0), &rows);
+        assert_eq!(moved.len(), 1);
+        assert!(moved[0].contains("-50.0%"), "{moved:?}");
+        assert_eq!(report::run_problems(2_000.0, None, &rows).len(), 1);
+        rows[0].goodput_frac = 1.18;
+        let exceeded = report::run_problems(2_000.0, Some(2_000.0), &rows);
+        assert_eq!(exceeded.len(), 1);
+        assert!(exceeded[0].contains("118.0% of C"), "{exceeded:?}");
+
+        let run = run_info(&rows);
+        assert!(!run.valid());
+        report::mark_rows(&run, &mut rows);
+        assert!(!rows[0].valid);
+        assert!(report::verdict(&run).contains("RUN INVALID"));
+        let json = report::summary_json(&run, &rows);
+        assert_eq!(json["run"]["valid"], false);
+        assert!(json["run"]["invalid_reasons"][0]
+            .as_str()
+            .unwrap()
+            .contains("goodput"));
+        assert_eq!(json["rows"][0]["valid"], false);
     }
 
     /// W6 end to end at toy size (under a second per mode): every mode
@@ -294,7 +592,7 @@ mod smoke {
     #[cfg(feature = "fjall")]
     #[test]
     fn a_tiny_w6_runs_fjall_alone_with_admission_and_paced() {
-        let rows = scenarios::w6(&ingest::Settings::smoke());
+        let rows = scenarios::w6(&ingest::Settings::smoke()).unwrap();
         let systems: Vec<&str> = rows.iter().map(|row| row.system.as_str()).collect();
         assert_eq!(systems, ["fjall-alone", "io-admission", "paced-same-rate"]);
         for row in &rows {
@@ -306,7 +604,7 @@ mod smoke {
             }
         }
         assert!(scenarios::w6_table(&rows).contains("io-admission"));
-        let json = report::summary_json(&rows).to_string();
+        let json = report::summary_json(&RunInfo::default(), &rows).to_string();
         assert!(json.contains("\"max_l0_runs\""));
     }
 
@@ -320,7 +618,7 @@ mod smoke {
         let settings = gpu::Settings::smoke();
         let mut rows = Vec::new();
         for system in gpu::System::ALL {
-            let outcome = gpu::run(&settings, system);
+            let outcome = gpu::run(&settings, system).unwrap();
             rows.push(scenarios::w7_row(&settings, system, &outcome));
             let name = system.name();
             let arrivals = outcome.arrivals[gpu::SMALL] + outcome.arrivals[gpu::LARGE];
@@ -344,7 +642,7 @@ mod smoke {
         }
         assert!(rows.iter().all(|row| row.valid));
         assert!(scenarios::w7_table(&rows).contains("admission-unbounded"));
-        let json = report::summary_json(&rows).to_string();
+        let json = report::summary_json(&RunInfo::default(), &rows).to_string();
         assert!(json.contains("\"over_commit_admissions\""));
     }
 
@@ -368,5 +666,46 @@ mod smoke {
         );
         assert!(parse(&["--scenario".into(), "w10".into()]).is_err());
         assert!(parse(&["--fast".into()]).is_err());
+    }
+
+    fn args(line: &str) -> Vec<String> {
+        line.split_whitespace().map(String::from).collect()
+    }
+
+    #[test]
+    fn the_default_is_yield_now_handlers_and_the_stable_signal() {
+        let parsed = parse(&[]).unwrap();
+        assert_eq!(parsed.handler, Handler::YIELD);
+        assert_eq!(parsed.signal, SignalSource::GlobalQueueAndProbe);
+        assert_eq!(parsed.scenarios, ["w2"]);
+    }
+
+    #[test]
+    fn the_command_line_names_handler_styles_and_signals() {
+        for (style, handler) in Handler::STYLES {
+            let parsed = parse(&args(&format!("--handler {style}"))).unwrap();
+            assert_eq!(parsed.handler, handler);
+            assert_eq!(handler.name(), style);
+        }
+        assert!(parse(&args("--handler chunked")).is_err());
+        assert!(parse(&args("--handler")).is_err());
+        assert_eq!(
+            parse(&args("--signal stable")).unwrap().signal,
+            SignalSource::GlobalQueueAndProbe
+        );
+        // Unstable is there exactly when the build has tokio_unstable, and
+        // its absence is an error that says what to do, not a panic.
+        let unstable = parse(&args("--signal unstable"));
+        if cfg!(tokio_unstable) {
+            assert_eq!(unstable.unwrap().signal, SignalSource::QueueDepths);
+        } else {
+            let message = unstable.unwrap_err();
+            assert!(message.contains("tokio_unstable"), "{message}");
+        }
+        assert!(parse(&args("--signal fast")).is_err());
+        assert_eq!(
+            parse(&args("--scenario matrix")).unwrap().scenarios,
+            ["matrix"]
+        );
     }
 }

@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use plotters::prelude::*;
 use serde_json::{json, Map, Value};
 
-use crate::stats::Percentiles;
+use crate::stats::{Inversion, Percentiles};
 
 /// One line of the summary: one system in one scenario at one load.
 #[derive(Clone, Debug)]
@@ -37,18 +37,153 @@ pub struct SummaryRow {
     pub generator_late_p99_us: f64,
     /// Whether the run's measurements can be trusted.
     pub valid: bool,
+    /// Classes served within the SLO less often than a class of lower
+    /// priority, for an admission system (which orders by priority) with
+    /// more than one class; `None` where nothing was checked.
+    pub inversions: Option<Vec<Inversion>>,
     /// Scenario-specific figures (e.g. "foreground_p99_ratio"), merged into
     /// the row's JSON object.
     pub extra: BTreeMap<String, Value>,
 }
 
-/// The summary as a JSON array with one object per row.
+/// What every row of a run shares, and whether the run can be trusted.
+#[derive(Clone, Debug, Default)]
+pub struct RunInfo {
+    /// `stable` or `unstable`: how the CPU controller read the runtime.
+    pub signal: String,
+    /// The handler style of `--handler`.
+    pub handler: String,
+    /// How service times were drawn.
+    pub service: String,
+    /// C calibrated before the systems ran, requests per second.
+    pub capacity_before: f64,
+    /// C calibrated after them; `None` if that calibration failed.
+    pub capacity_after: Option<f64>,
+    /// Why the run cannot be trusted; empty when it can.
+    pub invalid_reasons: Vec<String>,
+}
+
+impl RunInfo {
+    pub fn valid(&self) -> bool {
+        self.invalid_reasons.is_empty()
+    }
+}
+
+/// How far C may move between the calibrations before and after the
+/// systems run: more means the machine's spare capacity changed under the
+/// run (other builds, other tenants), and every figure relative to C with it.
+pub const CAPACITY_DRIFT_LIMIT: f64 = 0.10;
+
+/// Why a run whose C was `before` and then `after` produced `rows` cannot
+/// be trusted: C moved by more than [`CAPACITY_DRIFT_LIMIT`], or a system's
+/// goodput exceeded C (C was then calibrated low, on a busy machine, and
+/// every fraction of it is inflated). Only rows measured against C (those
+/// carrying `capacity_per_sec`) are held to it: W6 and W7 have their own
+/// denominators.
+pub fn run_problems(before: f64, after: Option<f64>, rows: &[SummaryRow]) -> Vec<String> {
+    let mut problems = Vec::new();
+    match after {
+        None => problems.push("C could not be calibrated after the run".to_string()),
+        Some(after) => {
+            let moved = after / before - 1.0;
+            if !moved.is_finite() || moved.abs() > CAPACITY_DRIFT_LIMIT {
+                problems.push(format!(
+                    "C moved from {before:.0} to {after:.0} req/s ({:+.1}%, limit {:.0}%)",
+                    moved * 100.0,
+                    CAPACITY_DRIFT_LIMIT * 100.0
+                ));
+            }
+        }
+    }
+    for row in rows {
+        if row.extra.contains_key("capacity_per_sec") && row.goodput_frac > 1.0 {
+            problems.push(format!(
+                "{} {}: goodput {:.1}% of C (over 100%)",
+                row.scenario,
+                row_label(row),
+                row.goodput_frac * 100.0
+            ));
+        }
+    }
+    problems
+}
+
+/// The system, with the handler style and the signal its controller read
+/// where the row records them: a matrix has a row per cell.
+pub fn row_label(row: &SummaryRow) -> String {
+    let axis = |key: &str| row.extra.get(key).and_then(Value::as_str).map(String::from);
+    match (axis("handler"), axis("signal")) {
+        (Some(handler), Some(signal)) => format!("{} [{handler}, {signal}]", row.system),
+        (Some(handler), None) => format!("{} [{handler}]", row.system),
+        _ => row.system.clone(),
+    }
+}
+
+/// Marks every row of an invalid run invalid too, with the run's reasons,
+/// so that a reader of one row cannot miss them.
+pub fn mark_rows(run: &RunInfo, rows: &mut [SummaryRow]) {
+    if run.valid() {
+        return;
+    }
+    for row in rows {
+        row.valid = false;
+        let reasons = row
+            .extra
+            .entry("invalid_reasons".to_string())
+            .or_insert_with(|| json!([]));
+        if let Value::Array(list) = reasons {
+            list.extend(
+                run.invalid_reasons
+                    .iter()
+                    .map(|r| json!(format!("run: {r}"))),
+            );
+        }
+    }
+}
+
+/// The run's header, for the end of the terminal output: C before and
+/// after, and the verdict.
+pub fn verdict(run: &RunInfo) -> String {
+    let after = run.capacity_after.map_or("-".to_string(), |after| {
+        format!(
+            "{after:.0} req/s ({:+.1}%)",
+            (after / run.capacity_before - 1.0) * 100.0
+        )
+    });
+    let mut text = format!(
+        "C before = {:.0} req/s, after = {after}; signal: {}; handler: {}\n",
+        run.capacity_before, run.signal, run.handler
+    );
+    if run.valid() {
+        text.push_str("run: valid\n");
+    } else {
+        text.push_str("RUN INVALID:\n");
+        for reason in &run.invalid_reasons {
+            text.push_str(&format!("  {reason}\n"));
+        }
+    }
+    text
+}
+
+/// The summary: `run` (what the rows share, and whether the run can be
+/// trusted) and `rows`, one object per row.
 ///
 /// Non-finite numbers become null, since JSON has no NaN. An `extra` key that
 /// clashes with a standard key is dropped, so consumers can rely on the
 /// standard keys' meaning.
-pub fn summary_json(rows: &[SummaryRow]) -> Value {
-    Value::Array(rows.iter().map(row_json).collect())
+pub fn summary_json(run: &RunInfo, rows: &[SummaryRow]) -> Value {
+    json!({
+        "run": {
+            "valid": run.valid(),
+            "invalid_reasons": run.invalid_reasons,
+            "signal": run.signal,
+            "handler": run.handler,
+            "service": run.service,
+            "capacity_before_per_sec": number(run.capacity_before),
+            "capacity_after_per_sec": run.capacity_after.map_or(Value::Null, number),
+        },
+        "rows": Value::Array(rows.iter().map(row_json).collect()),
+    })
 }
 
 fn row_json(row: &SummaryRow) -> Value {
@@ -79,6 +214,21 @@ fn row_json(row: &SummaryRow) -> Value {
         ("converge_ms", row.converge_ms.map_or(Value::Null, number)),
         ("generator_late_p99_us", number(row.generator_late_p99_us)),
         ("valid", json!(row.valid)),
+        (
+            "priority_inversion",
+            row.inversions
+                .as_ref()
+                .map_or(Value::Null, |found| json!(!found.is_empty())),
+        ),
+        (
+            "priority_inversions",
+            json!(row
+                .inversions
+                .iter()
+                .flatten()
+                .map(ToString::to_string)
+                .collect::<Vec<_>>()),
+        ),
     ];
     for (key, value) in standard {
         object.insert(key.to_owned(), value);
@@ -92,11 +242,11 @@ fn number(value: f64) -> Value {
 
 /// Writes the summary, pretty-printed, to `summary.json` in `dir` (created if
 /// missing) and returns its path.
-pub fn write_summary(rows: &[SummaryRow], dir: &Path) -> std::io::Result<PathBuf> {
+pub fn write_summary(run: &RunInfo, rows: &[SummaryRow], dir: &Path) -> std::io::Result<PathBuf> {
     std::fs::create_dir_all(dir)?;
     let path = dir.join("summary.json");
     let mut text =
-        serde_json::to_string_pretty(&summary_json(rows)).map_err(std::io::Error::other)?;
+        serde_json::to_string_pretty(&summary_json(run, rows)).map_err(std::io::Error::other)?;
     text.push('\n');
     std::fs::write(&path, text)?;
     Ok(path)
@@ -104,7 +254,9 @@ pub fn write_summary(rows: &[SummaryRow], dir: &Path) -> std::io::Result<PathBuf
 
 /// The rows as a fixed-width text table with a header line: system, offered
 /// load, goodput (% of capacity), rejected (%), p50/p99/p99.9 in ms for each
-/// of `classes` ("-" without samples), and whether the run is valid.
+/// of `classes` ("-" without samples), the priority check ("ok",
+/// "INVERTED", or "-" where not checked) and whether the run is valid;
+/// then one line per priority inversion found.
 pub fn table(rows: &[SummaryRow], classes: &[&str]) -> String {
     let mut header: Vec<String> = ["system", "offered", "goodput", "rejected"]
         .map(String::from)
@@ -114,20 +266,53 @@ pub fn table(rows: &[SummaryRow], classes: &[&str]) -> String {
             .iter()
             .map(|class| format!("{class} p50/p99/p99.9 ms")),
     );
+    header.push("prio".to_owned());
     header.push("valid".to_owned());
-
     let lines: Vec<Vec<String>> = std::iter::once(header)
         .chain(rows.iter().map(|row| table_cells(row, classes)))
         .collect();
-    let mut widths = vec![0; lines[0].len()];
-    for cells in &lines {
+    let mut text = aligned(&lines);
+    text.push_str(&inversion_lines(rows));
+    text
+}
+
+/// The check's cell: "-" where nothing was checked.
+pub fn priority_cell(row: &SummaryRow) -> String {
+    match &row.inversions {
+        None => "-",
+        Some(found) if found.is_empty() => "ok",
+        Some(_) => "INVERTED",
+    }
+    .to_owned()
+}
+
+/// "PRIORITY INVERSION: system: ..." for every inversion of `rows`.
+pub fn inversion_lines(rows: &[SummaryRow]) -> String {
+    let mut text = String::new();
+    for row in rows {
+        for inversion in row.inversions.iter().flatten() {
+            text.push_str(&format!(
+                "PRIORITY INVERSION: {} {}: {inversion}\n",
+                row.scenario,
+                row_label(row)
+            ));
+        }
+    }
+    text
+}
+
+/// `lines` of cells as fixed-width text: the first column left-aligned,
+/// the rest right-aligned, two spaces apart.
+pub fn aligned(lines: &[Vec<String>]) -> String {
+    let mut widths = vec![0; lines.first().map_or(0, Vec::len)];
+    for cells in lines {
         for (width, cell) in widths.iter_mut().zip(cells) {
             *width = (*width).max(cell.chars().count());
         }
     }
 
     let mut text = String::new();
-    for cells in &lines {
+    for cells in lines {
         let mut line = String::new();
         for (column, (cell, &width)) in cells.iter().zip(&widths).enumerate() {
             if column == 0 {
@@ -162,6 +347,7 @@ fn table_cells(row: &SummaryRow, classes: &[&str]) -> Vec<String> {
                 _ => "-".to_owned(),
             }),
     );
+    cells.push(priority_cell(row));
     cells.push(if row.valid { "ok" } else { "INVALID" }.to_owned());
     cells
 }
@@ -299,8 +485,14 @@ mod tests {
             converge_ms: None,
             generator_late_p99_us: 12.5,
             valid,
+            inversions: None,
             extra: BTreeMap::new(),
         }
+    }
+
+    /// The rows of a summary, as JSON.
+    fn rows_json(rows: &[SummaryRow]) -> Value {
+        summary_json(&RunInfo::default(), rows)["rows"].clone()
     }
 
     /// A path under the temp dir unique to this process and `name`.
@@ -315,7 +507,7 @@ mod tests {
             .extra
             .insert("foreground_p99_ratio".to_owned(), json!(1.25));
 
-        let summary = summary_json(&[with_extra]);
+        let summary = rows_json(&[with_extra]);
 
         let object = summary[0].as_object().expect("a row is an object");
         let keys: Vec<&str> = object.keys().map(String::as_str).collect();
@@ -327,6 +519,8 @@ mod tests {
             "jain",
             "latency_ms",
             "offered_x",
+            "priority_inversion",
+            "priority_inversions",
             "rejected_frac",
             "scenario",
             "system",
@@ -356,7 +550,7 @@ mod tests {
         broken.jain = Some(f64::NAN);
         broken.latency_ms.get_mut("fg").expect("fg is there").p99_ms = f64::NAN;
 
-        let summary = summary_json(&[broken]);
+        let summary = rows_json(&[broken]);
 
         assert_eq!(summary[0]["goodput_frac"], Value::Null);
         assert_eq!(summary[0]["generator_late_p99_us"], Value::Null);
@@ -371,23 +565,33 @@ mod tests {
             .extra
             .insert("system".to_owned(), json!("impostor"));
 
-        assert_eq!(summary_json(&[clashing])[0]["system"], json!("admission"));
+        assert_eq!(rows_json(&[clashing])[0]["system"], json!("admission"));
     }
 
     #[test]
     fn no_rows_is_an_empty_array() {
-        assert_eq!(summary_json(&[]), json!([]));
+        assert_eq!(rows_json(&[]), json!([]));
     }
 
     #[test]
     fn the_summary_file_is_written_into_a_created_directory() -> std::io::Result<()> {
         let dir = temp_path("summary").join("admission-report");
 
-        let path = write_summary(&[row("admission", true)], &dir)?;
+        let run = RunInfo {
+            signal: "stable".to_owned(),
+            capacity_before: 3_871.0,
+            capacity_after: Some(3_800.0),
+            ..RunInfo::default()
+        };
+
+        let path = write_summary(&run, &[row("admission", true)], &dir)?;
 
         assert_eq!(path, dir.join("summary.json"));
         let written: Value = serde_json::from_str(&std::fs::read_to_string(&path)?)?;
-        assert_eq!(written, summary_json(&[row("admission", true)]));
+        assert_eq!(written, summary_json(&run, &[row("admission", true)]));
+        assert_eq!(written["run"]["signal"], json!("stable"));
+        assert_eq!(written["run"]["valid"], json!(true));
+        assert_eq!(written["run"]["capacity_after_per_sec"], json!(3_800.0));
         std::fs::remove_dir_all(temp_path("summary"))
     }
 
@@ -410,12 +614,61 @@ mod tests {
             assert!(line.contains("92.5%"));
             assert!(line.contains("50.0%"));
             assert!(line.contains("1.50/4.25/9.00"));
-            // bg has no samples and "missing" is not there at all.
-            assert_eq!(line.matches(" -").count(), 2);
+            // bg has no samples, "missing" is not there at all, and no
+            // priority check was made.
+            assert_eq!(line.matches(" -").count(), 3);
         }
         // Fixed width: the status column lines up.
         assert_eq!(lines[0].find("valid"), Some(lines[2].len() - "valid".len()));
-        assert!(lines.iter().all(|line| line.len() <= 120));
+        // Three classes, the priority check and the status fit a wide
+        // terminal.
+        assert!(lines.iter().all(|line| line.len() <= 128));
+    }
+
+    #[test]
+    fn the_table_and_the_json_flag_a_priority_inversion() {
+        let mut inverted = row("admission", true);
+        inverted.extra.insert("handler".to_owned(), json!("yield"));
+        inverted.extra.insert("signal".to_owned(), json!("stable"));
+        inverted.inversions = Some(vec![Inversion {
+            higher: "high".to_owned(),
+            higher_within_slo: 0.712,
+            lower: "low".to_owned(),
+            lower_within_slo: 0.803,
+        }]);
+        let mut kept = row("admission-fixed", true);
+        kept.inversions = Some(Vec::new());
+        let blind = row("tower-limit", true);
+        let rows = [inverted, kept, blind];
+
+        let table = table(&rows, &["fg"]);
+        let summary = rows_json(&rows);
+
+        let lines: Vec<&str> = table.lines().collect();
+        assert_eq!(lines.len(), 5);
+        assert!(lines[0].contains("prio"));
+        let last_two = |line: &str| -> Vec<String> {
+            line.split_whitespace()
+                .rev()
+                .take(2)
+                .map(String::from)
+                .collect()
+        };
+        assert_eq!(last_two(lines[1]), ["ok", "INVERTED"]);
+        assert_eq!(last_two(lines[2]), ["ok", "ok"]);
+        assert_eq!(last_two(lines[3]), ["ok", "-"]);
+        assert_eq!(
+            lines[4],
+            "PRIORITY INVERSION: spike admission [yield, stable]: \
+             high 71.2% served within SLO < low 80.3%"
+        );
+        assert_eq!(summary[0]["priority_inversion"], json!(true));
+        assert_eq!(
+            summary[0]["priority_inversions"],
+            json!(["high 71.2% served within SLO < low 80.3%"])
+        );
+        assert_eq!(summary[1]["priority_inversion"], json!(false));
+        assert_eq!(summary[2]["priority_inversion"], Value::Null);
     }
 
     #[test]

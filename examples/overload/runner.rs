@@ -4,6 +4,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use admission::cpu::SignalSource;
 use admission::{Priority, TenantId, TenantWeight};
 
 use crate::load::{
@@ -33,6 +34,43 @@ pub struct Bench {
     pub service: Service,
     /// How handlers spend their time, unless a scenario says otherwise.
     pub handler: Handler,
+    /// How the CPU controller reads the runtime.
+    pub signal: SignalSource,
+}
+
+/// The signal's name on the command line: `stable` is what every crate
+/// that depends on this one gets (a dependency is built without
+/// `--cfg tokio_unstable`), `unstable` reads tokio's per-worker queue
+/// depths, which only a `tokio_unstable` build has.
+pub fn signal_name(source: SignalSource) -> &'static str {
+    match source {
+        SignalSource::GlobalQueueAndProbe => "stable",
+        SignalSource::QueueDepths => "unstable",
+    }
+}
+
+/// The signal `--signal` names, if this build has it.
+pub fn signal_named(name: &str) -> Result<SignalSource, String> {
+    match name {
+        "stable" => Ok(SignalSource::GlobalQueueAndProbe),
+        "unstable" if cfg!(tokio_unstable) => Ok(SignalSource::QueueDepths),
+        "unstable" => Err(
+            "--signal unstable reads tokio's per-worker queue depths, which \
+             this build lacks: it needs --cfg tokio_unstable (this repository's \
+             .cargo/config.toml sets it; a RUSTFLAGS variable replaces it)"
+                .into(),
+        ),
+        _ => Err("--signal takes stable or unstable".into()),
+    }
+}
+
+/// The signals this build can read, stable first.
+pub fn signals_in_this_build() -> Vec<SignalSource> {
+    let mut signals = vec![SignalSource::GlobalQueueAndProbe];
+    if cfg!(tokio_unstable) {
+        signals.push(SignalSource::QueueDepths);
+    }
+    signals
 }
 
 /// A class of requests.
@@ -116,24 +154,27 @@ impl RunResult {
     }
 }
 
-pub fn runtime() -> tokio::runtime::Runtime {
+pub fn runtime() -> Result<tokio::runtime::Runtime, String> {
     tokio::runtime::Builder::new_multi_thread()
         .worker_threads(WORKERS)
         .enable_all()
         .build()
-        .expect("a tokio runtime")
+        .map_err(|error| format!("cannot start a tokio runtime: {error}"))
 }
 
 /// Closed-loop capacity: requests per second with `4 × workers` clients
-/// and no admission control, for `length`.
+/// and no admission control, for `length`. The clients compute only,
+/// yielding as `handler` does: C is the machine's capacity for the work,
+/// not for a mutex or a timer.
 pub fn calibrate_capacity(
     units: WorkUnits,
+    handler: Handler,
     mean_service: Duration,
     length: Duration,
     seed: u64,
-) -> f64 {
-    let runtime = runtime();
-    let env = HandlerEnv::new(units, Handler::Chunked);
+) -> Result<f64, String> {
+    let runtime = runtime()?;
+    let env = HandlerEnv::new(units, Handler::computing(handler.yielding));
     let done = Arc::new(AtomicU64::new(0));
     let stop = Arc::new(AtomicBool::new(false));
     let services: Arc<Vec<Planned>> = Arc::new(schedule(
@@ -166,20 +207,22 @@ pub fn calibrate_capacity(
     let rate = (done.load(Ordering::Relaxed) - before) as f64 / start.elapsed().as_secs_f64();
     stop.store(true, Ordering::Relaxed);
     runtime.shutdown_timeout(Duration::from_secs(1));
-    rate
+    Ok(rate)
 }
 
-/// Runs `spec` against `system` and collects every request's outcome.
-pub fn run(bench: &Bench, system: System, spec: &RunSpec) -> RunResult {
-    let runtime = runtime();
+/// Runs `spec` against `system` and collects every request's outcome; an
+/// error when the run could not be set up.
+pub fn run(bench: &Bench, system: System, spec: &RunSpec) -> Result<RunResult, String> {
+    let runtime = runtime()?;
     let env = HandlerEnv::new(bench.units, spec.handler.unwrap_or(bench.handler));
     let sut = Sut::build(
         system,
         runtime.handle(),
         env.clone(),
         bench.slo,
+        bench.signal,
         &spec.weights,
-    );
+    )?;
     let length = spec.length.unwrap_or(bench.warmup + bench.measure);
     let plan = Arc::new(schedule(
         &spec.streams,
@@ -266,7 +309,8 @@ pub fn run(bench: &Bench, system: System, spec: &RunSpec) -> RunResult {
                 let _ = sender.send((index, intended));
             })
         }
-    };
+    }
+    .map_err(|error| format!("cannot start the generator thread: {error}"))?;
 
     let mut slot_totals = Vec::new();
     while Instant::now() < end {
@@ -278,15 +322,15 @@ pub fn run(bench: &Bench, system: System, spec: &RunSpec) -> RunResult {
     let records = outcomes.records(&plan);
     let background_done = background_done.load(Ordering::Relaxed);
     stop_background.store(true, Ordering::Relaxed);
-    let delivery = generator.join().expect("the generator finishes");
+    let delivery = generator.join();
     sut.close();
     runtime.shutdown_timeout(Duration::from_millis(200));
-    RunResult {
+    Ok(RunResult {
         records,
-        delivery,
+        delivery: delivery.map_err(|_| "the generator thread panicked".to_string())?,
         length,
         warmup: bench.warmup,
         slot_totals,
         background_done,
-    }
+    })
 }

@@ -7,15 +7,15 @@ use std::time::Duration;
 use admission::{Priority, TenantId, TenantWeight};
 use serde_json::json;
 
-use crate::load::{Dispatch, Handler, Stream};
-use crate::report::{plot_p99_over_time, Series, SummaryRow};
-use crate::runner::{run, Background, Bench, Class, RunResult, RunSpec, WORKERS};
+use crate::load::{Awaits, Dispatch, Handler, Stream};
+use crate::report::{self, plot_p99_over_time, Series, SummaryRow};
+use crate::runner::{self, run, Background, Bench, Class, RunResult, RunSpec, WORKERS};
 use crate::stats::{self, Outcome, Record};
 use crate::systems::System;
 
 /// The scenarios by name, in the order `all` runs them.
-pub const NAMES: [&str; 12] = [
-    "w2", "w1", "w3a", "w3b", "w3c", "w4", "w5", "w6", "w7", "w8", "w9", "w2-local",
+pub const NAMES: [&str; 13] = [
+    "w2", "w1", "w3a", "w3b", "w3c", "w4", "w5", "w6", "w7", "w8", "w9", "w2-local", "matrix",
 ];
 
 const HIGH: Class = Class {
@@ -53,9 +53,10 @@ fn row(
     scenario: &str,
     system: System,
     offered_x: f64,
-    classes: &[Class],
+    spec: &RunSpec,
     result: &RunResult,
 ) -> SummaryRow {
+    let classes = &spec.classes;
     let measured = result.measured();
     let latency_ms: BTreeMap<String, stats::Percentiles> = classes
         .iter()
@@ -67,7 +68,30 @@ fn row(
             )
         })
         .collect();
+    let served: Vec<stats::ClassServed> = classes
+        .iter()
+        .enumerate()
+        .map(|(index, class)| stats::ClassServed {
+            name: class.name.to_string(),
+            priority: class.priority,
+            within_slo: stats::served_within_slo(&measured, index, bench.slo),
+        })
+        .collect();
     let mut extra = BTreeMap::new();
+    extra.insert(
+        "handler".into(),
+        json!(spec.handler.unwrap_or(bench.handler).name()),
+    );
+    if system.has_controller() {
+        extra.insert("signal".into(), json!(runner::signal_name(bench.signal)));
+    }
+    extra.insert(
+        "served_within_slo".into(),
+        json!(served
+            .iter()
+            .map(|class| (class.name.clone(), json!(class.within_slo)))
+            .collect::<serde_json::Map<_, _>>()),
+    );
     extra.insert(
         "expired_frac".into(),
         json!(stats::fraction(&measured, is_expired)),
@@ -84,18 +108,41 @@ fn row(
         extra.insert("slot_total_mean".into(), json!(mean));
         extra.insert("slot_total_last".into(), json!(last));
     }
+    let goodput_frac =
+        stats::goodput_per_sec(&measured, bench.slo, result.measured_len()) / bench.capacity;
+    let mut invalid_reasons = Vec::new();
+    if !result.valid() {
+        invalid_reasons.push(format!(
+            "the generator sent {:.1}% of the schedule",
+            result.delivery.delivered_frac * 100.0
+        ));
+    }
+    if goodput_frac > 1.0 {
+        invalid_reasons.push(format!(
+            "goodput {:.1}% of C: C was calibrated low",
+            goodput_frac * 100.0
+        ));
+    }
+    let valid = invalid_reasons.is_empty();
+    if !valid {
+        extra.insert("invalid_reasons".into(), json!(invalid_reasons));
+    }
+    // Only admission orders by priority: the others are blind to it, so
+    // their classes fare alike up to noise, and nothing is inverted.
+    let inversions = (system.orders_by_priority() && classes.len() > 1)
+        .then(|| stats::priority_inversions(&served, stats::INVERSION_MARGIN));
     SummaryRow {
         scenario: scenario.into(),
         system: system.name(),
         offered_x,
-        goodput_frac: stats::goodput_per_sec(&measured, bench.slo, result.measured_len())
-            / bench.capacity,
+        goodput_frac,
         rejected_frac: stats::fraction(&measured, is_rejected),
         latency_ms,
         jain: None,
         converge_ms: None,
         generator_late_p99_us: result.generator_late_p99_us(),
-        valid: result.valid(),
+        valid,
+        inversions,
         extra,
     }
 }
@@ -135,13 +182,13 @@ fn compare(
     spec: &RunSpec,
     offered_x: f64,
     mut extra: impl FnMut(&System, &RunResult, &mut SummaryRow),
-) -> (Vec<SummaryRow>, Vec<Vec<Series>>) {
+) -> Result<(Vec<SummaryRow>, Vec<Vec<Series>>), String> {
     let mut rows = Vec::new();
     let mut series: Vec<Vec<Series>> = vec![Vec::new(); spec.classes.len()];
     for &system in systems {
         eprintln!("  {scenario}: {} ...", system.name());
-        let result = run(bench, system, spec);
-        let mut summary = row(bench, scenario, system, offered_x, &spec.classes, &result);
+        let result = run(bench, system, spec)?;
+        let mut summary = row(bench, scenario, system, offered_x, spec, &result);
         extra(&system, &result, &mut summary);
         for (class, lines) in series.iter_mut().enumerate() {
             lines.push(Series {
@@ -151,13 +198,57 @@ fn compare(
         }
         rows.push(summary);
     }
-    (rows, series)
+    Ok((rows, series))
 }
 
 fn plot_all(dir: &Path, scenario: &str, classes: &[Class], series: Vec<Vec<Series>>) {
     for (class, lines) in classes.iter().zip(series) {
         plot(dir, scenario, class.name, lines);
     }
+}
+
+/// W2's load: three priority classes at 0.3, 0.7 and 2.0 × C, 3x in total.
+fn w2_spec(c: f64, dispatch: Dispatch) -> RunSpec {
+    let mut spec = RunSpec::new(
+        vec![HIGH, NORMAL, LOW],
+        vec![
+            steady(0, 0, 0.3 * c),
+            steady(1, 0, 0.7 * c),
+            steady(2, 0, 2.0 * c),
+        ],
+    );
+    spec.dispatch = dispatch;
+    spec
+}
+
+/// The high class's p99 with nothing else to serve: its W2 rate alone,
+/// through `admission`.
+fn high_alone_p99(bench: &Bench, dispatch: Dispatch) -> Result<f64, String> {
+    let mut alone = RunSpec::new(vec![HIGH], vec![steady(0, 0, 0.3 * bench.capacity)]);
+    alone.dispatch = dispatch;
+    let result = run(bench, System::admission(), &alone)?;
+    Ok(stats::latency_of_class(&result.measured(), 0, result.length).p99_ms)
+}
+
+/// The high class's figures of a W2 row, against its p99 alone.
+fn high_figures(alone_p99: f64, result: &RunResult, summary: &mut SummaryRow) {
+    let measured = result.measured();
+    let high: Vec<Record> = measured.iter().copied().filter(|r| r.class == 0).collect();
+    let high_p99 = summary
+        .latency_ms
+        .get("high")
+        .map_or(f64::NAN, |l| l.p99_ms);
+    summary
+        .extra
+        .insert("high_alone_p99_ms".into(), json!(alone_p99));
+    summary.extra.insert(
+        "high_p99_vs_alone".into(),
+        json!(high_p99 / alone_p99.max(1e-9)),
+    );
+    summary.extra.insert(
+        "high_not_served_frac".into(),
+        json!(stats::fraction(&high, |o| is_rejected(o) || is_expired(o))),
+    );
 }
 
 /// W2, the headline: three priority classes at 0.3, 0.7 and 2.0 × C
@@ -169,45 +260,142 @@ pub fn w2(
     systems: &[System],
     dispatch: Dispatch,
     name: &str,
-) -> Vec<SummaryRow> {
-    let c = bench.capacity;
-    let classes = vec![HIGH, NORMAL, LOW];
-    let mut spec = RunSpec::new(
-        classes.clone(),
-        vec![
-            steady(0, 0, 0.3 * c),
-            steady(1, 0, 0.7 * c),
-            steady(2, 0, 2.0 * c),
-        ],
-    );
-    spec.dispatch = dispatch;
-    let mut alone_spec = RunSpec::new(vec![HIGH], vec![steady(0, 0, 0.3 * c)]);
-    alone_spec.dispatch = dispatch;
+) -> Result<Vec<SummaryRow>, String> {
+    let spec = w2_spec(bench.capacity, dispatch);
     eprintln!("  {name}: high class alone ...");
-    let alone = run(bench, System::admission(), &alone_spec);
-    let alone_p99 = stats::latency_of_class(&alone.measured(), 0, alone.length).p99_ms;
+    let alone_p99 = high_alone_p99(bench, dispatch)?;
     let (rows, series) = compare(bench, name, systems, &spec, 3.0, |_, result, summary| {
-        let measured = result.measured();
-        let high: Vec<Record> = measured.iter().copied().filter(|r| r.class == 0).collect();
-        let high_p99 = summary.latency_ms["high"].p99_ms;
-        summary
+        high_figures(alone_p99, result, summary)
+    })?;
+    plot_all(dir, name, &spec.classes, series);
+    Ok(rows)
+}
+
+/// The handler styles of the matrix, in table order.
+pub const MATRIX_STYLES: [Handler; 4] = [
+    Handler::YIELD,
+    Handler::SELF_WAKE,
+    Handler::MUTEX,
+    Handler::IO,
+];
+
+/// The matrix: W2 at 3x through `admission` in every handler style of
+/// [`MATRIX_STYLES`] with every signal this build has (stable always,
+/// unstable with `tokio_unstable`), whatever `--handler` and `--signal`
+/// say. Per cell, the high class alone for its p99 ratio; per style,
+/// `admission-fixed` (a fixed total of one slot a worker, which reads no
+/// signal) for the goodput adaptivity has to match. Every cell is measured
+/// against the run's one C and has W2's run length (about 20 runs in all).
+/// No p99-over-time plots: the table is the result.
+pub fn matrix(bench: &Bench) -> Result<Vec<SummaryRow>, String> {
+    let spec = w2_spec(bench.capacity, Dispatch::Remote);
+    let fixed_total = System::admission_fixed("admission-fixed", WORKERS as u64);
+    let mut rows = Vec::new();
+    for handler in MATRIX_STYLES {
+        let style = Bench {
+            handler,
+            ..bench.clone()
+        };
+        let name = handler.name();
+        eprintln!("  matrix: {name}: {} ...", fixed_total.name());
+        let fixed = run(&style, fixed_total, &spec)?;
+        let fixed = row(&style, "matrix", fixed_total, 3.0, &spec, &fixed);
+        for signal in runner::signals_in_this_build() {
+            let cell = Bench {
+                signal,
+                ..style.clone()
+            };
+            let signal = runner::signal_name(signal);
+            eprintln!("  matrix: {name}, {signal}: high class alone ...");
+            let alone_p99 = high_alone_p99(&cell, Dispatch::Remote)?;
+            eprintln!("  matrix: {name}, {signal}: admission ...");
+            let result = run(&cell, System::admission(), &spec)?;
+            let mut summary = row(&cell, "matrix", System::admission(), 3.0, &spec, &result);
+            high_figures(alone_p99, &result, &mut summary);
+            summary
+                .extra
+                .insert("fixed_total_goodput_frac".into(), json!(fixed.goodput_frac));
+            rows.push(summary);
+        }
+        rows.push(fixed);
+    }
+    Ok(rows)
+}
+
+/// The matrix as one table: a line per handler style and signal, with
+/// `admission`'s goodput, the high class served within the SLO, its p99
+/// under load against alone, and the fixed total's goodput in the same
+/// style; then any priority inversion, and the signals this build lacks.
+pub fn matrix_table(rows: &[SummaryRow]) -> String {
+    let figure = |row: &SummaryRow, key: &str| {
+        row.extra
+            .get(key)
+            .and_then(serde_json::Value::as_f64)
+            .unwrap_or(f64::NAN)
+    };
+    let text = |row: &SummaryRow, key: &str| {
+        row.extra
+            .get(key)
+            .and_then(serde_json::Value::as_str)
+            .unwrap_or("-")
+            .to_string()
+    };
+    let percent = |fraction: f64| {
+        if fraction.is_finite() {
+            format!("{:.1}%", fraction * 100.0)
+        } else {
+            "-".to_string()
+        }
+    };
+    let mut lines = vec![[
+        "handler",
+        "signal",
+        "goodput",
+        "high in SLO",
+        "high p99 ms",
+        "x alone",
+        "fixed total (2) goodput",
+        "prio",
+        "valid",
+    ]
+    .map(String::from)
+    .to_vec()];
+    for row in rows.iter().filter(|row| row.system == "admission") {
+        let high_in_slo = row
             .extra
-            .insert("high_alone_p99_ms".into(), json!(alone_p99));
-        summary.extra.insert(
-            "high_p99_vs_alone".into(),
-            json!(high_p99 / alone_p99.max(1e-9)),
-        );
-        summary.extra.insert(
-            "high_not_served_frac".into(),
-            json!(stats::fraction(&high, |o| is_rejected(o) || is_expired(o))),
-        );
-    });
-    plot_all(dir, name, &classes, series);
-    rows
+            .get("served_within_slo")
+            .and_then(|served| served.get("high"))
+            .and_then(serde_json::Value::as_f64)
+            .unwrap_or(f64::NAN);
+        lines.push(vec![
+            text(row, "handler"),
+            text(row, "signal"),
+            percent(row.goodput_frac),
+            percent(high_in_slo),
+            row.latency_ms
+                .get("high")
+                .map_or("-".to_string(), |l| format!("{:.2}", l.p99_ms)),
+            format!("{:.2}", figure(row, "high_p99_vs_alone")),
+            percent(figure(row, "fixed_total_goodput_frac")),
+            report::priority_cell(row),
+            if row.valid { "ok" } else { "INVALID" }.to_string(),
+        ]);
+    }
+    let mut table = report::aligned(&lines);
+    table.push_str(&report::inversion_lines(rows));
+    table.push_str(
+        "goodput: completions within the SLO / C; high in SLO: high-priority requests \
+         completed within the SLO / scheduled;\nx alone: high p99 / high p99 with the high \
+         class alone; fixed total (2): admission with 2 slots, no signal, same handler\n",
+    );
+    if !cfg!(tokio_unstable) {
+        table.push_str("unstable: not in this build (it needs --cfg tokio_unstable)\n");
+    }
+    table
 }
 
 /// W1: one class, offered at 0.5x to 4x C.
-pub fn w1(bench: &Bench, dir: &Path, quick: bool) -> Vec<SummaryRow> {
+pub fn w1(bench: &Bench, dir: &Path, quick: bool) -> Result<Vec<SummaryRow>, String> {
     let loads: &[f64] = if quick {
         &[0.5, 2.0, 4.0]
     } else {
@@ -224,7 +412,7 @@ pub fn w1(bench: &Bench, dir: &Path, quick: bool) -> Vec<SummaryRow> {
     for &x in loads {
         let spec = RunSpec::new(vec![NORMAL], vec![steady(0, 0, x * bench.capacity)]);
         let (mut found, series) =
-            compare(bench, &format!("w1@{x}x"), &systems, &spec, x, |_, _, _| {});
+            compare(bench, &format!("w1@{x}x"), &systems, &spec, x, |_, _, _| {})?;
         for row in &mut found {
             row.scenario = "w1".into();
         }
@@ -234,7 +422,7 @@ pub fn w1(bench: &Bench, dir: &Path, quick: bool) -> Vec<SummaryRow> {
     // The plot shows the heaviest load of the sweep.
     let top = loads.last().copied().unwrap_or_default();
     plot_all(dir, &format!("w1-{top}x"), &[NORMAL], heaviest);
-    rows
+    Ok(rows)
 }
 
 /// Per-tenant figures: completions within the SLO per second, by tenant.
@@ -262,7 +450,7 @@ fn tenant_systems() -> Vec<System> {
 }
 
 /// W3a: four equal-weight tenants demanding 1:2:4:8, 2x C in total.
-pub fn w3a(bench: &Bench, dir: &Path) -> Vec<SummaryRow> {
+pub fn w3a(bench: &Bench, dir: &Path) -> Result<Vec<SummaryRow>, String> {
     let c = bench.capacity;
     let demand: Vec<f64> = [1.0, 2.0, 4.0, 8.0]
         .iter()
@@ -287,13 +475,13 @@ pub fn w3a(bench: &Bench, dir: &Path) -> Vec<SummaryRow> {
                 .extra
                 .insert("tenant_fair_share_per_sec".into(), json!(fair));
         },
-    );
+    )?;
     plot_all(dir, "w3a", &[NORMAL], series);
-    rows
+    Ok(rows)
 }
 
 /// W3b: weights 1:1:2:4, every tenant backlogged (each offers 2x C / 4).
-pub fn w3b(bench: &Bench, dir: &Path) -> Vec<SummaryRow> {
+pub fn w3b(bench: &Bench, dir: &Path) -> Result<Vec<SummaryRow>, String> {
     let c = bench.capacity;
     let weights = [1u32, 1, 2, 4];
     let streams = (0..4).map(|t| steady(0, t, 0.5 * c)).collect();
@@ -331,13 +519,13 @@ pub fn w3b(bench: &Bench, dir: &Path) -> Vec<SummaryRow> {
                 .extra
                 .insert("worst_share_error".into(), json!(worst));
         },
-    );
+    )?;
     plot_all(dir, "w3b", &[NORMAL], series);
-    rows
+    Ok(rows)
 }
 
 /// W3c: a noisy neighbour at 5x its fair share, three others at 0.5x.
-pub fn w3c(bench: &Bench, dir: &Path) -> Vec<SummaryRow> {
+pub fn w3c(bench: &Bench, dir: &Path) -> Result<Vec<SummaryRow>, String> {
     let c = bench.capacity;
     let fair = c / 4.0;
     let demand = [5.0 * fair, 0.5 * fair, 0.5 * fair, 0.5 * fair];
@@ -360,14 +548,14 @@ pub fn w3c(bench: &Bench, dir: &Path) -> Vec<SummaryRow> {
                 .extra
                 .insert("tenant_goodput_per_sec".into(), json!(got));
         },
-    );
+    )?;
     plot_all(dir, "w3c", &[NORMAL], series);
-    rows
+    Ok(rows)
 }
 
 /// W4: 0.7x C, then a 3x spike, then 0.7x again; statistics in 10 ms
 /// windows for convergence, overshoot and recovery.
-pub fn w4(bench: &Bench, dir: &Path, quick: bool) -> Vec<SummaryRow> {
+pub fn w4(bench: &Bench, dir: &Path, quick: bool) -> Result<Vec<SummaryRow>, String> {
     let c = bench.capacity;
     let phase = if quick {
         Duration::from_secs(1)
@@ -434,9 +622,9 @@ pub fn w4(bench: &Bench, dir: &Path, quick: bool) -> Vec<SummaryRow> {
         summary
             .extra
             .insert("recovery_ms".into(), json!(found.recovery_ms));
-    });
+    })?;
     plot_all(dir, "w4", &classes, series);
-    rows
+    Ok(rows)
 }
 
 /// W5: a latency-sensitive foreground at 0.5x C beside a bulk job of eight
@@ -444,7 +632,7 @@ pub fn w4(bench: &Bench, dir: &Path, quick: bool) -> Vec<SummaryRow> {
 /// would saturate the CPU. Both are the same tenant's work (a service and
 /// its own background job): priority orders work within a tenant, while
 /// across tenants fair share comes first.
-pub fn w5(bench: &Bench, dir: &Path) -> Vec<SummaryRow> {
+pub fn w5(bench: &Bench, dir: &Path) -> Result<Vec<SummaryRow>, String> {
     let c = bench.capacity;
     let classes = vec![NORMAL];
     let foreground = vec![steady(0, 0, 0.5 * c)];
@@ -452,7 +640,7 @@ pub fn w5(bench: &Bench, dir: &Path) -> Vec<SummaryRow> {
         bench,
         System::admission(),
         &RunSpec::new(classes.clone(), foreground.clone()),
-    );
+    )?;
     let alone_p99 = stats::latency_of_class(&alone.measured(), 0, alone.length).p99_ms;
     let mut spec = RunSpec::new(classes.clone(), foreground);
     let chunk = Duration::from_millis(5);
@@ -483,9 +671,9 @@ pub fn w5(bench: &Bench, dir: &Path) -> Vec<SummaryRow> {
             "bulk_share_of_leftover".into(),
             json!(bulk_per_sec * chunk.as_secs_f64() / leftover),
         );
-    });
+    })?;
     plot_all(dir, "w5", &classes, series);
-    rows
+    Ok(rows)
 }
 
 /// W6's run lengths: the LSM ingest experiment of `examples/lsm_ingest.rs`
@@ -513,13 +701,12 @@ pub fn w6_settings(quick: bool) -> crate::ingest::Settings {
 /// left empty, and there is no p99-over-time plot (`lsm_ingest` prints the
 /// time series).
 #[cfg(feature = "fjall")]
-pub fn w6(settings: &crate::ingest::Settings) -> Vec<SummaryRow> {
+pub fn w6(settings: &crate::ingest::Settings) -> Result<Vec<SummaryRow>, String> {
     use crate::ingest::{self, Mode, Outcome};
 
     let run = |mode: Mode| {
         eprintln!("  w6: {} ...", mode.name());
-        ingest::run(settings, mode, |_| {})
-            .unwrap_or_else(|error| panic!("w6 {}: {error}", mode.name()))
+        ingest::run(settings, mode, |_| {}).map_err(|error| format!("w6 {}: {error}", mode.name()))
     };
     let percentiles = |outcome: &Outcome| stats::Percentiles {
         count: outcome.foreground.len(),
@@ -528,11 +715,11 @@ pub fn w6(settings: &crate::ingest::Settings) -> Vec<SummaryRow> {
         p999_ms: outcome.foreground_ms(0.999),
         max_ms: outcome.foreground_max_ms(),
     };
-    let alone = run(Mode::Alone);
+    let alone = run(Mode::Alone)?;
     let (alone_p99, alone_steady_p99) = (alone.foreground_ms(0.99), alone.steady_ms(0.99));
-    let fjall_alone = run(Mode::FjallAlone);
-    let admitted = run(Mode::Admission);
-    let paced = run(Mode::paced_mb(admitted.bulk_mb_per_sec()));
+    let fjall_alone = run(Mode::FjallAlone)?;
+    let admitted = run(Mode::Admission)?;
+    let paced = run(Mode::paced_mb(admitted.bulk_mb_per_sec()))?;
     let mut rows = Vec::new();
     for (system, outcome) in [
         ("fjall-alone", fjall_alone),
@@ -570,10 +757,11 @@ pub fn w6(settings: &crate::ingest::Settings) -> Vec<SummaryRow> {
             converge_ms: None,
             generator_late_p99_us: 0.0,
             valid: outcome.foreground_errors == 0,
+            inversions: None,
             extra,
         });
     }
-    rows
+    Ok(rows)
 }
 
 /// W6's own figures, one line per system, for the terminal.
@@ -603,19 +791,18 @@ pub fn w6_table(rows: &[SummaryRow]) -> String {
 }
 
 /// W8 and W9: the W2 mix with handlers whose bottleneck is not the CPU
-/// (a shared async mutex) or that wait on IO between chunks.
-pub fn w2_variant(bench: &Bench, dir: &Path, name: &str, handler: Handler) -> Vec<SummaryRow> {
-    let c = bench.capacity;
+/// (a shared async mutex) or that wait on IO between chunks; between
+/// awaits they compute and yield as `--handler` says (`yield_now` by
+/// default).
+pub fn w2_variant(
+    bench: &Bench,
+    dir: &Path,
+    name: &str,
+    awaits: Awaits,
+) -> Result<Vec<SummaryRow>, String> {
     let classes = vec![HIGH, NORMAL, LOW];
-    let mut spec = RunSpec::new(
-        classes.clone(),
-        vec![
-            steady(0, 0, 0.3 * c),
-            steady(1, 0, 0.7 * c),
-            steady(2, 0, 2.0 * c),
-        ],
-    );
-    spec.handler = Some(handler);
+    let mut spec = w2_spec(bench.capacity, Dispatch::Remote);
+    spec.handler = Some(bench.handler.awaiting(awaits));
     let systems = [
         System::NoAdmission,
         System::SemaphoreWait { limit: WORKERS },
@@ -623,9 +810,9 @@ pub fn w2_variant(bench: &Bench, dir: &Path, name: &str, handler: Handler) -> Ve
         System::admission_fixed("admission-fixed", WORKERS as u64),
         System::admission_fixed("admission-fixed-32", 32),
     ];
-    let (rows, series) = compare(bench, name, &systems, &spec, 3.0, |_, _, _| {});
+    let (rows, series) = compare(bench, name, &systems, &spec, 3.0, |_, _, _| {})?;
     plot_all(dir, name, &classes, series);
-    rows
+    Ok(rows)
 }
 
 /// W7's run length: the arrival window (the drain comes after it).
@@ -643,12 +830,16 @@ pub fn w7_settings(quick: bool) -> crate::gpu::Settings {
 /// scenario: goodput is completions over the pool's estimated sustainable
 /// throughput, latencies are admission waits from the intended arrival,
 /// and there is no p99-over-time plot.
-pub fn w7(settings: &crate::gpu::Settings) -> Vec<SummaryRow> {
+pub fn w7(settings: &crate::gpu::Settings) -> Result<Vec<SummaryRow>, String> {
     crate::gpu::System::ALL
         .into_iter()
         .map(|system| {
             eprintln!("  w7: {} ...", system.name());
-            w7_row(settings, system, &crate::gpu::run(settings, system))
+            Ok(w7_row(
+                settings,
+                system,
+                &crate::gpu::run(settings, system)?,
+            ))
         })
         .collect()
 }
@@ -723,6 +914,8 @@ pub fn w7_row(
         generator_late_p99_us: outcome.generator_late_p99_us,
         // Trustworthy when every scheduled query settled.
         valid: outcome.settled == arrivals,
+        // Not a priority queue: small and large are sizes, not priorities.
+        inversions: None,
         extra,
     }
 }

@@ -8,8 +8,10 @@
 // used by the scenarios in main.rs
 #![allow(dead_code)]
 
+use std::fmt;
 use std::time::Duration;
 
+use admission::Priority;
 use hdrhistogram::Histogram;
 
 /// How one scheduled request ended; latencies are from its intended send time.
@@ -111,6 +113,84 @@ pub fn fraction(records: &[Record], pick: impl Fn(&Outcome) -> bool) -> f64 {
         .filter(|record| pick(&record.outcome))
         .count();
     picked as f64 / records.len() as f64
+}
+
+/// Fraction of class `class`'s requests completed within `slo`, out of all
+/// it scheduled (refused, expired and unfinished ones count as not served);
+/// `None` when the class scheduled nothing.
+pub fn served_within_slo(records: &[Record], class: usize, slo: Duration) -> Option<f64> {
+    let of_class: Vec<&Record> = records.iter().filter(|r| r.class == class).collect();
+    if of_class.is_empty() {
+        return None;
+    }
+    let served = of_class
+        .iter()
+        .filter(|record| within_slo(&record.outcome, slo))
+        .count();
+    Some(served as f64 / of_class.len() as f64)
+}
+
+/// One class's share of its requests served within the SLO.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ClassServed {
+    pub name: String,
+    pub priority: Priority,
+    /// `None` when the class scheduled nothing: there is nothing to compare.
+    pub within_slo: Option<f64>,
+}
+
+/// A class served within the SLO less often than a class of lower priority.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Inversion {
+    pub higher: String,
+    pub higher_within_slo: f64,
+    pub lower: String,
+    pub lower_within_slo: f64,
+}
+
+impl fmt::Display for Inversion {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{} {:.1}% served within SLO < {} {:.1}%",
+            self.higher,
+            self.higher_within_slo * 100.0,
+            self.lower,
+            self.lower_within_slo * 100.0
+        )
+    }
+}
+
+/// How far below a lower-priority class a higher one may be served before
+/// it counts as an inversion: when every class is served near 100%, a few
+/// requests of scheduler jitter move the fractions by tenths of a point,
+/// which is noise, not priority turned upside down.
+pub const INVERSION_MARGIN: f64 = 0.005;
+
+/// Every pair of classes where the higher priority was served within the
+/// SLO by more than `margin` less often than the lower one, highest
+/// priority first. Classes without requests are not compared; classes of
+/// equal priority are not ordered, so never inverted.
+pub fn priority_inversions(classes: &[ClassServed], margin: f64) -> Vec<Inversion> {
+    let mut by_priority: Vec<(&ClassServed, f64)> = classes
+        .iter()
+        .filter_map(|class| class.within_slo.map(|frac| (class, frac)))
+        .collect();
+    by_priority.sort_by_key(|&(class, _)| std::cmp::Reverse(class.priority));
+    let mut found = Vec::new();
+    for (index, &(higher, higher_frac)) in by_priority.iter().enumerate() {
+        for &(lower, lower_frac) in &by_priority[index + 1..] {
+            if lower.priority < higher.priority && higher_frac < lower_frac - margin {
+                found.push(Inversion {
+                    higher: higher.name.clone(),
+                    higher_within_slo: higher_frac,
+                    lower: lower.name.clone(),
+                    lower_within_slo: lower_frac,
+                });
+            }
+        }
+    }
+    found
 }
 
 /// Weighted max-min fair shares of `capacity` (water-filling): no tenant gets
@@ -560,6 +640,93 @@ mod tests {
 
         assert_eq!(fraction(&records, rejected), 0.25);
         assert_eq!(fraction(&[], rejected), 0.0);
+    }
+
+    #[test]
+    fn served_within_slo_is_over_every_request_the_class_scheduled() {
+        let records = [
+            completed(0, ms(0), ms(5)),
+            completed(0, ms(0), ms(11)),
+            ended(0, ms(0), Outcome::Rejected { latency: ms(1) }),
+            ended(0, ms(0), Outcome::Unfinished),
+            completed(1, ms(0), ms(1)),
+        ];
+
+        assert_eq!(served_within_slo(&records, 0, ms(10)), Some(0.25));
+        assert_eq!(served_within_slo(&records, 1, ms(10)), Some(1.0));
+        assert_eq!(served_within_slo(&records, 2, ms(10)), None);
+    }
+
+    fn class(name: &str, priority: Priority, within_slo: Option<f64>) -> ClassServed {
+        ClassServed {
+            name: name.into(),
+            priority,
+            within_slo,
+        }
+    }
+
+    /// High, normal and low served within the SLO.
+    type Served = (Option<f64>, Option<f64>, Option<f64>);
+
+    /// (high, normal, low) served within the SLO, and the inversions found,
+    /// as "higher<lower" pairs.
+    #[test]
+    fn high_served_less_than_a_lower_class_is_an_inversion() {
+        let rows: [(Served, &[&str]); 9] = [
+            // Priority respected: nothing to report.
+            ((Some(0.999), Some(0.80), Some(0.20)), &[]),
+            // Everything served: equal is not inverted.
+            ((Some(1.0), Some(1.0), Some(1.0)), &[]),
+            // Within the margin of noise.
+            ((Some(0.996), Some(1.0), Some(0.999)), &[]),
+            // High below low.
+            (
+                (Some(0.70), Some(0.90), Some(0.80)),
+                &["high<normal", "high<low"],
+            ),
+            // High below normal only.
+            ((Some(0.90), Some(0.95), Some(0.10)), &["high<normal"]),
+            // Normal below low is an inversion too.
+            ((Some(0.99), Some(0.30), Some(0.50)), &["normal<low"]),
+            // Just past the margin.
+            ((Some(0.90), Some(0.9051), Some(0.0)), &["high<normal"]),
+            // A class that scheduled nothing is not compared.
+            ((None, Some(0.9), Some(0.2)), &[]),
+            ((Some(0.5), None, Some(0.9)), &["high<low"]),
+        ];
+        for ((high, normal, low), expected) in rows {
+            let classes = [
+                class("high", Priority::USER_HIGH, high),
+                class("normal", Priority::NORMAL, normal),
+                class("low", Priority::USER_LOW, low),
+            ];
+            let found: Vec<String> = priority_inversions(&classes, INVERSION_MARGIN)
+                .iter()
+                .map(|i| format!("{}<{}", i.higher, i.lower))
+                .collect();
+            assert_eq!(found, expected, "{high:?} {normal:?} {low:?}");
+        }
+    }
+
+    #[test]
+    fn the_check_orders_classes_by_priority_not_by_position() {
+        let classes = [
+            class("low", Priority::USER_LOW, Some(0.9)),
+            class("high", Priority::USER_HIGH, Some(0.5)),
+        ];
+
+        let found = priority_inversions(&classes, INVERSION_MARGIN);
+
+        assert_eq!(found.len(), 1);
+        assert_eq!(
+            found[0].to_string(),
+            "high 50.0% served within SLO < low 90.0%"
+        );
+        let same = [
+            class("a", Priority::NORMAL, Some(0.1)),
+            class("b", Priority::NORMAL, Some(0.9)),
+        ];
+        assert!(priority_inversions(&same, INVERSION_MARGIN).is_empty());
     }
 
     #[test]

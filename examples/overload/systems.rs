@@ -4,7 +4,7 @@ use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use admission::cpu::Controller;
+use admission::cpu::{Controller, SignalSource};
 use admission::{
     AdmitError, EpochLifo, Priority, SlotGranter, TenantId, Usage, WorkInfo, WorkQueue,
 };
@@ -79,6 +79,24 @@ impl System {
         }
     }
 
+    /// Whether the CPU controller sets its slot total, reading the runtime
+    /// through the run's signal.
+    pub fn has_controller(&self) -> bool {
+        matches!(
+            self,
+            System::Admission {
+                fixed_slots: None,
+                ..
+            }
+        )
+    }
+
+    /// Whether it admits waiting work in priority order (the others are
+    /// FIFO or first come, first refused).
+    pub fn orders_by_priority(&self) -> bool {
+        matches!(self, System::Admission { .. })
+    }
+
     pub fn name(&self) -> String {
         match self {
             System::NoAdmission => "no-admission".into(),
@@ -121,13 +139,17 @@ enum Kind {
 }
 
 impl Sut {
+    /// Builds `system` on `runtime`; a controller reads the runtime with
+    /// `signal`. An error names what could not be built (queue depths in a
+    /// build without `tokio_unstable`, say).
     pub fn build(
         system: System,
         runtime: &Handle,
         handler: HandlerEnv,
         slo: Duration,
+        signal: SignalSource,
         weights: &[(TenantId, admission::TenantWeight)],
-    ) -> Arc<Sut> {
+    ) -> Result<Arc<Sut>, String> {
         let kind = match system {
             System::NoAdmission => Kind::Direct,
             System::SemaphoreWait { limit } => Kind::Wait(Arc::new(Semaphore::new(limit))),
@@ -164,16 +186,15 @@ impl Sut {
                 if epoch_lifo {
                     builder = builder.epoch_lifo(EpochLifo::for_deadline(slo));
                 }
+                let refused = |error: admission::ConfigError| format!("{}: {error}", system.name());
                 let (queue, controller) = match fixed_slots {
-                    Some(total) => (
-                        builder.total_slots(total).build().expect("valid settings"),
-                        None,
-                    ),
+                    Some(total) => (builder.total_slots(total).build().map_err(refused)?, None),
                     None => {
                         let controller = Controller::for_runtime(runtime)
+                            .signal_source(signal)
                             .queue(builder)
                             .build()
-                            .expect("valid settings");
+                            .map_err(refused)?;
                         (controller.queue().clone(), Some(controller))
                     }
                 };
@@ -184,7 +205,7 @@ impl Sut {
                 }
             }
         };
-        Arc::new(Sut { kind, handler })
+        Ok(Arc::new(Sut { kind, handler }))
     }
 
     /// Serves one request to its outcome; latency from its intended time.
@@ -195,7 +216,11 @@ impl Sut {
                 self.handler.serve(request.service).await;
             }
             Kind::Wait(semaphore) => {
-                let _permit = semaphore.acquire().await.expect("never closed");
+                // The runner closes the semaphore when the run ends: a
+                // request still waiting then was never served.
+                let Ok(_permit) = semaphore.acquire().await else {
+                    return Outcome::Unfinished;
+                };
                 self.handler.serve(request.service).await;
             }
             Kind::Try(semaphore) => match semaphore.try_acquire() {
