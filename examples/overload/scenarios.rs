@@ -347,6 +347,7 @@ pub fn matrix_table(rows: &[SummaryRow]) -> String {
             "-".to_string()
         }
     };
+    let fixed_total = format!("fixed total ({WORKERS}) goodput");
     let mut lines = vec![[
         "handler",
         "signal",
@@ -354,7 +355,7 @@ pub fn matrix_table(rows: &[SummaryRow]) -> String {
         "high in SLO",
         "high p99 ms",
         "x alone",
-        "fixed total (2) goodput",
+        &fixed_total,
         "prio",
         "valid",
     ]
@@ -383,11 +384,11 @@ pub fn matrix_table(rows: &[SummaryRow]) -> String {
     }
     let mut table = report::aligned(&lines);
     table.push_str(&report::inversion_lines(rows));
-    table.push_str(
+    table.push_str(&format!(
         "goodput: completions within the SLO / C; high in SLO: high-priority requests \
          completed within the SLO / scheduled;\nx alone: high p99 / high p99 with the high \
-         class alone; fixed total (2): admission with 2 slots, no signal, same handler\n",
-    );
+         class alone; fixed total: admission with {WORKERS} slots (no signal), same handler\n"
+    ));
     if !cfg!(tokio_unstable) {
         table.push_str("unstable: not in this build (it needs --cfg tokio_unstable)\n");
     }
