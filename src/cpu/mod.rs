@@ -18,6 +18,27 @@
 //! signal cannot be outrun by a burst of admissions. When the node is idle
 //! the sampler slows to 250 ms and stops enforcing ([`Mode`]).
 //!
+//! # A second signal, measured on admitted work
+//!
+//! Runnable tasks are only what the runtime shows, and it does not show a
+//! task parked on a worker's defer list, where `tokio::task::yield_now` and
+//! an exhausted cooperative budget put it, nor one waiting on a contended
+//! async mutex; on stable tokio (every crate that depends on this one) the
+//! signal is a probe that sees even less. Handlers written the way tokio's
+//! docs teach then hide their own backlog, the total climbs, and admitted
+//! work queues in tokio's FIFO run queues, where priority no longer exists.
+//! So the controller also reads admitted work itself ([`inflation`]): how
+//! much longer each priority's work holds its slot than it does with a
+//! worker to itself. Holds inflated twofold cut the total in proportion at
+//! once (a spike is absorbed in one window of 32 completions); by 40%, or a
+//! higher priority finishing late while a lower one completes, take one
+//! slot; and the runnable rule may add a slot only after two windows in a
+//! row near the unloaded hold. Holds are trusted only while the workers are
+//! busy: when they are not, longer holds are waits on IO or locks, which
+//! more slots do not worsen. [`ControllerSnapshot::inflation`] and
+//! [`hold_baselines`](ControllerSnapshot::hold_baselines) show the inputs
+//! and the verdict of the latest window.
+//!
 //! # Failure model
 //!
 //! **The signal** (component `cpu_signal`) is user code, called on the

@@ -198,6 +198,9 @@ impl RuntimeSignal {
 }
 
 impl CpuSignal for RuntimeSignal {
+    // Without `tokio_unstable` the probe is the only reading, and the match
+    // below has one arm.
+    #[cfg_attr(not(tokio_unstable), allow(clippy::infallible_destructuring_match))]
     fn sample(&mut self) -> CpuLoad {
         let workers = self.workers();
         let probe = match &mut self.reading {
