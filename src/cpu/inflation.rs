@@ -33,6 +33,8 @@
 //!  inflation ≥ 1.4,
 //!   or an inversion   → one slot fewer
 //!  inflation ≤ 1.15   → good: the runnable rule may add a slot after two good windows in a row
+//!                       (twice as many after each increase taken back within two windows,
+//!                        up to 32; half as many after one that held)
 //!  otherwise          → hold (the dead band)
 //! ```
 //!
@@ -77,8 +79,12 @@ pub const CUT_AT: f64 = 2.0;
 pub const DECREASE_AT: f64 = 1.4;
 /// Inflation at or below which a window is good.
 pub const GOOD_AT: f64 = 1.15;
-/// Good windows in a row before the runnable rule may add a slot.
+/// Good windows in a row before the runnable rule may add a slot, at
+/// first and after an increase that held.
 pub const GOOD_WINDOWS_TO_INCREASE: u32 = 2;
+/// The most good windows an increase may have to wait for: each increase
+/// taken back within two windows doubles the wait, up to this.
+pub const MAX_GOOD_WINDOWS_TO_INCREASE: u32 = 32;
 
 /// What one closed window of completions said.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -93,6 +99,9 @@ pub struct InflationReading {
     pub inversion: bool,
     /// The verdict of the rule.
     pub verdict: InflationVerdict,
+    /// Good windows in a row the next increase waits for (2, doubled by
+    /// each increase taken back, up to 32).
+    pub increase_after: u32,
 }
 
 /// The rule's verdict on a window.
@@ -137,13 +146,32 @@ pub fn verdict(
 
 /// The signal's state across ticks: baselines, the open window, and the
 /// run of good windows.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(crate) struct HoldInflation {
     baselines: BTreeMap<Priority, Duration>,
     window: WorkWindow,
     opened: Option<Instant>,
     good_in_a_row: u32,
+    /// Good windows the next increase waits for (backs off after failed
+    /// probes; see [`MAX_GOOD_WINDOWS_TO_INCREASE`]).
+    required_good: u32,
+    /// Windows closed since the last increase, while it is on probation.
+    since_increase: Option<u32>,
     last: Option<InflationReading>,
+}
+
+impl Default for HoldInflation {
+    fn default() -> Self {
+        HoldInflation {
+            baselines: BTreeMap::new(),
+            window: WorkWindow::default(),
+            opened: None,
+            good_in_a_row: 0,
+            required_good: GOOD_WINDOWS_TO_INCREASE,
+            since_increase: None,
+            last: None,
+        }
+    }
 }
 
 impl HoldInflation {
@@ -188,11 +216,13 @@ impl HoldInflation {
             InflationVerdict::Good => self.good_in_a_row.saturating_add(1),
             _ => 0,
         };
+        self.judge_last_increase(verdict);
         let reading = InflationReading {
             inflation,
             completions,
             inversion,
             verdict,
+            increase_after: self.required_good,
         };
         self.last = Some(reading);
         Some(reading)
@@ -202,12 +232,39 @@ impl HoldInflation {
     /// good. (The controller does not ask while the workers are not busy:
     /// holds then say nothing about the CPU.)
     pub(crate) fn allows_increase(&self) -> bool {
-        self.good_in_a_row >= GOOD_WINDOWS_TO_INCREASE
+        self.good_in_a_row >= self.required_good
     }
 
-    /// An increase was made: the next one waits for fresh good windows.
+    /// An increase was made: the next one waits for fresh good windows,
+    /// and this one is on probation for two windows.
     pub(crate) fn increased(&mut self) {
         self.good_in_a_row = 0;
+        self.since_increase = Some(0);
+    }
+
+    /// Probing backs off like TCP's: an increase taken back within two
+    /// windows (the CPU was full after all) doubles the good windows the
+    /// next one waits for; one that held halves it. On CPU-bound work the
+    /// total then spends little time a slot above what the workers can run,
+    /// and work that can use more slots still finds them.
+    fn judge_last_increase(&mut self, verdict: InflationVerdict) {
+        let Some(windows) = self.since_increase else {
+            return;
+        };
+        match verdict {
+            InflationVerdict::Cut { .. } | InflationVerdict::Decrease => {
+                self.required_good = self
+                    .required_good
+                    .saturating_mul(2)
+                    .min(MAX_GOOD_WINDOWS_TO_INCREASE);
+                self.since_increase = None;
+            }
+            _ if windows + 1 >= 2 => {
+                self.required_good = (self.required_good / 2).max(GOOD_WINDOWS_TO_INCREASE);
+                self.since_increase = None;
+            }
+            _ => self.since_increase = Some(windows + 1),
+        }
     }
 
     pub(crate) fn last(&self) -> Option<InflationReading> {
@@ -403,6 +460,25 @@ mod tests {
         assert!(signal.allows_increase());
         signal.increased();
         assert!(!signal.allows_increase());
+    }
+
+    #[test]
+    fn an_increase_taken_back_doubles_the_wait_for_the_next() {
+        let t0 = Instant::now();
+        let mut signal = HoldInflation::default();
+        signal.observe(window(&[(0, 32, 500, 32, 0)]), t0, 2, 1);
+        assert_eq!(signal.last().unwrap().increase_after, 2);
+        for expected in [4, 8, 16, 32, 32] {
+            signal.increased();
+            // The next window says the CPU was full after all.
+            signal.observe(window(&[(0, 32, 750, 0, 0)]), t0, 3, 1);
+            assert_eq!(signal.last().unwrap().increase_after, expected);
+        }
+        // An increase that holds for two windows halves it.
+        signal.increased();
+        signal.observe(window(&[(0, 32, 500, 32, 0)]), t0, 3, 1);
+        signal.observe(window(&[(0, 32, 500, 32, 0)]), t0, 3, 1);
+        assert_eq!(signal.last().unwrap().increase_after, 16);
     }
 
     #[test]
