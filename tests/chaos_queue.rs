@@ -418,3 +418,53 @@ fn try_settle_tokens(
         std::task::Poll::Pending => None,
     }
 }
+
+#[tokio::test(start_paused = true)]
+async fn one_long_hold_does_not_refuse_its_priority_for_good() {
+    // Found by the overload suite: early rejection refuses a waiter whose
+    // time left is shorter than its priority's typical hold, and that
+    // estimate learns only from completions. One 4 ms hold of the only
+    // high-priority request so far, against 5 ms deadlines, refused every
+    // later high-priority request that had waited a little, so none ever
+    // completed to correct it, while lower priorities ran.
+    let queue = WorkQueue::builder()
+        .total_slots(1)
+        .early_rejection(true)
+        .build()
+        .unwrap();
+    let high = |deadline_ms| {
+        WorkInfo::builder()
+            .tenant(TenantId::new(1))
+            .priority(Priority::USER_HIGH)
+            .timeout(Duration::from_millis(deadline_ms))
+            .build()
+    };
+    let t0 = Instant::now();
+    let first = admit_now(&queue, high(5));
+    tokio::time::advance(Duration::from_millis(4)).await;
+    drop(first);
+    // Each later high-priority request waits 2 ms behind low-priority work,
+    // so 3 ms are left when the slot frees: less than the 4 ms estimate.
+    let mut admitted = 0;
+    for _ in 0..20 {
+        let low = admit_now(&queue, work(2, -50, t0, 0));
+        // Refused at once, or waiting: either way its fate is decided by
+        // the estimate.
+        let mut waiter = tokio_test::task::spawn(queue.admit(high(5)));
+        let first = waiter.poll();
+        tokio::time::advance(Duration::from_millis(2)).await;
+        drop(low);
+        if first.is_ready() {
+            continue;
+        }
+        if let std::task::Poll::Ready(Ok(permit)) = waiter.poll() {
+            admitted += 1;
+            tokio::time::advance(Duration::from_micros(500)).await;
+            drop(permit);
+        }
+    }
+    assert!(
+        admitted >= 10,
+        "high-priority work admitted {admitted} times of 20 after one long hold"
+    );
+}

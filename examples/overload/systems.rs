@@ -37,6 +37,9 @@ pub enum System {
         epoch_lifo: bool,
         early_rejection: bool,
     },
+    /// This crate as a new user gets it: `Controller::for_runtime(..).build()`
+    /// and nothing else (deadlines still carried as admission deadlines).
+    AdmissionDefaults,
 }
 
 impl System {
@@ -55,6 +58,7 @@ impl System {
                 epoch_lifo: false,
                 early_rejection: true,
             },
+            System::AdmissionDefaults,
         ]
     }
 
@@ -87,14 +91,14 @@ impl System {
             System::Admission {
                 fixed_slots: None,
                 ..
-            }
+            } | System::AdmissionDefaults
         )
     }
 
     /// Whether it admits waiting work in priority order (the others are
     /// FIFO or first come, first refused).
     pub fn orders_by_priority(&self) -> bool {
-        matches!(self, System::Admission { .. })
+        matches!(self, System::Admission { .. } | System::AdmissionDefaults)
     }
 
     pub fn name(&self) -> String {
@@ -104,6 +108,7 @@ impl System {
             System::SemaphoreTry { limit } => format!("semaphore-try({limit})"),
             System::TowerShed { limit } => format!("tower-shed({limit})"),
             System::Admission { name, .. } => (*name).into(),
+            System::AdmissionDefaults => "admission-defaults".into(),
         }
     }
 }
@@ -202,6 +207,19 @@ impl Sut {
                 Kind::Admission {
                     queue,
                     _controller: controller,
+                }
+            }
+            System::AdmissionDefaults => {
+                let refused = |error: admission::ConfigError| format!("{}: {error}", system.name());
+                let controller = Controller::for_runtime(runtime)
+                    .signal_source(signal)
+                    .build()
+                    .map_err(refused)?;
+                let queue = controller.queue().clone();
+                queue.set_tenant_weights(weights.iter().copied());
+                Kind::Admission {
+                    queue,
+                    _controller: Some(controller),
                 }
             }
         };

@@ -20,7 +20,7 @@ use crate::error::ConfigError;
 use crate::grant::{SlotGranter, SlotSnapshot};
 use crate::health::{Boundary, ComponentHealth};
 use crate::observe::QueueSnapshot;
-use crate::queue::{Admit, WorkQueue, WorkQueueBuilder};
+use crate::queue::{Admit, Usage, WorkQueue, WorkQueueBuilder};
 use crate::sync::{Arc, Mutex};
 use crate::ticker::Ticker;
 use crate::work::{Priority, WorkInfo};
@@ -525,7 +525,7 @@ impl ControllerBuilder {
             period: Self::DEFAULT_PERIOD,
             idle_period: Self::DEFAULT_IDLE_PERIOD,
             idle_below: Self::DEFAULT_IDLE_BELOW,
-            queue: WorkQueueBuilder::default(),
+            queue: Self::default_queue(),
             manual: false,
         }
     }
@@ -579,7 +579,21 @@ impl ControllerBuilder {
         self
     }
 
-    /// Queue settings (bound, reset period...). Its slot total and grant
+    /// The queue settings a controller starts from: the
+    /// [`WorkQueueBuilder`] defaults, with early rejection on (it acts only
+    /// on requests that carry a deadline, and a controller's queue times
+    /// every hold anyway) and usage counted as [`Usage::Granted`] (with
+    /// few slots, slots held cannot express tenant weights: two slots and
+    /// weights 1:4 give 1:1 under [`Usage::Held`]). Start from this when
+    /// passing your own to [`queue`](Self::queue).
+    pub fn default_queue() -> WorkQueueBuilder {
+        WorkQueueBuilder::default()
+            .early_rejection(true)
+            .usage(Usage::Granted)
+    }
+
+    /// Queue settings (bound, reset period...), replacing
+    /// [`default_queue`](Self::default_queue). Its slot total and grant
     /// pacing are set by the controller.
     pub fn queue(mut self, queue: WorkQueueBuilder) -> Self {
         self.queue = queue;

@@ -228,11 +228,14 @@ impl HoldInflation {
         Some(reading)
     }
 
-    /// Whether the runnable rule may add a slot: the latest windows were
-    /// good. (The controller does not ask while the workers are not busy:
-    /// holds then say nothing about the CPU.)
+    /// Whether the runnable rule may add a slot: no window has closed yet
+    /// (no evidence either way: a controller whose work never completes
+    /// must still be able to grow, and a first window that finds the
+    /// total too high cuts it), or the latest windows were good. (The
+    /// controller does not ask while the workers are not busy: holds then
+    /// say nothing about the CPU.)
     pub(crate) fn allows_increase(&self) -> bool {
-        self.good_in_a_row >= self.required_good
+        self.last.is_none() || self.good_in_a_row >= self.required_good
     }
 
     /// An increase was made: the next one waits for fresh good windows,
@@ -448,7 +451,7 @@ mod tests {
     fn an_increase_needs_two_good_windows_in_a_row() {
         let t0 = Instant::now();
         let mut signal = HoldInflation::default();
-        assert!(!signal.allows_increase(), "nothing to go by yet");
+        assert!(signal.allows_increase(), "nothing to go by yet");
         signal.observe(window(&[(0, 32, 500, 32, 0)]), t0, 2, 1);
         assert!(
             !signal.allows_increase(),

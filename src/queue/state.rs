@@ -223,6 +223,18 @@ impl Drain {
         self.hold.get(&priority).copied()
     }
 
+    /// A request of `priority` was refused because of the typical hold (the
+    /// wait ahead of it alone would have left it time). The estimate learns only from completions,
+    /// and refused work never completes: one long hold would otherwise
+    /// refuse the priority for good (high-priority work starved while lower
+    /// priorities ran). Each such refusal takes a tenth off the estimate;
+    /// an estimate that is right is pulled back up by the next completions.
+    fn refused_on_hold(&mut self, priority: Priority) {
+        if let Some(hold) = self.hold.get_mut(&priority) {
+            *hold = *hold * 9 / 10;
+        }
+    }
+
     /// Closes the current window if it is long enough. `busy` says whether
     /// work is waiting or holds capacity now: a window in which nothing
     /// completed and nothing was busy measured a lack of demand, not the
@@ -504,7 +516,7 @@ impl QueueState {
     /// the completion rate, plus the time work typically holds a slot. The
     /// backlog of a heavier tenant does not count against a lighter one,
     /// which is served first.
-    fn doomed(&self, work: &WorkInfo, now: Instant) -> Option<AdmitError> {
+    fn doomed(&mut self, work: &WorkInfo, now: Instant) -> Option<AdmitError> {
         let deadline = work.deadline()?;
         if !self.limits.early_rejection || self.drain.per_sec <= 0.0 {
             return None;
@@ -531,9 +543,17 @@ impl QueueState {
         // saturates (and the request is refused) rather than overflowing.
         let wait = Duration::try_from_secs_f64(grants as f64 / self.drain.per_sec)
             .unwrap_or(Duration::MAX);
-        let expected = wait.saturating_add(self.drain.hold(work.priority()).unwrap_or_default());
+        let hold = self.drain.hold(work.priority()).unwrap_or_default();
+        let expected = wait.saturating_add(hold);
         let remaining = deadline.saturating_duration_since(now);
-        (expected > remaining).then_some(AdmitError::WouldMissDeadline {
+        if expected <= remaining {
+            return None;
+        }
+        // The wait alone would have made it: the hold estimate decided.
+        if wait <= remaining {
+            self.drain.refused_on_hold(work.priority());
+        }
+        Some(AdmitError::WouldMissDeadline {
             expected,
             remaining,
         })
@@ -639,6 +659,7 @@ impl QueueState {
                         .filter(|_| self.limits.early_rejection);
                     if let Some(hold) = hold {
                         if hold > remaining {
+                            self.drain.refused_on_hold(priority);
                             let error = AdmitError::WouldMissDeadline {
                                 expected: hold,
                                 remaining,
