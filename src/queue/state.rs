@@ -362,7 +362,9 @@ impl QueueState {
             return self.admit_at_once(work, accounted);
         }
         // The clock is read only for work that has a deadline, and for
-        // work that is about to queue: the fast path stays clock-free.
+        // work that is about to queue: the fast path stays clock-free
+        // (unless slot holds are timed, for early rejection or a
+        // controller's second signal; see `charge_now`).
         let mut now = None;
         if let Some(deadline) = work.deadline() {
             let at = *now.get_or_insert_with(Instant::now);
