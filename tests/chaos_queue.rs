@@ -468,3 +468,48 @@ async fn one_long_hold_does_not_refuse_its_priority_for_good() {
         "high-priority work admitted {admitted} times of 20 after one long hold"
     );
 }
+
+#[test]
+fn absurd_queue_settings_are_refused_naming_the_field() {
+    use admission::SlotGranter;
+    let field = |builder: WorkQueueBuilder| builder.build().unwrap_err().field();
+    assert_eq!(field(WorkQueue::builder().max_tenants(0)), "max_tenants");
+    assert_eq!(field(WorkQueue::builder().max_waiters(0)), "max_waiters");
+    assert_eq!(
+        field(WorkQueue::builder().reset_period(Duration::MAX)),
+        "reset_period"
+    );
+    assert_eq!(
+        field(WorkQueue::builder().grant_burst_timeout(Duration::ZERO)),
+        "grant_burst_timeout"
+    );
+    assert_eq!(field(WorkQueue::builder().grant_burst(0)), "grant_burst");
+    for share in [f64::NAN, f64::INFINITY, -1.0, 0.0, 1.5] {
+        assert_eq!(
+            field(WorkQueue::builder().elastic_share(share)),
+            "elastic_share"
+        );
+    }
+    assert_eq!(
+        field(WorkQueue::builder().epoch_lifo(EpochLifo::for_deadline(Duration::ZERO))),
+        "epoch_lifo.epoch"
+    );
+    assert_eq!(
+        field(WorkQueue::builder().epoch_lifo(EpochLifo::for_deadline(Duration::MAX))),
+        "epoch_lifo.epoch"
+    );
+    assert_eq!(
+        field(WorkQueue::builder().total_slots(u64::MAX)),
+        "total_slots"
+    );
+    let slots = SlotGranter::new(1).unwrap();
+    assert_eq!(slots.set_ceiling(u64::MAX).unwrap_err().field(), "ceiling");
+    // The largest accepted values work.
+    let queue = WorkQueue::builder()
+        .max_tenants(usize::MAX)
+        .max_waiters(usize::MAX)
+        .total_slots(SlotGranter::MAX_TOTAL)
+        .build()
+        .unwrap();
+    assert_eq!(queue.snapshot().granter.total, SlotGranter::MAX_TOTAL);
+}
