@@ -113,23 +113,16 @@ impl Boundary {
     /// borrows of state that the code itself owns (a signal, a source, a
     /// granter's state), which a panic leaves as the user's code left it.
     pub(crate) fn call<R>(&self, f: impl FnOnce() -> R) -> Option<R> {
-        match catch_unwind(AssertUnwindSafe(f)) {
-            Ok(value) => {
-                if self.consecutive.load(Ordering::Relaxed) != 0 {
-                    self.consecutive.store(0, Ordering::Relaxed);
-                    tracing::info!(
-                        target: "admission",
-                        component = self.component,
-                        "callback recovered"
-                    );
-                }
-                Some(value)
-            }
-            Err(payload) => {
-                self.record(payload.as_ref());
-                None
-            }
+        let value = self.backstop(f)?;
+        if self.consecutive.load(Ordering::Relaxed) != 0 {
+            self.consecutive.store(0, Ordering::Relaxed);
+            tracing::info!(
+                target: "admission",
+                component = self.component,
+                "callback recovered"
+            );
         }
+        Some(value)
     }
 
     /// Like [`call`](Self::call), for a last-resort boundary around code

@@ -185,16 +185,8 @@ impl HoldInflation {
         min_slots: u64,
     ) -> Option<InflationReading> {
         let opened = *self.opened.get_or_insert(now);
-        for (priority, holds) in reported.priorities {
-            let mine = self.window.priorities.entry(priority).or_default();
-            mine.completions = mine.completions.saturating_add(holds.completions);
-            mine.held = mine.held.saturating_add(holds.held);
-            mine.base_completions = mine.base_completions.saturating_add(holds.base_completions);
-            mine.base_held = mine.base_held.saturating_add(holds.base_held);
-            mine.late = mine.late.saturating_add(holds.late);
-            mine.waited_long = mine.waited_long.saturating_add(holds.waited_long);
-        }
-        let completions: u64 = self.window.priorities.values().map(|h| h.completions).sum();
+        self.window.absorb(reported);
+        let completions = self.window.completions();
         let age = now.saturating_duration_since(opened);
         let closes = completions >= MIN_COMPLETIONS
             || (age >= MAX_WINDOW && completions >= MIN_SPARSE_COMPLETIONS);

@@ -174,8 +174,10 @@ pub trait Requester {
 ///   admission control, loudly, rather than stopping it); the units of an
 ///   unaccounted admission are never returned to a granter that never
 ///   counted them;
-/// * a panicking `return_grant` or `cancel_grant` is owed: retried before
-///   the next take, so a transient panic loses no capacity;
+/// * a panicking `return_grant` or `cancel_grant` is owed: retried as a
+///   `return_grant` before the next take, so a transient panic loses no
+///   slot (a granter whose cancel credits more than its return, as tokens
+///   do, keeps the smaller amount: a credit lost, never capacity made up);
 /// * a panicking `took_without_permission` leaves the bypass unaccounted;
 /// * a panicking `capacity` or `max_request` means no bound.
 ///

@@ -54,6 +54,27 @@ impl WorkWindow {
         }
     }
 
+    /// Adds `other`'s counts to this window's (a reader keeping a window
+    /// open across several reports).
+    pub(crate) fn absorb(&mut self, other: WorkWindow) {
+        for (priority, holds) in other.priorities {
+            let mine = self.priorities.entry(priority).or_default();
+            mine.completions = mine.completions.saturating_add(holds.completions);
+            mine.held = mine.held.saturating_add(holds.held);
+            mine.base_completions = mine.base_completions.saturating_add(holds.base_completions);
+            mine.base_held = mine.base_held.saturating_add(holds.base_held);
+            mine.late = mine.late.saturating_add(holds.late);
+            mine.waited_long = mine.waited_long.saturating_add(holds.waited_long);
+        }
+    }
+
+    /// Completions of every priority.
+    pub(crate) fn completions(&self) -> u64 {
+        self.priorities
+            .values()
+            .fold(0, |sum, holds| sum.saturating_add(holds.completions))
+    }
+
     pub(crate) fn waited_long(&mut self, priority: Priority) {
         let holds = self.priorities.entry(priority).or_default();
         holds.waited_long = holds.waited_long.saturating_add(1);
