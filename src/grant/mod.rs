@@ -123,6 +123,12 @@ pub trait Granter: Debug + Send + Sync + 'static {
     fn took_without_permission(&self, state: &mut Self::State, count: u64);
 
     /// The granter's current state, for snapshots and metrics.
+    ///
+    /// The one method not behind the queue's panic boundary: it is called
+    /// only from the caller's own [`WorkQueue::snapshot`](crate::WorkQueue::snapshot)
+    /// or [`granter_snapshot`](crate::WorkQueue::granter_snapshot), which
+    /// must return a value. A panic here reaches that caller; the queue's
+    /// lock is released and nothing in it was half-changed.
     fn snapshot(&self, state: &Self::State) -> Self::Snapshot;
 
     /// The total capacity, for queue policies that reserve a share of it
