@@ -11,6 +11,7 @@
 use std::time::Duration;
 
 use crate::health::ComponentHealth;
+use crate::queue::EpochLifo;
 use crate::work::{Priority, TenantId, TenantWeight};
 
 /// Upper bounds of the wait histogram's buckets, in microseconds: zero (no
@@ -135,6 +136,12 @@ pub struct QueueSnapshot<S> {
     /// Panics caught in the granter's methods (only a custom granter can
     /// panic; see [`health`](crate::health)).
     pub granter_health: ComponentHealth,
+    /// The epoch-LIFO settings in force: those given to
+    /// [`WorkQueueBuilder::epoch_lifo`](crate::WorkQueueBuilder::epoch_lifo),
+    /// or those chosen from the requests' deadlines with
+    /// [`epoch_lifo_from_deadlines`](crate::WorkQueueBuilder::epoch_lifo_from_deadlines);
+    /// `None` while epoch-LIFO is off or not yet chosen.
+    pub epoch_lifo: Option<EpochLifo>,
 }
 
 impl<S> QueueSnapshot<S> {

@@ -240,3 +240,35 @@ fn bad_settings_fail_at_build_naming_the_field() {
         assert_eq!(error.field(), field, "{error}");
     }
 }
+
+/// The controller's default queue scales epoch-LIFO to the deadlines
+/// requests carry (nothing until they carry one).
+#[tokio::test(start_paused = true)]
+async fn the_default_queue_scales_epoch_lifo_to_the_requests_deadlines() {
+    let script = Scripted::default();
+    let controller = controller(&script, 1);
+    let queue = controller.queue();
+    // (Fewer than tokio's cooperative budget of polls in all: the test's
+    // task never yields.)
+    for _ in 0..40 {
+        drop(common::admit_now(queue, work()));
+    }
+    queue.maintain();
+    assert_eq!(queue.snapshot().epoch_lifo, None, "no deadlines, no LIFO");
+    let with_deadline = || {
+        WorkInfo::builder()
+            .priority(Priority::NORMAL)
+            .timeout(Duration::from_millis(20))
+            .build()
+    };
+    for _ in 0..32 {
+        drop(common::admit_now(queue, with_deadline()));
+    }
+    queue.maintain();
+    assert_eq!(
+        queue.snapshot().epoch_lifo,
+        Some(admission::EpochLifo::for_deadline(Duration::from_millis(
+            20
+        )))
+    );
+}

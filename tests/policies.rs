@@ -291,3 +291,55 @@ fn the_elastic_share_is_validated() {
     assert_eq!(error.field(), "elastic_share");
     assert!(WorkQueue::builder().elastic_share(1.5).build().is_err());
 }
+
+/// Epoch-LIFO without settings: they are chosen from the deadlines requests
+/// carry, and chosen again when those move by a factor of two or more.
+#[tokio::test(start_paused = true)]
+async fn epoch_lifo_takes_its_settings_from_the_deadlines_requests_carry() {
+    let t0 = Instant::now();
+    let queue = WorkQueue::builder()
+        .total_slots(1)
+        .epoch_lifo_from_deadlines()
+        .build()
+        .unwrap();
+    let deadline_work = |timeout: u64| from_tenant(1, 0, ms(timeout));
+    // One request short of a sample: no settings, everything FIFO.
+    for _ in 1..32 {
+        drop(admit_now(&queue, deadline_work(50)));
+    }
+    queue.maintain();
+    assert_eq!(queue.snapshot().epoch_lifo, None);
+    let held = admit_now(&queue, deadline_work(50));
+    queue.maintain();
+    let chosen = EpochLifo::for_deadline(ms(50));
+    assert_eq!(queue.snapshot().epoch_lifo, Some(chosen));
+
+    // The settings act: a request that queues past half its deadline
+    // (25 ms) turns its priority LIFO when the epoch (10 ms, closing half
+    // a millisecond late) closes: here, at 30.5 ms.
+    let mut slow = vec![("slow", enqueue(&queue, deadline_work(50)))];
+    advance_to(t0, ms(30), &queue).await;
+    drop(held);
+    let held = granted(&mut slow).pop().unwrap().1;
+    assert_eq!(lifo_below(&queue), -128);
+    advance_to(t0, ms(31), &queue).await;
+    assert_eq!(lifo_below(&queue), 1);
+
+    // The deadlines move to 400 ms: new settings. LIFO-marked work waiting
+    // for its epoch to close is not stranded by the new epoch count: it
+    // goes ahead of work marked under the new settings.
+    let mut waiters = vec![("open epoch", enqueue(&queue, deadline_work(50)))];
+    for _ in 0..1_000 {
+        drop(enqueue(&queue, deadline_work(400)));
+    }
+    // The settings follow the median within a factor of two.
+    let moved = queue.snapshot().epoch_lifo.unwrap();
+    let scale = moved.lifo_delay * 2;
+    assert!(scale > ms(200) && scale < ms(800), "{moved:?}");
+    waiters.push(("after the change", enqueue(&queue, deadline_work(400))));
+    drop(held);
+    let first = granted(&mut waiters);
+    assert_eq!(names(&first), ["open epoch"]);
+    drop(first);
+    assert_eq!(names(&granted(&mut waiters)), ["after the change"]);
+}

@@ -46,7 +46,7 @@
 //!   it (`RUSTFLAGS=""`) refuses `--signal unstable` with an error. Systems
 //!   without a controller read no signal.
 //!
-//! The `matrix` scenario crosses them: W2 at 3x through `admission` per
+//! The `matrix` scenario crosses them: W2 at 3x through `admission-defaults` per
 //! handler style (yield, self-wake, mutex, io) and signal, with the high
 //! class alone for its p99 ratio and `admission-fixed` per style for the
 //! goodput to match, in one table; it ignores `--handler` and `--signal`.
@@ -486,7 +486,7 @@ mod smoke {
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
-    /// The matrix at toy size: one `admission` line per handler style and
+    /// The matrix at toy size: one `admission-defaults` line per handler style and
     /// signal this build has, each with its fixed-total comparison.
     #[test]
     fn a_tiny_matrix_has_a_line_per_style_and_signal() {
@@ -513,7 +513,7 @@ mod smoke {
             table.contains("unstable: not in this build"),
             !cfg!(tokio_unstable)
         );
-        for row in rows.iter().filter(|row| row.system == "admission") {
+        for row in rows.iter().filter(|row| row.system == "admission-defaults") {
             assert!(row.extra["high_p99_vs_alone"].is_number());
             assert!(row.extra["fixed_total_goodput_frac"].is_number());
         }

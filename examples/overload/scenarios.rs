@@ -279,7 +279,9 @@ pub const MATRIX_STYLES: [Handler; 4] = [
     Handler::IO,
 ];
 
-/// The matrix: W2 at 3x through `admission` in every handler style of
+/// The matrix: W2 at 3x through `admission-defaults` (a controller built
+/// with nothing but `Controller::for_runtime(..).build()`, what the
+/// targets are about) in every handler style of
 /// [`MATRIX_STYLES`] with every signal this build has (stable always,
 /// unstable with `tokio_unstable`), whatever `--handler` and `--signal`
 /// say. Per cell, the high class alone for its p99 ratio; per style,
@@ -308,9 +310,10 @@ pub fn matrix(bench: &Bench) -> Result<Vec<SummaryRow>, String> {
             let signal = runner::signal_name(signal);
             eprintln!("  matrix: {name}, {signal}: high class alone ...");
             let alone_p99 = high_alone_p99(&cell, Dispatch::Remote)?;
-            eprintln!("  matrix: {name}, {signal}: admission ...");
-            let result = run(&cell, System::admission(), &spec)?;
-            let mut summary = row(&cell, "matrix", System::admission(), 3.0, &spec, &result);
+            let system = System::AdmissionDefaults;
+            eprintln!("  matrix: {name}, {signal}: {} ...", system.name());
+            let result = run(&cell, system, &spec)?;
+            let mut summary = row(&cell, "matrix", system, 3.0, &spec, &result);
             high_figures(alone_p99, &result, &mut summary);
             summary
                 .extra
@@ -323,7 +326,7 @@ pub fn matrix(bench: &Bench) -> Result<Vec<SummaryRow>, String> {
 }
 
 /// The matrix as one table: a line per handler style and signal, with
-/// `admission`'s goodput, the high class served within the SLO, its p99
+/// `admission-defaults`' goodput, the high class served within the SLO, its p99
 /// under load against alone, and the fixed total's goodput in the same
 /// style; then any priority inversion, and the signals this build lacks.
 pub fn matrix_table(rows: &[SummaryRow]) -> String {
@@ -361,7 +364,7 @@ pub fn matrix_table(rows: &[SummaryRow]) -> String {
     ]
     .map(String::from)
     .to_vec()];
-    for row in rows.iter().filter(|row| row.system == "admission") {
+    for row in rows.iter().filter(|row| row.system == "admission-defaults") {
         let high_in_slo = row
             .extra
             .get("served_within_slo")

@@ -582,13 +582,21 @@ impl ControllerBuilder {
     /// The queue settings a controller starts from: the
     /// [`WorkQueueBuilder`] defaults, with early rejection on (it acts only
     /// on requests that carry a deadline, and a controller's queue times
-    /// every hold anyway) and usage counted as [`Usage::Granted`] (with
-    /// few slots, slots held cannot express tenant weights: two slots and
-    /// weights 1:4 give 1:1 under [`Usage::Held`]). Start from this when
-    /// passing your own to [`queue`](Self::queue).
+    /// every hold anyway), epoch-LIFO scaled to the requests' deadlines
+    /// ([`WorkQueueBuilder::epoch_lifo_from_deadlines`]: it acts only once
+    /// requests carry deadlines and queue past half of them), and usage
+    /// counted as [`Usage::Granted`] (with few slots, slots held cannot
+    /// express tenant weights: two slots and weights 1:4 give 1:1 under
+    /// [`Usage::Held`]). Start from this when passing your own to
+    /// [`queue`](Self::queue).
+    ///
+    /// Measured with the overload suite (W2, 3x, stable tokio, `yield_now`
+    /// handlers, 2 workers): without epoch-LIFO, goodput was 84.6% of
+    /// capacity against 93.4% with it.
     pub fn default_queue() -> WorkQueueBuilder {
         WorkQueueBuilder::default()
             .early_rejection(true)
+            .epoch_lifo_from_deadlines()
             .usage(Usage::Granted)
     }
 

@@ -116,6 +116,74 @@ impl EpochLifo {
     }
 }
 
+/// Epoch-LIFO scaled to the deadlines requests carry, for
+/// [`WorkQueueBuilder::epoch_lifo_from_deadlines`](crate::WorkQueueBuilder::epoch_lifo_from_deadlines).
+///
+/// The scale is the median of the time requests allow themselves (deadline
+/// minus create time), estimated by a frugal streaming median (Ma,
+/// Muthukrishnan and Sandler, 2013): each sample moves the estimate a 64th
+/// of itself towards the sample, never past it. The estimate settles where
+/// as many samples lie above as below, in constant memory and without
+/// floating point; clients that send absurdly short or long deadlines move it
+/// only as far as their share of the requests. The settings change only
+/// when the estimate reaches twice or half the scale they were derived from,
+/// so that a jittery mix of deadlines does not restart the epochs every
+/// time.
+#[derive(Debug, Default)]
+pub(crate) struct DeadlineScale {
+    estimate_nanos: u64,
+    samples: u64,
+    chosen: Option<Duration>,
+}
+
+impl DeadlineScale {
+    /// Samples before the first settings are chosen: one request's deadline
+    /// is not yet a workload's.
+    pub(crate) const MIN_SAMPLES: u64 = 32;
+    /// Shortest scale: [`EpochLifo::for_deadline`] cuts epochs of a fifth of
+    /// it, and epochs are at least 100 µs.
+    pub(crate) const SHORTEST: Duration = Duration::from_micros(500);
+    /// Longest scale: epochs of at most an hour.
+    pub(crate) const LONGEST: Duration = Duration::from_secs(5 * 3600);
+
+    /// A request allowed itself `allowed` from its creation to its deadline.
+    pub(crate) fn observe(&mut self, allowed: Duration) {
+        let sample = u64::try_from(allowed.as_nanos()).unwrap_or(u64::MAX);
+        let estimate = self.estimate_nanos;
+        let step = (estimate / 64).max(1);
+        self.estimate_nanos = if self.samples == 0 {
+            sample
+        } else if sample > estimate {
+            estimate.saturating_add(step).min(sample)
+        } else {
+            estimate.saturating_sub(step).max(sample)
+        };
+        self.samples = self.samples.saturating_add(1);
+    }
+
+    /// The current estimate of the median deadline, once there are enough
+    /// samples, within [`SHORTEST`](Self::SHORTEST)..=[`LONGEST`](Self::LONGEST).
+    pub(crate) fn estimate(&self) -> Option<Duration> {
+        (self.samples >= Self::MIN_SAMPLES)
+            .then(|| Duration::from_nanos(self.estimate_nanos).clamp(Self::SHORTEST, Self::LONGEST))
+    }
+
+    /// New settings when there are none yet or the estimate has moved to at
+    /// least twice or at most half the scale of the current ones.
+    pub(crate) fn rechoose(&mut self) -> Option<EpochLifo> {
+        let estimate = self.estimate()?;
+        if let Some(chosen) = self.chosen {
+            let grown = estimate >= chosen.saturating_mul(2);
+            let shrunk = estimate.saturating_mul(2) <= chosen;
+            if !grown && !shrunk {
+                return None;
+            }
+        }
+        self.chosen = Some(estimate);
+        Some(EpochLifo::for_deadline(estimate))
+    }
+}
+
 /// What one tenant's queue saw at one priority during the current epoch.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 struct Seen {
@@ -285,6 +353,52 @@ mod tests {
             settings.closes_at(origin, later),
             Some(origin + ms(100) * 3 + ms(100) * u32::MAX + ms(5))
         );
+    }
+
+    #[test]
+    fn the_deadline_scale_settles_on_the_median_and_moves_only_by_factors_of_two() {
+        let mut scale = DeadlineScale::default();
+        // Too few samples: nothing chosen yet.
+        for _ in 0..DeadlineScale::MIN_SAMPLES - 1 {
+            scale.observe(ms(5));
+        }
+        assert_eq!(scale.rechoose(), None);
+        scale.observe(ms(5));
+        assert_eq!(scale.rechoose(), Some(EpochLifo::for_deadline(ms(5))));
+        // A minority of absurd deadlines (a third: one in three requests)
+        // leaves the median where the majority is.
+        for i in 0..3_000u32 {
+            scale.observe(match i % 3 {
+                0 => Duration::from_nanos(1),
+                1 => ms(5),
+                _ => ms(6),
+            });
+        }
+        // Within a step (a 64th) of the median, 5 ms.
+        let settled = scale.estimate().unwrap();
+        assert!(
+            settled >= ms(5) - ms(5) / 32 && settled <= ms(5) + ms(5) / 32,
+            "{settled:?}"
+        );
+        assert_eq!(scale.rechoose(), None, "within a factor of two: kept");
+        // The workload moves to 40 ms deadlines: new settings, once.
+        for _ in 0..1_000 {
+            scale.observe(ms(40));
+        }
+        assert_eq!(scale.rechoose(), Some(EpochLifo::for_deadline(ms(40))));
+        assert_eq!(scale.rechoose(), None);
+    }
+
+    #[test]
+    fn the_deadline_scale_is_clamped_to_valid_settings() {
+        for allowed in [Duration::ZERO, Duration::from_nanos(1), Duration::MAX] {
+            let mut scale = DeadlineScale::default();
+            for _ in 0..DeadlineScale::MIN_SAMPLES {
+                scale.observe(allowed);
+            }
+            let settings = scale.rechoose().expect("enough samples");
+            assert!(settings.validate().is_ok(), "{allowed:?}: {settings:?}");
+        }
     }
 
     #[test]

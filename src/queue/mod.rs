@@ -321,6 +321,7 @@ impl<G: Granter> WorkQueue<G> {
             tenants: locked.queue.tenant_snapshot(),
             granter: self.shared.granter.snapshot(&locked.granter),
             granter_health: self.shared.granter_boundary.health(),
+            epoch_lifo: locked.queue.epoch_lifo(),
         }
     }
 }
@@ -346,6 +347,7 @@ pub struct WorkQueueBuilder {
     grant_burst: Option<usize>,
     grant_burst_timeout: Duration,
     epoch_lifo: Option<EpochLifo>,
+    epoch_lifo_from_deadlines: bool,
     early_rejection: bool,
     usage: Usage,
     elastic_share: Option<f64>,
@@ -362,6 +364,7 @@ impl Default for WorkQueueBuilder {
             grant_burst: None,
             grant_burst_timeout: Self::DEFAULT_GRANT_BURST_TIMEOUT,
             epoch_lifo: None,
+            epoch_lifo_from_deadlines: false,
             early_rejection: false,
             usage: Usage::Held,
             elastic_share: None,
@@ -429,8 +432,37 @@ impl WorkQueueBuilder {
     /// grown past `settings.lifo_delay` are served newest-first (by epoch)
     /// until it falls back, so that under sustained overload fresh requests
     /// still finish within their deadlines. Off by default. See [`EpochLifo`].
+    /// Replaces [`epoch_lifo_from_deadlines`](Self::epoch_lifo_from_deadlines).
     pub fn epoch_lifo(mut self, settings: EpochLifo) -> Self {
         self.epoch_lifo = Some(settings);
+        self.epoch_lifo_from_deadlines = false;
+        self
+    }
+
+    /// Turns on epoch-LIFO with settings scaled to the deadlines requests
+    /// carry: [`EpochLifo::for_deadline`] of the median time requests allow
+    /// themselves (deadline minus create time), chosen once 32 requests with
+    /// a deadline have been seen and again whenever that median reaches
+    /// twice or half the scale in force, so that the settings always fit
+    /// the deadlines within a factor of two. Requests without a deadline do not count; until enough carry
+    /// one, everything is FIFO. On in
+    /// [`ControllerBuilder::default_queue`](crate::cpu::ControllerBuilder::default_queue):
+    /// fixed settings fit one deadline, and the upstream defaults
+    /// ([`EpochLifo::UPSTREAM`], 105 ms) never act on requests whose
+    /// deadlines are shorter than that. The settings in force are in
+    /// [`QueueSnapshot::epoch_lifo`](crate::QueueSnapshot::epoch_lifo).
+    /// Replaces [`epoch_lifo`](Self::epoch_lifo).
+    pub fn epoch_lifo_from_deadlines(mut self) -> Self {
+        self.epoch_lifo = None;
+        self.epoch_lifo_from_deadlines = true;
+        self
+    }
+
+    /// Turns epoch-LIFO off (the default of a plain builder): requests of
+    /// a priority are served oldest first.
+    pub fn without_epoch_lifo(mut self) -> Self {
+        self.epoch_lifo = None;
+        self.epoch_lifo_from_deadlines = false;
         self
     }
 
@@ -549,6 +581,7 @@ impl WorkQueueBuilder {
             grant_burst: self.grant_burst,
             grant_burst_timeout: self.grant_burst_timeout,
             epoch_lifo: self.epoch_lifo,
+            epoch_lifo_from_deadlines: self.epoch_lifo_from_deadlines,
             early_rejection: self.early_rejection,
             usage: self.usage,
             elastic_share: self.elastic_share,

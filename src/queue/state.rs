@@ -62,7 +62,7 @@ use rustc_hash::FxHashMap;
 use slab::Slab;
 use tokio::time::Instant;
 
-use super::epoch::EpochLifo;
+use super::epoch::{DeadlineScale, EpochLifo};
 use super::order::{OpenKey, Place, Recency, TenantOrder, WaiterKey};
 use super::pacing::Pacing;
 use super::tenant::Tenant;
@@ -184,7 +184,10 @@ pub(crate) struct Limits {
     pub(crate) reset_period: Duration,
     pub(crate) grant_burst: Option<usize>,
     pub(crate) grant_burst_timeout: Duration,
+    /// The initial epoch-LIFO settings; with `epoch_lifo_from_deadlines`,
+    /// `None` until the deadlines requests carry choose them.
     pub(crate) epoch_lifo: Option<EpochLifo>,
+    pub(crate) epoch_lifo_from_deadlines: bool,
     pub(crate) early_rejection: bool,
     pub(crate) usage: Usage,
     pub(crate) elastic_share: Option<f64>,
@@ -277,9 +280,14 @@ pub(crate) struct QueueState {
     last_reset: Instant,
     gc_threshold: usize,
     pacing: Pacing,
-    /// Epoch-LIFO's time origin, and how many epochs have closed.
+    /// Epoch-LIFO's settings now (the builder's, or chosen from the
+    /// deadlines requests carry), time origin, and how many epochs have
+    /// closed.
+    lifo: Option<EpochLifo>,
     origin: Instant,
     closed_epochs: u64,
+    /// With `epoch_lifo_from_deadlines`: the deadlines seen.
+    deadline_scale: Option<DeadlineScale>,
     drain: Drain,
     /// Slots held by elastic (below-zero priority) work.
     elastic_held: u64,
@@ -310,8 +318,12 @@ impl QueueState {
             last_reset: now,
             gc_threshold: MIN_GC_THRESHOLD.min(limits.max_tenants),
             pacing: Pacing::new(limits.grant_burst, limits.grant_burst_timeout),
+            lifo: limits.epoch_lifo,
             origin: now,
             closed_epochs: 0,
+            deadline_scale: limits
+                .epoch_lifo_from_deadlines
+                .then(DeadlineScale::default),
             drain: Drain {
                 since: now,
                 completions: 0,
@@ -354,7 +366,7 @@ impl QueueState {
         if self.closed {
             return self.reject(work, AdmitError::Closed);
         }
-        if self.limits.epoch_lifo.is_some() {
+        if self.lifo.is_some() {
             self.with_tenant(work.tenant(), |t| t.states.requested(priority));
         }
         if work.is_bypass() {
@@ -370,6 +382,9 @@ impl QueueState {
             let at = *now.get_or_insert_with(Instant::now);
             if deadline <= at {
                 return self.reject(work, AdmitError::DeadlinePassed);
+            }
+            if let Some(scale) = &mut self.deadline_scale {
+                scale.observe(deadline.saturating_duration_since(work.create_time()));
             }
         }
         // Only when no waiter could be granted: otherwise a newcomer would
@@ -403,6 +418,7 @@ impl QueueState {
         }
         let now = now.unwrap_or_else(Instant::now);
         self.maybe_reset(now);
+        self.rescale_epochs(now);
         self.close_epochs(now);
         self.drain.update(now, self.is_busy());
         if let Some(error) = self.doomed(work, now) {
@@ -422,7 +438,7 @@ impl QueueState {
             self.elastic_held = self.elastic_held.saturating_add(count);
         }
         self.in_flight = self.in_flight.saturating_add(count);
-        let epoch_lifo = self.limits.epoch_lifo.is_some();
+        let epoch_lifo = self.lifo.is_some();
         self.with_tenant(work.tenant(), |t| {
             t.used = t.used.saturating_add(count);
             if epoch_lifo {
@@ -567,12 +583,12 @@ impl QueueState {
         let tenant_id = work.tenant();
         let priority = work.priority();
         let create_time = work.create_time();
-        let lifo = self.limits.epoch_lifo.is_some()
+        let lifo = self.lifo.is_some()
             && self
                 .tenants
                 .get(&tenant_id)
                 .is_some_and(|tenant| tenant.is_lifo(priority));
-        let place = match self.limits.epoch_lifo {
+        let place = match self.lifo {
             Some(settings) if lifo => {
                 let epoch = settings.epoch_of(self.origin, create_time);
                 if epoch < self.closed_epochs {
@@ -632,7 +648,7 @@ impl QueueState {
         }
         let mut granted: u64 = 0;
         let mut now = None;
-        let epoch_lifo = self.limits.epoch_lifo.is_some();
+        let epoch_lifo = self.lifo.is_some();
         let elastic_limit = self.elastic_limit(grants);
         loop {
             if self.pacing.is_full() {
@@ -853,7 +869,7 @@ impl QueueState {
     ) {
         if matches!(self.waiters[slab_key].state, WaiterState::Waiting { .. }) {
             self.unlink(slab_key);
-            if self.limits.epoch_lifo.is_some() {
+            if self.lifo.is_some() {
                 let waiter = &self.waiters[slab_key];
                 let (tenant, priority) = (waiter.tenant, waiter.priority);
                 let waited = Instant::now().saturating_duration_since(waiter.enqueued_at);
@@ -977,6 +993,7 @@ impl QueueState {
         wakes: &mut WakeList,
     ) {
         self.maybe_reset(now);
+        self.rescale_epochs(now);
         self.close_epochs(now);
         self.drain.update(now, self.is_busy());
         if self.pacing.unstick(now) {
@@ -1009,13 +1026,44 @@ impl QueueState {
             .min(self.limits.max_tenants.max(self.tenants.len() + 1));
     }
 
+    /// With settings chosen from the deadlines requests carry: adopts new
+    /// ones when the deadlines have moved (see `DeadlineScale`). Epochs are
+    /// numbered from the origin in units of the epoch length, so the count
+    /// restarts with the new length; work waiting for an epoch of the old
+    /// count to close becomes eligible now, as if it had (its thresholds are
+    /// kept, and the next close recomputes them in the new units).
+    fn rescale_epochs(&mut self, now: Instant) {
+        let Some(settings) = self
+            .deadline_scale
+            .as_mut()
+            .and_then(DeadlineScale::rechoose)
+        else {
+            return;
+        };
+        let mut moved = Vec::new();
+        for tenant in self.tenants.values_mut() {
+            moved.extend(tenant.close_epochs(u64::MAX));
+        }
+        for (slab_key, place) in moved {
+            self.waiters[slab_key].place = place;
+        }
+        self.lifo = Some(settings);
+        self.origin = now;
+        self.closed_epochs = 0;
+    }
+
+    /// The epoch-LIFO settings in force.
+    pub(crate) fn epoch_lifo(&self) -> Option<EpochLifo> {
+        self.lifo
+    }
+
     /// Closes every epoch whose closing time has passed: each tenant gets its
     /// next LIFO threshold, and LIFO-marked work of closed epochs becomes
     /// eligible. After an idle stretch of several epochs, the epochs after
     /// the first saw nothing, so thresholds return to all-FIFO in one step
     /// rather than one epoch at a time.
     fn close_epochs(&mut self, now: Instant) {
-        let Some(settings) = self.limits.epoch_lifo else {
+        let Some(settings) = self.lifo else {
             return;
         };
         let mut due = 0u64;
@@ -1156,7 +1204,7 @@ impl QueueState {
             waited_us = waited.as_micros() as u64,
             "{reason}"
         );
-        if self.limits.epoch_lifo.is_some() {
+        if self.lifo.is_some() {
             self.with_tenant(tenant, |t| t.states.waited(priority, waited, false));
         }
     }
