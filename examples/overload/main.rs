@@ -280,6 +280,7 @@ fn scenario_table(name: &str, rows: &[SummaryRow]) -> String {
             report::table(rows, classes_of(name)) + &scenarios::w6_table(rows)
         }
         "w7" => report::table(rows, classes_of(name)) + &scenarios::w7_table(rows),
+        "w4" => report::table(rows, classes_of(name)) + &scenarios::w4_table(rows),
         _ => report::table(rows, classes_of(name)),
     }
 }

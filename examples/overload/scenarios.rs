@@ -595,6 +595,7 @@ pub fn w4(bench: &Bench, dir: &Path, quick: bool) -> Result<Vec<SummaryRow>, Str
         System::NoAdmission,
         System::SemaphoreWait { limit: WORKERS },
         System::admission(),
+        System::AdmissionDefaults,
         System::admission_fixed("admission-fixed", WORKERS as u64),
     ];
     let window = Duration::from_millis(10);
@@ -616,6 +617,33 @@ pub fn w4(bench: &Bench, dir: &Path, quick: bool) -> Result<Vec<SummaryRow>, Str
         let baseline = stats::latency_of_class(&before, 0, result.length).p99_ms;
         let found = stats::convergence(&windows, spike_start, spike_end, baseline);
         summary.converge_ms = found.converge_ms;
+        if let Some(spike) = stats::total_in_spike(&result.slot_totals, spike_start, spike_end) {
+            summary
+                .extra
+                .insert("total_reached_ms".into(), json!(spike.reached_ms));
+            summary
+                .extra
+                .insert("total_operating_point".into(), json!(spike.operating_point));
+            summary
+                .extra
+                .insert("total_above_after".into(), json!(spike.above_after));
+        }
+        let series: Vec<(f64, u64)> = result
+            .slot_totals
+            .iter()
+            .map(|&(at, total)| (at.as_secs_f64() * 1e3, total))
+            .collect();
+        summary.extra.insert("slot_totals".into(), json!(series));
+        if let Some(&(_, before)) = result
+            .slot_totals
+            .iter()
+            .rev()
+            .find(|&&(at, _)| at < spike_start)
+        {
+            summary
+                .extra
+                .insert("total_before_spike".into(), json!(before));
+        }
         summary
             .extra
             .insert("baseline_high_p99_ms".into(), json!(baseline));
@@ -922,6 +950,39 @@ pub fn w7_row(
         inversions: None,
         extra,
     }
+}
+
+/// W4's spike figures under its table, a line per system: the windows'
+/// convergence (goodput and p99 back, which has a floor set by the
+/// machine: the fixed total shows it), and for a controller, its slot total
+/// before the spike, how long it took to come down to its operating point
+/// in the spike, and how often it probed above it afterwards.
+pub fn w4_table(rows: &[SummaryRow]) -> String {
+    let millis = |value: Option<f64>| value.map_or("never".to_string(), |ms| format!("{ms:.0} ms"));
+    let figure =
+        |row: &SummaryRow, key: &str| row.extra.get(key).and_then(serde_json::Value::as_f64);
+    let mut text = String::from(
+        "spike: windows converged (goodput >= 90% and p99 <= 1.5x before); controller's total\n",
+    );
+    for row in rows {
+        let controller = match (
+            row.extra.get("total_before_spike").and_then(serde_json::Value::as_u64),
+            figure(row, "total_operating_point"),
+        ) {
+            (Some(before), Some(point)) if row.system != "admission-fixed" => format!(
+                "; total {before} before the spike, at {point:.0} (+1) in {}, above it {:.0}% of the time after",
+                millis(figure(row, "total_reached_ms")),
+                figure(row, "total_above_after").unwrap_or(f64::NAN) * 100.0
+            ),
+            _ => String::new(),
+        };
+        text.push_str(&format!(
+            "  {:<19} converged in {}{controller}\n",
+            row.system,
+            millis(row.converge_ms)
+        ));
+    }
+    text
 }
 
 /// W7's own figures, one line per system, for the terminal: over-commit

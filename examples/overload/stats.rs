@@ -343,6 +343,65 @@ pub fn windows(
         .collect()
 }
 
+/// How a controller met a load spike, read from its slot total sampled
+/// every few milliseconds. Its operating point in the spike is the median
+/// total over the spike's second half.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct TotalInSpike {
+    /// From the spike start to the first sample at most one slot above the
+    /// operating point: how fast the controller got there (0 when the total
+    /// was there already). Unlike [`Convergence::converge_ms`], which also
+    /// needs the windows' goodput and p99 to recover and so has a floor set
+    /// by the machine's noise (a fixed total, which has nothing to
+    /// converge, shows it), this reads the controller alone.
+    pub reached_ms: f64,
+    /// The operating point.
+    pub operating_point: u64,
+    /// The share of the spike's samples after `reached_ms` more than one
+    /// slot above the operating point: probes for more, taken back.
+    pub above_after: f64,
+}
+
+/// The controller's figures for a spike; `None` without samples in the
+/// second half of the spike, or if the total never came down to the
+/// operating point.
+pub fn total_in_spike(
+    totals: &[(Duration, u64)],
+    spike_start: Duration,
+    spike_end: Duration,
+) -> Option<TotalInSpike> {
+    let during: Vec<(Duration, u64)> = totals
+        .iter()
+        .copied()
+        .filter(|&(at, _)| at >= spike_start && at < spike_end)
+        .collect();
+    let middle = spike_start + (spike_end - spike_start) / 2;
+    let mut late: Vec<u64> = during
+        .iter()
+        .filter(|&&(at, _)| at >= middle)
+        .map(|&(_, total)| total)
+        .collect();
+    if late.is_empty() {
+        return None;
+    }
+    late.sort_unstable();
+    let operating_point = late[late.len() / 2];
+    let near = |total: u64| total <= operating_point + 1;
+    let reached = during.iter().position(|&(_, total)| near(total))?;
+    let reached_ms = if reached == 0 {
+        0.0
+    } else {
+        millis(during[reached].0.saturating_sub(spike_start))
+    };
+    let after = &during[reached..];
+    let above = after.iter().filter(|&&(_, total)| !near(total)).count();
+    Some(TotalInSpike {
+        reached_ms,
+        operating_point,
+        above_after: above as f64 / after.len() as f64,
+    })
+}
+
 /// How a system rode out a load spike.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct Convergence {
@@ -992,5 +1051,32 @@ mod tests {
         let spike = convergence(&seconds(&[CALM; 30]), ms(10_000), ms(20_000), f64::NAN);
         assert_eq!(spike.converge_ms, None);
         assert_eq!(spike.recovery_ms, None);
+    }
+
+    #[test]
+    fn a_controller_reaches_its_operating_point_and_probes_above_it() {
+        let ms = Duration::from_millis;
+        // 6 slots before the spike at 100 ms, 4 at 110 and 120 ms, 2 or 3
+        // from 130 ms with one probe to 5 at 150 ms, until the end at 300 ms.
+        let totals: Vec<(Duration, u64)> = (0..40u64)
+            .map(|i| {
+                let total = match i {
+                    0..=10 => 6,
+                    11..=12 => 4,
+                    15 => 5,
+                    _ => 2 + i % 2,
+                };
+                (ms(i * 10), total)
+            })
+            .collect();
+        let spike = total_in_spike(&totals, ms(100), ms(300)).unwrap();
+        assert_eq!(spike.operating_point, 3);
+        assert_eq!(spike.reached_ms, 10.0, "4 is one above the point");
+        assert!((spike.above_after - 1.0 / 19.0).abs() < 1e-9);
+        // Already there at the spike: 0.
+        let flat: Vec<(Duration, u64)> = (0..40u64).map(|i| (ms(i * 10), 2)).collect();
+        let spike = total_in_spike(&flat, ms(100), ms(300)).unwrap();
+        assert_eq!((spike.reached_ms, spike.above_after), (0.0, 0.0));
+        assert_eq!(total_in_spike(&[], ms(100), ms(300)), None);
     }
 }

@@ -28,7 +28,7 @@ use crate::work::{Priority, WorkInfo};
 /// How many slot changes the snapshot remembers.
 const RECENT_DECISIONS: usize = 32;
 /// How often the sampler refreshes the tokio-metrics runtime summary.
-const RUNTIME_SUMMARY_EVERY: Duration = Duration::from_millis(100);
+const RUNTIME_SUMMARY_EVERY: Duration = Duration::from_millis(10);
 /// The sampler thread's component name.
 const SAMPLER: &str = "cpu_sampler";
 /// The signal's fallback, for health records.
