@@ -265,6 +265,8 @@ async fn elastic_work_holds_at_most_its_share_and_regular_work_gets_the_rest() {
         .elastic_share(0.5)
         .build()
         .unwrap();
+    // Regular work is about (the share applies only then).
+    drop(admit_now(&queue, work(1, 0, t0, 0)));
     // Two elastic slots of four, then elastic work waits with slots free.
     let bulk: Vec<_> = (0..2)
         .map(|i| admit_now(&queue, elastic(1, t0, i)))
@@ -282,6 +284,42 @@ async fn elastic_work_holds_at_most_its_share_and_regular_work_gets_the_rest() {
 
     // An elastic slot comes back: the waiting bulk work takes it.
     drop(bulk);
+    assert_eq!(names(&granted(&mut bulk_waiting)), ["bulk"]);
+}
+
+/// The share keeps slots for regular work; with none about it would only
+/// leave the CPU idle.
+#[tokio::test(start_paused = true)]
+async fn elastic_work_takes_every_slot_while_no_regular_work_is_about() {
+    let t0 = Instant::now();
+    let period = ms(100);
+    let queue = WorkQueue::builder()
+        .total_slots(4)
+        .elastic_share(0.5)
+        .reset_period(period)
+        .build()
+        .unwrap();
+    let mut bulk: Vec<_> = (0..4)
+        .map(|i| admit_now(&queue, elastic(1, t0, i)))
+        .collect();
+    assert_eq!(queue.snapshot().granter.used, 4, "no cap: nobody else");
+
+    // Regular work arrives: it waits for one bulk hold, then the cap is
+    // back, and a bulk request waits with a slot free.
+    let mut regular = vec![("regular", enqueue(&queue, work(2, 0, t0, 5)))];
+    bulk.pop();
+    let regular = granted(&mut regular);
+    assert_eq!(names(&regular), ["regular"]);
+    bulk.pop();
+    let mut bulk_waiting = vec![("bulk", enqueue(&queue, elastic(1, t0, 6)))];
+    assert_eq!(queue.snapshot().granter.used, 3);
+    drop(regular);
+
+    // Two reset periods without regular work: the cap lifts and the
+    // waiting bulk request takes a free slot.
+    advance_to(t0, period, &queue).await;
+    assert!(granted(&mut bulk_waiting).is_empty(), "regular work was about");
+    advance_to(t0, period * 2, &queue).await;
     assert_eq!(names(&granted(&mut bulk_waiting)), ["bulk"]);
 }
 

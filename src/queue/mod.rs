@@ -492,7 +492,14 @@ impl WorkQueueBuilder {
     /// for the length of a bulk chunk, regular work would otherwise wait
     /// behind them however high its priority. Elastic waiters beyond the cap
     /// wait even while slots are free; other tenants' regular work is
-    /// granted past them. Between 0 (exclusive) and 1. Off by default.
+    /// granted past them. The cap holds only while regular work is about
+    /// (it asked for admission during the current or the previous
+    /// [`reset_period`](Self::reset_period)): with nothing else to run,
+    /// elastic work may use every slot, and regular work arriving after a
+    /// quiet spell waits for the elastic holds that are running (one bulk
+    /// chunk) before the cap is back. Between 0 (exclusive) and 1. Off by
+    /// default; 0.5 in
+    /// [`ControllerBuilder::default_queue`](crate::cpu::ControllerBuilder::default_queue).
     pub fn elastic_share(mut self, share: f64) -> Self {
         self.elastic_share = Some(share);
         self

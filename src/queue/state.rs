@@ -291,6 +291,11 @@ pub(crate) struct QueueState {
     drain: Drain,
     /// Slots held by elastic (below-zero priority) work.
     elastic_held: u64,
+    /// Regular (not elastic) requests since the last usage reset, and in
+    /// the period before: the elastic share applies only while regular work
+    /// is about (see `elastic_limit`).
+    regular_requests: u64,
+    regular_before: u64,
     /// Units granted and not yet given back (held by permits, or granted to
     /// waiters that have not observed it): tells a stall from an idle queue.
     in_flight: u64,
@@ -331,6 +336,8 @@ impl QueueState {
                 hold: BTreeMap::new(),
             },
             elastic_held: 0,
+            regular_requests: 0,
+            regular_before: 0,
             in_flight: 0,
             work: WorkWindow::default(),
             base_concurrency: 0,
@@ -363,6 +370,9 @@ impl QueueState {
     ) -> Attempt {
         let priority = work.priority();
         self.stats.requested(priority);
+        if !priority.is_elastic() {
+            self.regular_requests = self.regular_requests.saturating_add(1);
+        }
         if self.closed {
             return self.reject(work, AdmitError::Closed);
         }
@@ -454,11 +464,18 @@ impl QueueState {
 
     /// How many slots elastic work may hold: its share of the granter's
     /// capacity, at least one; `None` (unlimited) without an elastic share
-    /// or a capacity to take it of. Not a sentinel value: elastic work
-    /// holding `u64::MAX` units (one absurd request) must not read as a full
-    /// share on a queue that has none.
+    /// or a capacity to take it of, or while no regular work has asked for
+    /// admission in this usage-reset period or the one before: the share
+    /// exists to keep slots for regular work, and capping elastic work with
+    /// nobody else about would leave the rest of the capacity idle (and a
+    /// controller would not add slots while some are free). Not a sentinel
+    /// value: elastic work holding `u64::MAX` units (one absurd request)
+    /// must not read as a full share on a queue that has none.
     fn elastic_limit<G: Granter>(&self, grants: &Grants<'_, G>) -> Option<u64> {
         let share = self.limits.elastic_share?;
+        if self.regular_requests == 0 && self.regular_before == 0 {
+            return None;
+        }
         let capacity = grants.capacity()?;
         Some(((capacity as f64 * share).floor() as u64).max(1))
     }
@@ -996,9 +1013,11 @@ impl QueueState {
         self.rescale_epochs(now);
         self.close_epochs(now);
         self.drain.update(now, self.is_busy());
-        if self.pacing.unstick(now) {
-            self.grant_waiting(grants, wakes);
-        }
+        // Not only when pacing was stuck: the reset may have lifted the
+        // elastic share (no regular work about any more), and elastic
+        // waiters it held back may now take the free slots.
+        self.pacing.unstick(now);
+        self.grant_waiting(grants, wakes);
     }
 
     /// Runs the periodic reset if it is due.
@@ -1012,6 +1031,7 @@ impl QueueState {
     fn reset(&mut self, now: Instant) {
         self.last_reset = now;
         self.generation += 1;
+        self.regular_before = std::mem::take(&mut self.regular_requests);
         self.tenants.retain(|_, tenant| tenant.has_waiters());
         for tenant in self.tenants.values_mut() {
             tenant.used = 0;
