@@ -67,6 +67,22 @@
 //!  running (busy += 1) ─► returned or panicked ─► permit dropped, counted ─► result sent
 //! ```
 //!
+//! **The cost of the hand-off.** A slot freed on a pool thread is granted
+//! to the next waiter at once, under the queue's lock, but that waiter's
+//! closure reaches a thread only after the caller's task has been woken and
+//! polled on a tokio worker: one wake-up of a worker and one of a pool
+//! thread per job, a few microseconds on an idle core, and exposed twice to
+//! the OS scheduler on a contended one. Letting the pool thread poll the
+//! granted `Admit` itself would save that hop, at the price of a per-job
+//! cell shared between the caller's task and the threads, with states of
+//! its own (and a loom model); this design keeps the queue's machinery as
+//! the only shared state.
+//!
+//! A pool thread returns slots outside any runtime, so the queue's clock
+//! reads there (hold times, for early rejection) are the real clock even in
+//! a test that paused tokio's; deadlines are timed by the caller's task, on
+//! its runtime's clock.
+//!
 //! A future dropped while admitting leaves the queue as any `Admit` does;
 //! dropped once dispatched, its closure never runs unless a thread had
 //! already taken it (then it runs to the end, and its result is dropped).
