@@ -13,6 +13,11 @@
 //! | `admission_cpu_runnable_per_worker` | gauge | | the CPU signal's last sample |
 //! | `admission_cpu_idle` | gauge | | 1 while the CPU controller is idle (not enforcing) |
 //! | `admission_callback_panics_total` | counter | `component` | panics caught in user code the crate calls (see [`health`](crate::health)) |
+//! | `admission_pool_tasks_total` | counter | `outcome` | [`CpuPool`](crate::pool::CpuPool) jobs taken by a thread: `completed`, `panicked`, or `abandoned` (its future dropped before the start) |
+//! | `admission_pool_threads` | gauge | | the pool's own threads (its slot total) |
+//! | `admission_pool_busy` | gauge | | pool threads running a closure, borrowed ones included |
+//! | `admission_pool_borrowed` | gauge | | threads borrowed beyond the total for bypass work |
+//! | `admission_pool_queue_length` | gauge | | work waiting for admission to the pool |
 //!
 //! Counters and the histogram are recorded when a request settles, outside
 //! the queue's lock. Gauges are set by [`WorkQueue::record_metrics`](crate::WorkQueue::record_metrics),
@@ -100,4 +105,28 @@ pub(crate) fn cpu(runnable_per_worker: f64, idle: bool) {
 pub(crate) fn callback_panicked(component: &'static str) {
     #[cfg(feature = "metrics")]
     metrics::counter!("admission_callback_panics_total", "component" => component).increment(1);
+}
+
+/// The outcome label of a pool job whose closure returned.
+pub(crate) const POOL_COMPLETED: &str = "completed";
+/// The outcome label of a pool job whose closure panicked.
+pub(crate) const POOL_PANICKED: &str = "panicked";
+/// The outcome label of a pool job skipped because its future was dropped.
+pub(crate) const POOL_ABANDONED: &str = "abandoned";
+
+/// A CPU pool's thread took a job, which ended with `outcome`.
+#[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
+pub(crate) fn pool_task(outcome: &'static str) {
+    #[cfg(feature = "metrics")]
+    metrics::counter!("admission_pool_tasks_total", "outcome" => outcome).increment(1);
+}
+
+/// A CPU pool's levels (only called with the feature on, like
+/// [`queue_levels`]).
+#[cfg(feature = "metrics")]
+pub(crate) fn pool_levels(threads: usize, busy: usize, borrowed: usize, queued: usize) {
+    metrics::gauge!("admission_pool_threads").set(threads as f64);
+    metrics::gauge!("admission_pool_busy").set(busy as f64);
+    metrics::gauge!("admission_pool_borrowed").set(borrowed as f64);
+    metrics::gauge!("admission_pool_queue_length").set(queued as f64);
 }

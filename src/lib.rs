@@ -73,6 +73,21 @@
 //! admission stops enforcing. See [`cpu`] for the measurements behind the
 //! defaults and for what the stable-tokio fallback signal can and cannot see.
 //!
+//! # Work that does not yield: the CPU pool
+//!
+//! Admission orders who starts; it cannot reorder work that, once started,
+//! holds a tokio worker for milliseconds without an `.await` (parsing,
+//! compression, image work): everything queued behind that worker waits in
+//! tokio's FIFO again. For such work the strongest answer is to own the
+//! scheduler: a [`CpuPool`] is a set of OS threads, one per core by
+//! default, whose only queue is a [`WorkQueue`] whose slots are the
+//! threads. [`CpuPool::spawn`] returns a cancel-safe [`PoolTask`] that waits
+//! in that queue (tenant, priority, create time; deadlines, early rejection
+//! and epoch-LIFO as on any queue) and resolves to the closure's value; a
+//! panic comes back as [`PoolError::Panicked`]. Its signal is exact (threads
+//! busy, work queued), with nothing to sample. See [`pool`] for how to share
+//! the cores with the runtime's workers.
+//!
 //! # The IO signal
 //!
 //! An LSM's writes are cheap now and expensive later: the debt shows as
@@ -186,6 +201,8 @@
 //! * [`gpu`]: device profiles, ledgers and memory grants, the GPU query
 //!   service (one bounded queue with overtake protection), transactional
 //!   envelopes, backends (simulated; `cudarc` with feature `cuda`).
+//! * [`pool`]: the [`CpuPool`], OS threads whose only queue is a
+//!   [`WorkQueue`], for work that does not yield; [`PoolTask`], [`PoolError`].
 //! * [`observe`]: snapshots and wait-time histograms.
 //! * [`export`]: metrics through the `metrics` facade (feature `metrics`).
 //! * [`error`]: [`AdmitError`] and [`ConfigError`].
@@ -213,6 +230,7 @@ pub mod grant;
 pub mod health;
 pub mod io;
 pub mod observe;
+pub mod pool;
 pub mod queue;
 mod sync;
 mod ticker;
@@ -225,6 +243,7 @@ pub use error::{AdmitError, ConfigError};
 pub use grant::{SlotGranter, TokenGranter};
 pub use health::ComponentHealth;
 pub use observe::QueueSnapshot;
+pub use pool::{CpuPool, PoolError, PoolTask};
 pub use queue::{Admit, EpochLifo, SlotPermit, Usage, WorkQueue, WorkQueueBuilder};
 pub use work::{Priority, TenantId, TenantWeight, WorkInfo};
 

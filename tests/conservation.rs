@@ -6,7 +6,8 @@
 //! runs across tenants, priorities and deadlines. Throughout, the granter
 //! never holds more slots than there are permits and unobserved grants; at
 //! quiescence every slot is back, nothing waits, and the queue's counters
-//! agree with what the test saw.
+//! agree with what the test saw. The same property is run through the
+//! CPU pool, whose threads take the place of the permits.
 
 mod common;
 
@@ -230,5 +231,234 @@ proptest! {
         elastic_share in any::<bool>(),
     ) {
         run(ops, Policies { grant_burst, epoch_lifo, early_rejection, elastic_share })?;
+    }
+}
+
+/// What a pool closure does once it starts.
+#[derive(Clone, Copy, Debug)]
+enum PoolClosure {
+    /// Returns at once.
+    Quick,
+    /// Waits until the test opens its gate (or drops it).
+    Gated,
+    /// Panics.
+    Panics,
+}
+
+#[derive(Clone, Debug)]
+enum PoolOp {
+    Spawn {
+        tenant: u64,
+        priority: i8,
+        timeout_ms: Option<u64>,
+        bypass: bool,
+        closure: PoolClosure,
+    },
+    PollAll,
+    DropTask(usize),
+    OpenGate(usize),
+    Advance(u64),
+    Close,
+}
+
+fn pool_op() -> impl Strategy<Value = PoolOp> {
+    prop_oneof![
+        6 => (1..4u64, prop::sample::select(vec![-128i8, -30, 0, 50, 127]),
+              prop::option::weighted(0.3, 1..30u64), prop::bool::weighted(0.1),
+              prop::sample::select(vec![PoolClosure::Quick, PoolClosure::Gated, PoolClosure::Gated, PoolClosure::Panics]))
+            .prop_map(|(tenant, priority, timeout_ms, bypass, closure)| PoolOp::Spawn { tenant, priority, timeout_ms, bypass, closure }),
+        3 => Just(PoolOp::PollAll),
+        2 => any::<usize>().prop_map(PoolOp::DropTask),
+        3 => any::<usize>().prop_map(PoolOp::OpenGate),
+        2 => (0..15u64).prop_map(PoolOp::Advance),
+        1 => prop::bool::weighted(0.1).prop_map(|close| if close { PoolOp::Close } else { PoolOp::PollAll }),
+    ]
+}
+
+/// One spawned closure as the test sees it.
+struct Spawned {
+    closure: PoolClosure,
+    /// Times the closure started.
+    ran: std::sync::Arc<std::sync::atomic::AtomicU32>,
+}
+
+fn run_pool(
+    ops: Vec<PoolOp>,
+    max_borrowed: usize,
+    early_rejection: bool,
+    epoch_lifo: bool,
+) -> Result<(), TestCaseError> {
+    use admission::pool::{CpuPool, PoolError, PoolTask};
+    use std::pin::Pin;
+    use std::sync::atomic::{AtomicU32, Ordering};
+    use std::sync::{mpsc, Arc};
+
+    const THREADS: usize = 2;
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .start_paused(true)
+        .build()
+        .unwrap();
+    runtime.block_on(async move {
+        let mut queue = WorkQueue::builder()
+            .max_waiters(6)
+            .early_rejection(early_rejection);
+        if epoch_lifo {
+            queue = queue.epoch_lifo(admission::EpochLifo {
+                epoch: Duration::from_millis(5),
+                closing_delta: Duration::from_millis(1),
+                lifo_delay: Duration::from_millis(4),
+            });
+        }
+        let pool = CpuPool::builder()
+            .threads(THREADS)
+            .max_borrowed(max_borrowed)
+            .queue(queue)
+            .build()
+            .unwrap();
+        let mut spawned: Vec<Spawned> = Vec::new();
+        // Futures not yet settled, by spawn index.
+        let mut live: Vec<(usize, Pin<Box<PoolTask<usize>>>)> = Vec::new();
+        let mut gates: Vec<Option<mpsc::Sender<()>>> = Vec::new();
+        let mut settled: Vec<(usize, Result<usize, PoolError>)> = Vec::new();
+
+        let check = |result: &Result<usize, PoolError>, id: usize, spawned: &[Spawned]| {
+            let ran = spawned[id].ran.load(Ordering::SeqCst);
+            match result {
+                Ok(value) => *value == id && ran == 1,
+                Err(PoolError::Panicked { .. }) => {
+                    matches!(spawned[id].closure, PoolClosure::Panics) && ran == 1
+                }
+                Err(_) => ran == 0,
+            }
+        };
+
+        for op in ops {
+            match op {
+                PoolOp::Spawn {
+                    tenant,
+                    priority,
+                    timeout_ms,
+                    bypass,
+                    closure,
+                } => {
+                    let id = spawned.len();
+                    let ran = Arc::new(AtomicU32::new(0));
+                    let (gate, wait) = mpsc::channel::<()>();
+                    gates.push(Some(gate));
+                    spawned.push(Spawned {
+                        closure,
+                        ran: ran.clone(),
+                    });
+                    let mut work = WorkInfo::builder()
+                        .tenant(TenantId::new(tenant))
+                        .priority(Priority::new(priority))
+                        .bypass(bypass);
+                    if let Some(ms) = timeout_ms {
+                        work = work.timeout(Duration::from_millis(ms));
+                    }
+                    let task = pool.spawn(work.build(), move || {
+                        ran.fetch_add(1, Ordering::SeqCst);
+                        match closure {
+                            PoolClosure::Quick => {}
+                            PoolClosure::Gated => {
+                                let _ = wait.recv();
+                            }
+                            PoolClosure::Panics => panic!("closure {id} panics"),
+                        }
+                        id
+                    });
+                    live.push((id, Box::pin(task)));
+                }
+                PoolOp::PollAll => {
+                    let mut still = Vec::new();
+                    for (id, mut task) in live.drain(..) {
+                        match futures::poll!(&mut task) {
+                            std::task::Poll::Ready(result) => settled.push((id, result)),
+                            std::task::Poll::Pending => still.push((id, task)),
+                        }
+                    }
+                    live = still;
+                }
+                PoolOp::DropTask(index) if !live.is_empty() => {
+                    drop(live.swap_remove(index % live.len()));
+                }
+                PoolOp::OpenGate(index) if !gates.is_empty() => {
+                    let at = index % gates.len();
+                    gates[at] = None;
+                }
+                PoolOp::Advance(ms) => tokio::time::advance(Duration::from_millis(ms)).await,
+                PoolOp::Close => {
+                    // close waits for running closures: let them return.
+                    gates.iter_mut().for_each(|gate| *gate = None);
+                    pool.close();
+                }
+                PoolOp::DropTask(_) | PoolOp::OpenGate(_) => {}
+            }
+            let snapshot = pool.snapshot();
+            prop_assert!(snapshot.busy <= THREADS + max_borrowed);
+            prop_assert!(snapshot.borrowed <= max_borrowed);
+            // A slot is held only by work spawned and not yet settled.
+            prop_assert!(snapshot.queue.granter.used as usize <= spawned.len() - settled.len());
+            for (id, result) in &settled {
+                prop_assert!(check(result, *id, &spawned), "task {id}: {result:?}");
+            }
+        }
+
+        // Quiescence: every gate open, every live future awaited (deadlines
+        // fire as the paused clock moves on), then the pool joined.
+        gates.iter_mut().for_each(|gate| *gate = None);
+        let ids: Vec<usize> = live.iter().map(|(id, _)| *id).collect();
+        let results = futures::future::join_all(live.into_iter().map(|(_, task)| task)).await;
+        settled.extend(ids.into_iter().zip(results));
+        pool.close();
+
+        let snapshot = pool.snapshot();
+        prop_assert_eq!(snapshot.queue.granter.used, 0, "a slot leaked");
+        prop_assert_eq!((snapshot.busy, snapshot.borrowed), (0, 0));
+        prop_assert_eq!((snapshot.queued, snapshot.dispatched), (0, 0));
+        for (id, result) in &settled {
+            prop_assert!(check(result, *id, &spawned), "task {id}: {result:?}");
+        }
+        let ran: u32 = spawned.iter().map(|s| s.ran.load(Ordering::SeqCst)).sum();
+        prop_assert!(
+            spawned.iter().all(|s| s.ran.load(Ordering::SeqCst) <= 1),
+            "a closure ran twice"
+        );
+        prop_assert_eq!(u64::from(ran), snapshot.completed + snapshot.panicked);
+        let panicked = spawned
+            .iter()
+            .filter(|s| {
+                matches!(s.closure, PoolClosure::Panics) && s.ran.load(Ordering::SeqCst) == 1
+            })
+            .count() as u64;
+        prop_assert_eq!(panicked, snapshot.panicked);
+        let sum = |f: fn(&admission::observe::PrioritySnapshot) -> u64| {
+            snapshot.queue.priorities.iter().map(f).sum::<u64>()
+        };
+        prop_assert_eq!(
+            sum(|p| p.requested),
+            sum(|p| p.admitted) + sum(|p| p.errored)
+        );
+        prop_assert!(snapshot.queue.tenants.iter().all(|t| t.used == 0));
+        Ok(())
+    })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::default())]
+
+    /// The same property through the CPU pool: whatever is spawned, dropped,
+    /// released, timed out or closed, every slot comes back, every thread
+    /// ends idle, no closure runs twice, and every future that settles says
+    /// truly whether its closure ran.
+    #[test]
+    fn through_the_pool_every_slot_comes_back_and_no_closure_runs_twice(
+        ops in prop::collection::vec(pool_op(), 1..60),
+        max_borrowed in 0..2usize,
+        early_rejection in any::<bool>(),
+        epoch_lifo in any::<bool>(),
+    ) {
+        run_pool(ops, max_borrowed, early_rejection, epoch_lifo)?;
     }
 }

@@ -12,6 +12,7 @@
 //! cargo run --release --example overload -- --handler self-wake   # or mutex, io, never-yields
 //! cargo run --release --example overload -- --signal unstable
 //! cargo run --release --example overload -- --system admission --system tower
+//! cargo run --release --example overload -- --scenario w2-pool --handler never-yields
 //! ```
 //!
 //! The system under test is a two-worker tokio runtime. Load is open-loop
@@ -67,6 +68,13 @@
 //! handler, C before and after, `valid`, `invalid_reasons`; `rows`: one
 //! object per system and scenario, with its handler, signal and priority
 //! check) and SVG plots of per-class p99 over time.
+//!
+//! W2-pool is W2 at 3x with handlers that never yield, whose computation
+//! runs on the crate's `CpuPool` (the admission queue is the pool's only
+//! queue), against `spawn_blocking` behind a `tokio::sync::Semaphore` and a
+//! rayon pool's `spawn` with a oneshot, each with as many threads as the
+//! runtime has workers. Its C is that of handlers that never yield: with
+//! another `--handler`, the scenario calibrates it again for itself.
 //!
 //! W6 (IO admission on a fjall database) is compiled in with the `fjall`
 //! feature only; without it, W6 says so and reports nothing. W7 (GPU query
@@ -225,6 +233,27 @@ fn bench(options: &Options) -> Result<Bench, String> {
     Ok(bench)
 }
 
+/// `bench` with C calibrated for handlers that never yield (W2-pool's),
+/// unless it already is.
+fn never_yields_bench(bench: &Bench, quick: bool) -> Result<Bench, String> {
+    if bench.handler == Handler::NEVER_YIELDS {
+        return Ok(bench.clone());
+    }
+    eprintln!("  w2-pool: calibrating C for handlers that never yield ...");
+    let capacity = runner::calibrate_capacity(
+        bench.units,
+        Handler::NEVER_YIELDS,
+        MEAN_SERVICE,
+        calibration_length(quick),
+        42,
+    )?;
+    Ok(Bench {
+        capacity,
+        handler: Handler::NEVER_YIELDS,
+        ..bench.clone()
+    })
+}
+
 fn run_scenario(
     bench: &Bench,
     name: &str,
@@ -258,13 +287,22 @@ fn run_scenario(
         "w8" => scenarios::w2_variant(bench, dir, "w8", Awaits::SharedMutex),
         "w9" => scenarios::w2_variant(bench, dir, "w9", Awaits::Io),
         "matrix" => scenarios::matrix(bench),
+        "w2-pool" => {
+            let systems: Vec<System> = scenarios::pool_systems()
+                .into_iter()
+                .filter(|system| {
+                    only.is_empty() || only.iter().any(|o| system.name().starts_with(o.as_str()))
+                })
+                .collect();
+            scenarios::w2_pool(&never_yields_bench(bench, quick)?, dir, &systems)
+        }
         _ => Err(format!("no scenario named {name}")),
     }
 }
 
 fn classes_of(name: &str) -> &'static [&'static str] {
     match name {
-        "w2" | "w2-local" | "w8" | "w9" | "matrix" => &["high", "normal", "low"],
+        "w2" | "w2-local" | "w2-pool" | "w8" | "w9" | "matrix" => &["high", "normal", "low"],
         "w4" => &["high", "normal"],
         "w6" => &["foreground"],
         "w7" => &gpu::CLASSES,
@@ -550,6 +588,36 @@ mod smoke {
         sut.close();
         let outcome = runtime.block_on(waiting);
         assert_eq!(outcome.ok(), Some(stats::Outcome::Unfinished));
+    }
+
+    /// W2-pool at toy size: the pool and its alternatives each run to a
+    /// filled-in row with the high class's figures against its p99 alone,
+    /// handlers that never yield whatever the bench says; the pool is
+    /// checked for priority inversion like every admission system.
+    #[test]
+    fn a_tiny_w2_pool_runs_the_pool_and_its_alternatives() {
+        let bench = tiny_bench(Handler::YIELD, SignalSource::GlobalQueueAndProbe);
+        let dir = temp_dir("pool");
+        let systems = scenarios::pool_systems();
+        let rows = scenarios::w2_pool(&bench, &dir, &systems).unwrap();
+        assert_eq!(rows.len(), systems.len());
+        assert_filled_in(&rows);
+        for row in &rows {
+            assert_eq!(row.extra["handler"], "never-yields", "{}", row.system);
+            assert!(row.extra["high_p99_vs_alone"].is_number(), "{}", row.system);
+            let pool = row.system.starts_with("cpu-pool");
+            assert_eq!(row.inversions.is_some(), pool, "{}", row.system);
+        }
+        let table = scenario_table("w2-pool", &rows);
+        for name in ["cpu-pool(2)", "blocking-semaphore(2)", "rayon-spawn(2)"] {
+            assert!(table.contains(name), "{name} missing from\n{table}");
+        }
+        assert!(dir.join("w2-pool-high-p99.svg").exists());
+        std::fs::remove_dir_all(&dir).unwrap();
+        assert_eq!(
+            parse(&args("--scenario w2-pool")).unwrap().scenarios,
+            ["w2-pool"]
+        );
     }
 
     /// C that moved by more than 10%, or a goodput over C, makes the run

@@ -14,8 +14,9 @@ use crate::stats::{self, Outcome, Record};
 use crate::systems::System;
 
 /// The scenarios by name, in the order `all` runs them.
-pub const NAMES: [&str; 13] = [
+pub const NAMES: [&str; 14] = [
     "w2", "w1", "w3a", "w3b", "w3c", "w4", "w5", "w6", "w7", "w8", "w9", "w2-local", "matrix",
+    "w2-pool",
 ];
 
 const HIGH: Class = Class {
@@ -282,6 +283,44 @@ pub fn w2(
     let alone = high_alone(bench, dispatch)?;
     let (rows, series) = compare(bench, name, systems, &spec, 3.0, |_, result, summary| {
         high_figures(alone, result, summary)
+    })?;
+    plot_all(dir, name, &spec.classes, series);
+    Ok(rows)
+}
+
+/// The systems of W2-pool, in table order: the CPU pool, then what users
+/// would otherwise reach for, each with as many threads as the runtime
+/// has workers (C is the runtime's capacity); `no-admission` computing on
+/// the workers for reference.
+pub fn pool_systems() -> Vec<System> {
+    vec![
+        System::Pool { threads: WORKERS },
+        System::BlockingSemaphore { limit: WORKERS },
+        System::Rayon { threads: WORKERS },
+        System::NoAdmission,
+    ]
+}
+
+/// W2-pool: W2 at 3x with handlers that never yield, their computation
+/// moved off the workers: through the CPU pool (the admission queue is its
+/// only queue), `spawn_blocking` behind a semaphore, and rayon with a
+/// oneshot; plus the high class alone at its rate through the pool, for
+/// every row's "high p99 under load vs alone". Whatever `--handler` says,
+/// handlers never yield; `bench` should be calibrated for that (see
+/// `main.rs`).
+pub fn w2_pool(bench: &Bench, dir: &Path, systems: &[System]) -> Result<Vec<SummaryRow>, String> {
+    let name = "w2-pool";
+    let bench = Bench {
+        handler: Handler::NEVER_YIELDS,
+        ..bench.clone()
+    };
+    let spec = w2_spec(bench.capacity, Dispatch::Remote);
+    eprintln!("  {name}: high class alone through the pool ...");
+    let alone = RunSpec::new(vec![HIGH], vec![steady(0, 0, 0.3 * bench.capacity)]);
+    let result = run(&bench, System::Pool { threads: WORKERS }, &alone)?;
+    let alone_p99 = stats::latency_of_class(&result.measured(), 0, result.length).p99_ms;
+    let (rows, series) = compare(&bench, name, systems, &spec, 3.0, |_, result, summary| {
+        high_figures(alone_p99, result, summary)
     })?;
     plot_all(dir, name, &spec.classes, series);
     Ok(rows)

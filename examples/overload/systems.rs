@@ -1,12 +1,15 @@
 //! The systems compared, all serving the same requests on the same runtime.
 
 use std::convert::Infallible;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use admission::cpu::{Controller, SignalSource};
+use admission::pool::{CpuPool, PoolError};
 use admission::{
     AdmitError, EpochLifo, Priority, SlotGranter, TenantId, Usage, WorkInfo, WorkQueue,
+    WorkQueueBuilder,
 };
 use tokio::runtime::Handle;
 use tokio::sync::Semaphore;
@@ -40,6 +43,17 @@ pub enum System {
     /// This crate as a new user gets it: `Controller::for_runtime(..).build()`
     /// and nothing else (deadlines still carried as admission deadlines).
     AdmissionDefaults,
+    /// This crate's `CpuPool` of `threads` threads: the handler's
+    /// computation runs on the pool, queued by the admission queue
+    /// (`admission`'s queue settings, deadlines carried).
+    Pool { threads: usize },
+    /// `spawn_blocking` behind a `tokio::sync::Semaphore` of `limit`
+    /// permits: the computation on tokio's blocking pool, waiters in FIFO.
+    BlockingSemaphore { limit: usize },
+    /// `spawn` on a rayon pool of `threads` threads (what `rayon::spawn`
+    /// does on the global pool), the result back through a oneshot: no
+    /// bound, rayon's own queue.
+    Rayon { threads: usize },
 }
 
 impl System {
@@ -98,7 +112,10 @@ impl System {
     /// Whether it admits waiting work in priority order (the others are
     /// FIFO or first come, first refused).
     pub fn orders_by_priority(&self) -> bool {
-        matches!(self, System::Admission { .. } | System::AdmissionDefaults)
+        matches!(
+            self,
+            System::Admission { .. } | System::AdmissionDefaults | System::Pool { .. }
+        )
     }
 
     pub fn name(&self) -> String {
@@ -109,6 +126,9 @@ impl System {
             System::TowerShed { limit } => format!("tower-shed({limit})"),
             System::Admission { name, .. } => (*name).into(),
             System::AdmissionDefaults => "admission-defaults".into(),
+            System::Pool { threads } => format!("cpu-pool({threads})"),
+            System::BlockingSemaphore { limit } => format!("blocking-semaphore({limit})"),
+            System::Rayon { threads } => format!("rayon-spawn({threads})"),
         }
     }
 }
@@ -141,6 +161,32 @@ enum Kind {
         // Kept alive for the run: dropping it stops the sampler.
         _controller: Option<Controller>,
     },
+    Pool(CpuPool),
+    Blocking(Arc<Semaphore>),
+    Rayon {
+        pool: rayon::ThreadPool,
+        // Set when the run ends: closures still in rayon's queue then skip
+        // their work, so that they do not eat into the next run's CPU.
+        closed: Arc<AtomicBool>,
+    },
+}
+
+/// The queue settings of `admission` (see `Sut::build`).
+fn admission_queue(slo: Duration, epoch_lifo: bool, early_rejection: bool) -> WorkQueueBuilder {
+    // Tenants are admitted in proportion to their weights over each reset
+    // period: with two slots, counting slots held would ignore the weights
+    // (see `Usage`). Bulk work may hold at most half the slots, so that it
+    // never holds them all when user work arrives.
+    let builder = WorkQueue::builder()
+        .max_waiters(100_000)
+        .usage(Usage::Granted)
+        .elastic_share(0.5)
+        .early_rejection(early_rejection);
+    if epoch_lifo {
+        builder.epoch_lifo(EpochLifo::for_deadline(slo))
+    } else {
+        builder
+    }
 }
 
 impl Sut {
@@ -178,19 +224,7 @@ impl Sut {
                 early_rejection,
                 ..
             } => {
-                // Tenants are admitted in proportion to their weights over
-                // each reset period: with two slots, counting slots held
-                // would ignore the weights (see `Usage`).
-                // Bulk work may hold at most half the slots, so that it
-                // never holds them all when user work arrives.
-                let mut builder = WorkQueue::builder()
-                    .max_waiters(100_000)
-                    .usage(Usage::Granted)
-                    .elastic_share(0.5)
-                    .early_rejection(early_rejection);
-                if epoch_lifo {
-                    builder = builder.epoch_lifo(EpochLifo::for_deadline(slo));
-                }
+                let builder = admission_queue(slo, epoch_lifo, early_rejection);
                 let refused = |error: admission::ConfigError| format!("{}: {error}", system.name());
                 let (queue, controller) = match fixed_slots {
                     Some(total) => (builder.total_slots(total).build().map_err(refused)?, None),
@@ -222,6 +256,23 @@ impl Sut {
                     _controller: Some(controller),
                 }
             }
+            System::Pool { threads } => {
+                let pool = CpuPool::builder()
+                    .threads(threads)
+                    .queue(admission_queue(slo, true, true))
+                    .build()
+                    .map_err(|error| format!("{}: {error}", system.name()))?;
+                pool.set_tenant_weights(weights.iter().copied());
+                Kind::Pool(pool)
+            }
+            System::BlockingSemaphore { limit } => Kind::Blocking(Arc::new(Semaphore::new(limit))),
+            System::Rayon { threads } => Kind::Rayon {
+                pool: rayon::ThreadPoolBuilder::new()
+                    .num_threads(threads)
+                    .build()
+                    .map_err(|error| format!("{}: {error}", system.name()))?,
+                closed: Arc::new(AtomicBool::new(false)),
+            },
         };
         Ok(Arc::new(Sut { kind, handler }))
     }
@@ -280,6 +331,62 @@ impl Sut {
                     }
                 }
             }
+            Kind::Pool(pool) => {
+                let work = WorkInfo::builder()
+                    .tenant(request.tenant)
+                    .priority(request.priority)
+                    .create_time(tokio::time::Instant::from_std(request.intended))
+                    .deadline(tokio::time::Instant::from_std(request.deadline))
+                    .build();
+                let units = self.handler.units;
+                let service = request.service;
+                match pool.spawn(work, move || units.run(service)).await {
+                    Ok(()) => {}
+                    Err(PoolError::Admit(
+                        AdmitError::DeadlineExceeded { .. } | AdmitError::DeadlinePassed,
+                    )) => {
+                        return Outcome::Expired {
+                            latency: since(Instant::now()),
+                        }
+                    }
+                    // Closed when the run ended: never served.
+                    Err(PoolError::Closed) => return Outcome::Unfinished,
+                    Err(_) => {
+                        return Outcome::Rejected {
+                            latency: since(Instant::now()),
+                        }
+                    }
+                }
+            }
+            Kind::Blocking(semaphore) => {
+                let Ok(permit) = semaphore.clone().acquire_owned().await else {
+                    return Outcome::Unfinished;
+                };
+                let units = self.handler.units;
+                let service = request.service;
+                let ran = tokio::task::spawn_blocking(move || {
+                    units.run(service);
+                    drop(permit);
+                })
+                .await;
+                if ran.is_err() {
+                    return Outcome::Unfinished;
+                }
+            }
+            Kind::Rayon { pool, closed } => {
+                let (done, finished) = tokio::sync::oneshot::channel();
+                let (units, service, closed) =
+                    (self.handler.units, request.service, closed.clone());
+                pool.spawn(move || {
+                    if !closed.load(Ordering::Relaxed) {
+                        units.run(service);
+                        let _ = done.send(());
+                    }
+                });
+                if finished.await.is_err() {
+                    return Outcome::Unfinished;
+                }
+            }
         }
         Outcome::Completed {
             latency: since(Instant::now()),
@@ -290,6 +397,7 @@ impl Sut {
     pub fn slot_total(&self) -> Option<u64> {
         match &self.kind {
             Kind::Admission { queue, .. } => Some(queue.granter_snapshot().total),
+            Kind::Pool(pool) => Some(pool.threads() as u64),
             _ => None,
         }
     }
@@ -297,8 +405,13 @@ impl Sut {
     /// Closes what can be closed, so that the run's waiters finish.
     pub fn close(&self) {
         match &self.kind {
-            Kind::Wait(semaphore) | Kind::Try(semaphore) => semaphore.close(),
+            Kind::Wait(semaphore) | Kind::Try(semaphore) | Kind::Blocking(semaphore) => {
+                semaphore.close()
+            }
             Kind::Admission { queue, .. } => queue.close(),
+            // Joins the pool's threads once the closures running return.
+            Kind::Pool(pool) => pool.close(),
+            Kind::Rayon { closed, .. } => closed.store(true, Ordering::Relaxed),
             Kind::Direct | Kind::Shed(_) => {}
         }
     }

@@ -1,0 +1,140 @@
+//! Settings of a [`CpuPool`], validated once by `build`.
+
+use super::worker::PoolShared;
+use super::CpuPool;
+use crate::error::ConfigError;
+use crate::queue::WorkQueueBuilder;
+use crate::sync::{StdArc, StdMutex};
+
+/// Settings for a [`CpuPool`], validated by [`build`](Self::build).
+#[derive(Clone, Debug)]
+#[must_use = "a builder does nothing until `build` is called"]
+pub struct CpuPoolBuilder {
+    threads: Option<usize>,
+    max_borrowed: usize,
+    thread_name: String,
+    queue: WorkQueueBuilder,
+}
+
+impl Default for CpuPoolBuilder {
+    fn default() -> Self {
+        CpuPoolBuilder {
+            threads: None,
+            max_borrowed: Self::DEFAULT_MAX_BORROWED,
+            thread_name: Self::DEFAULT_THREAD_NAME.to_owned(),
+            queue: WorkQueueBuilder::default(),
+        }
+    }
+}
+
+impl CpuPoolBuilder {
+    /// The most threads a pool may have.
+    pub const MAX_THREADS: usize = 4096;
+    /// Default bound on threads borrowed for bypass work at once.
+    pub const DEFAULT_MAX_BORROWED: usize = 1;
+    /// Default name of the pool's threads (borrowed ones add `-borrowed`).
+    pub const DEFAULT_THREAD_NAME: &'static str = "admission-pool";
+
+    /// The pool's threads, which are also its slot total (default: the
+    /// available parallelism, as `std::thread::available_parallelism`
+    /// reports it, or 1 where it cannot tell). Between 1 and
+    /// [`MAX_THREADS`](Self::MAX_THREADS). See the
+    /// [module documentation](super#sharing-the-cores-with-tokio) for how
+    /// to size it next to the runtime's workers.
+    pub fn threads(mut self, threads: usize) -> Self {
+        self.threads = Some(threads);
+        self
+    }
+
+    /// The most threads bypass work may borrow at once beyond the total
+    /// (default [`DEFAULT_MAX_BORROWED`](Self::DEFAULT_MAX_BORROWED)): bypass
+    /// work that finds every pool thread taken runs on a thread spawned for
+    /// it, up to this many at a time, and otherwise waits for the next pool
+    /// thread (still ahead of the queue). 0 borrows none. At most
+    /// [`MAX_THREADS`](Self::MAX_THREADS).
+    pub fn max_borrowed(mut self, max: usize) -> Self {
+        self.max_borrowed = max;
+        self
+    }
+
+    /// The name of the pool's threads (default
+    /// [`DEFAULT_THREAD_NAME`](Self::DEFAULT_THREAD_NAME)); each gets its
+    /// index appended. Must not contain a NUL byte.
+    pub fn thread_name(mut self, name: impl Into<String>) -> Self {
+        self.thread_name = name.into();
+        self
+    }
+
+    /// The settings of the pool's admission queue: waiter bound, deadlines
+    /// policies (early rejection, epoch-LIFO), elastic share, usage and
+    /// tenant table. Its slot total is ignored: the pool's is its thread
+    /// count.
+    pub fn queue(mut self, queue: WorkQueueBuilder) -> Self {
+        self.queue = queue;
+        self
+    }
+
+    /// Validates the settings, builds the queue and starts the threads.
+    /// A [`ConfigError`] names the field at fault; `threads` also when the
+    /// OS refuses to start a thread (those started are joined first).
+    pub fn build(self) -> Result<CpuPool, ConfigError> {
+        let threads = match self.threads {
+            Some(threads) => threads,
+            None => std::thread::available_parallelism().map_or(1, |n| n.get()),
+        };
+        if threads == 0 || threads > Self::MAX_THREADS {
+            return Err(ConfigError::out_of_range(
+                "threads",
+                threads,
+                1,
+                Self::MAX_THREADS,
+            ));
+        }
+        if self.max_borrowed > Self::MAX_THREADS {
+            return Err(ConfigError::out_of_range(
+                "max_borrowed",
+                self.max_borrowed,
+                0,
+                Self::MAX_THREADS,
+            ));
+        }
+        if self.thread_name.contains('\0') {
+            return Err(ConfigError::new(
+                "thread_name",
+                "contains a NUL byte, which no OS thread name may hold",
+            ));
+        }
+        let queue = self.queue.total_slots(threads as u64).build()?;
+        let (shared, receiver) =
+            PoolShared::new(queue, threads, self.max_borrowed, self.thread_name);
+        let receiver = StdArc::new(StdMutex::new(receiver));
+        let pool = CpuPool {
+            shared: shared.clone(),
+            threads: StdMutex::new(Vec::with_capacity(threads)),
+        };
+        for index in 0..threads {
+            let (shared, receiver) = (shared.clone(), receiver.clone());
+            let started = std::thread::Builder::new()
+                .name(format!("{}-{index}", shared.thread_name()))
+                .spawn(move || shared.thread_loop(receiver));
+            match started {
+                Ok(thread) => pool
+                    .threads
+                    .lock()
+                    .unwrap_or_else(crate::sync::recover)
+                    .push(thread),
+                Err(error) => {
+                    // Dropping the pool closes it and joins those started.
+                    drop(pool);
+                    return Err(ConfigError::new(
+                        "threads",
+                        format!(
+                            "the OS refused to start pool thread {index} of {threads}: {error}"
+                        ),
+                    ));
+                }
+            }
+        }
+        Ok(pool)
+    }
+}

@@ -1,0 +1,337 @@
+//! A CPU pool whose only queue is the admission queue: for work that does
+//! not yield.
+//!
+//! A handler that computes for milliseconds without an `.await` (parsing a
+//! large body, compressing, resizing an image, running a query operator)
+//! holds its tokio worker for all of it. Admission in front of such a
+//! handler can order who *starts*, but once started the work sits in the
+//! worker, and every task queued behind that worker waits in tokio's FIFO
+//! run queue, where priority and tenant mean nothing. The usual remedy,
+//! `spawn_blocking` behind a semaphore, moves the work off the workers but
+//! queues it twice: in the semaphore's FIFO and then in the blocking pool's.
+//! [`CpuPool`] owns the scheduler instead, as CockroachDB's admission control
+//! does for the goroutines it admits: a fixed set of OS threads, and **one
+//! queue, a [`WorkQueue`](crate::WorkQueue)**, ordered by tenant fairness, then priority, then
+//! create time, with deadlines, early rejection, epoch-LIFO and the elastic
+//! share as on any queue.
+//!
+//! ```
+//! use admission::pool::CpuPool;
+//! use admission::{Priority, TenantId, WorkInfo};
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let pool = CpuPool::builder().threads(2).build()?;
+//! let work = WorkInfo::new(TenantId::new(7), Priority::USER_HIGH);
+//! let sum = pool.spawn(work, || (1..=1_000u64).sum::<u64>()).await?;
+//! assert_eq!(sum, 500_500);
+//! pool.close(); // or drop it: both join the threads
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! # Implementation notes
+//!
+//! **Slots are threads.** The pool's queue is a slot queue whose total is
+//! the number of threads, and a slot is held from admission until the
+//! closure has returned on a thread. So admitted work never outnumbers the
+//! threads (bypass work aside), and the pool needs no scheduler of its own:
+//! the grant loop the queue already has (direct hand-off in order, under
+//! its lock, cancel-safe, checked by the loom models) *is* the scheduler.
+//!
+//! **The hand-off adds no shared state to admission.** [`CpuPool::spawn`]
+//! returns a [`PoolTask`], which wraps the queue's own
+//! [`Admit`](crate::Admit) future and is polled by the caller's task. When
+//! admission resolves, the task sends the admitted job (the
+//! [`SlotPermit`](crate::SlotPermit), the closure, and the sender of a
+//! `oneshot` channel for the result) down a `std::sync::mpsc` channel that
+//! the threads take turns receiving from. Because every job in the channel
+//! holds a slot, the channel holds at most as many jobs as there are
+//! threads not yet back from their last job: it is a hand-off, not a queue,
+//! and nothing in it is reordered. A thread runs the closure, drops the
+//! permit (the queue grants the slot to the next waiter in order, under its
+//! lock, before the result is even sent), updates the pool's counters and
+//! sends the result. Cancellation before the start needs no state of its
+//! own either: a thread skips a job whose result receiver is gone.
+//!
+//! A job passes through:
+//!
+//! ```text
+//!  PoolTask polled ──► admitting (Admit: waiting in the WorkQueue)
+//!     │ admitted                    └─ deadline, early rejection, close,
+//!     ▼                                  queue full ─► Err(PoolError), closure dropped
+//!  dispatched (permit + closure in the channel, or a borrowed thread for bypass)
+//!     │ a thread takes it
+//!     ├─ receiver gone (PoolTask dropped) ─► skipped: never runs, permit returned
+//!     ▼
+//!  running (busy += 1) ─► returned or panicked ─► permit dropped, counted ─► result sent
+//! ```
+//!
+//! **The cost of the hand-off.** A slot freed on a pool thread is granted
+//! to the next waiter at once, under the queue's lock, but that waiter's
+//! closure reaches a thread only after the caller's task has been woken and
+//! polled on a tokio worker: one wake-up of a worker and one of a pool
+//! thread per job, a few microseconds on an idle core, and exposed twice to
+//! the OS scheduler on a contended one. Letting the pool thread poll the
+//! granted `Admit` itself would save that hop, at the price of a per-job
+//! cell shared between the caller's task and the threads, with states of
+//! its own (and a loom model); this design keeps the queue's machinery as
+//! the only shared state.
+//!
+//! A pool thread returns slots outside any runtime, so the queue's clock
+//! reads there (hold times, for early rejection) are the real clock even in
+//! a test that paused tokio's; deadlines are timed by the caller's task, on
+//! its runtime's clock.
+//!
+//! A future dropped while admitting leaves the queue as any `Admit` does;
+//! dropped once dispatched, its closure never runs unless a thread had
+//! already taken it (then it runs to the end, and its result is dropped).
+//!
+//! **The signal is exact.** The pool owns its scheduler, so it does not
+//! sample anything: [`PoolSnapshot::busy`] counts threads inside a closure,
+//! [`PoolSnapshot::queued`] the work waiting for a thread, both exactly.
+//! No [`cpu::Controller`](crate::cpu::Controller) drives it: the right
+//! number of slots for work that never yields is the number of threads.
+//!
+//! **Bypass work borrows a thread.** Work marked
+//! [`bypass`](crate::work::WorkInfoBuilder::bypass) is admitted at once, past
+//! the total; when every pool thread is taken it runs on a *borrowed*
+//! thread, spawned for that one job and gone when it returns, at most
+//! [`max_borrowed`](CpuPoolBuilder::max_borrowed) at a time (default 1).
+//! Beyond that bound bypass work waits for the next pool thread, still
+//! ahead of everything in the queue.
+//!
+//! **Panics.** A closure runs under `catch_unwind`: its panic comes back as
+//! [`PoolError::Panicked`] with the message, its slot is returned, and the
+//! thread takes the next job. The thread's loop has a panic boundary of its
+//! own as a backstop (component `cpu_pool_thread`, in
+//! [`PoolSnapshot::thread_health`]), for a panic outside the closure (a
+//! result whose `Drop` panics when nobody wants it).
+//!
+//! **Close.** [`CpuPool::close`] (and dropping the pool) closes the queue,
+//! so that waiting work fails with [`PoolError::Closed`], lets the threads
+//! finish work already admitted, and joins them, borrowed ones included.
+//!
+//! # Sharing the cores with tokio
+//!
+//! The pool's threads and the runtime's workers are all OS threads on the
+//! same cores, and the OS scheduler, not admission, shares the cores
+//! between them. Size the two so that the sum fits:
+//!
+//! * **All the heavy work goes through the pool.** The workers then only
+//!   parse requests, await IO and hand work over: they are busy a small
+//!   fraction of the time. Size the pool to the cores (the default,
+//!   `available_parallelism`) and keep the runtime's default of one worker a
+//!   core: the workers, mostly parked, take little from the pool's threads,
+//!   and when a request does need a worker it gets one within an OS time
+//!   slice instead of behind a 10 ms closure. This is the oversubscription
+//!   to accept: up to twice as many runnable threads as cores, briefly.
+//! * **Workers also compute.** Give the pool the cores the workers do not
+//!   use: `cores − workers` threads (at least one), or fewer workers
+//!   ([`tokio::runtime::Builder::worker_threads`]). Otherwise both sides
+//!   believe they own every core, each thread runs at a fraction of a core,
+//!   and the pool's latency (and its early rejection's estimate) stretches
+//!   with the workers' load.
+//!
+//! Either way, do not also run heavy work on `spawn_blocking`: its threads
+//! compete for the same cores without any ordering at all.
+//!
+//! # When to prefer the pool
+//!
+//! Prefer the pool for work that cannot yield, or should not: a call into
+//! a library that computes for a long time (`serde_json::from_slice` on a
+//! large body, `flate2`, image codecs), or a loop whose yields would cost
+//! more than they save. Such work in an async handler blocks its worker
+//! whatever admission does; in the pool it waits in order and runs without
+//! delaying the workers.
+//!
+//! Keep handlers that yield between short chunks, and handlers that mostly
+//! await IO, on the runtime behind a [`cpu::Controller`](crate::cpu::Controller)
+//! or a [`WorkQueue`](crate::WorkQueue): they need a worker only between awaits, and
+//! moving them to a thread each would hold the thread through the awaits.
+//!
+//! # Why plain threads, not rayon
+//!
+//! The default is plain `std` threads, and there is no `rayon` feature.
+//! rayon's pool has a scheduler of its own (work-stealing deques, LIFO per
+//! thread), which would reorder the work admission has just ordered,
+//! unless it were fed one job per free thread, which is all these threads
+//! do; `rayon::spawn` aborts the process on a panic unless the pool has a
+//! panic handler, which cannot hand the panic back to the one caller that
+//! sent the closure; and rayon does not say how many of its threads are
+//! busy, which is the signal this pool exists to make exact. A closure that
+//! wants data parallelism can still call into a rayon pool of its own.
+
+mod builder;
+mod task;
+mod worker;
+
+pub use builder::CpuPoolBuilder;
+pub use task::{PoolError, PoolTask};
+
+use std::fmt;
+use std::thread::JoinHandle;
+
+use self::worker::PoolShared;
+use crate::grant::SlotSnapshot;
+use crate::health::ComponentHealth;
+use crate::observe::QueueSnapshot;
+use crate::sync::{StdArc, StdMutex};
+use crate::work::{TenantId, TenantWeight, WorkInfo};
+
+/// A pool of OS threads whose only queue is a [`WorkQueue`](crate::WorkQueue):
+/// see the [module documentation](self).
+///
+/// Built with [`CpuPool::builder`]. Not `Clone`: it owns its threads and
+/// joins them when dropped; share it behind an `Arc`. The [`PoolTask`]s it
+/// returns hold only what they need, and may outlive it (they then fail
+/// with [`PoolError::Closed`] unless their closure had started).
+pub struct CpuPool {
+    shared: StdArc<PoolShared>,
+    /// The pool's own threads, joined by `close`.
+    threads: StdMutex<Vec<JoinHandle<()>>>,
+}
+
+/// A consistent-per-part copy of a pool's state.
+///
+/// The thread counters are copied under the pool's dispatch lock, the
+/// queue's under the queue's lock, one after the other: each part is
+/// exact, and the two may be a hand-off apart.
+#[derive(Clone, Debug)]
+#[non_exhaustive]
+pub struct PoolSnapshot {
+    /// The pool's own threads (the slot total).
+    pub threads: usize,
+    /// Threads running a closure now, borrowed ones included.
+    pub busy: usize,
+    /// Borrowed threads alive now (bypass work beyond the total).
+    pub borrowed: usize,
+    /// Work admitted and handed over, not yet taken by a thread.
+    pub dispatched: usize,
+    /// Work waiting for admission in the queue (the queue length).
+    pub queued: usize,
+    /// Closures that returned.
+    pub completed: u64,
+    /// Closures that panicked (each came back as [`PoolError::Panicked`]).
+    pub panicked: u64,
+    /// Admitted work skipped because its [`PoolTask`] was dropped before a
+    /// thread took it.
+    pub abandoned: u64,
+    /// Whether the pool has been closed.
+    pub closed: bool,
+    /// The admission queue's own snapshot (per priority, per tenant, slots).
+    pub queue: QueueSnapshot<SlotSnapshot>,
+    /// Panics caught outside closures by the threads' backstop (none
+    /// expected: a closure's own panic is counted in `panicked`).
+    pub thread_health: ComponentHealth,
+}
+
+impl CpuPool {
+    /// A builder with the default settings: one thread per available core.
+    pub fn builder() -> CpuPoolBuilder {
+        CpuPoolBuilder::default()
+    }
+
+    /// Runs `f` on a pool thread once `work` is admitted.
+    ///
+    /// Nothing happens until the returned future is polled; it resolves to
+    /// what `f` returned or to a [`PoolError`]. Dropping it before `f` has
+    /// started means `f` never runs and its slot goes to the next waiter;
+    /// dropping it after `f` started lets `f` finish and drops its result.
+    pub fn spawn<F, T>(&self, work: WorkInfo, f: F) -> PoolTask<T>
+    where
+        F: FnOnce() -> T + Send + 'static,
+        T: Send + 'static,
+    {
+        PoolTask::new(self.shared.clone(), work, f)
+    }
+
+    /// The pool's own threads (the slot total).
+    pub fn threads(&self) -> usize {
+        self.shared.threads()
+    }
+
+    /// Sets one tenant's weight in the pool's queue, effective for the next
+    /// grant; see [`WorkQueue::set_tenant_weight`](crate::WorkQueue::set_tenant_weight).
+    pub fn set_tenant_weight(&self, tenant: TenantId, weight: TenantWeight) {
+        self.shared.queue().set_tenant_weight(tenant, weight);
+    }
+
+    /// Replaces every tenant's weight in the pool's queue; see
+    /// [`WorkQueue::set_tenant_weights`](crate::WorkQueue::set_tenant_weights).
+    pub fn set_tenant_weights(&self, weights: impl IntoIterator<Item = (TenantId, TenantWeight)>) {
+        self.shared.queue().set_tenant_weights(weights);
+    }
+
+    /// Periodic upkeep of the pool's queue; see
+    /// [`WorkQueue::maintain`](crate::WorkQueue::maintain). Optional: the
+    /// queue bounds its own tables without it.
+    pub fn maintain(&self) {
+        self.shared.queue().maintain();
+    }
+
+    /// The pool's state now: threads busy and work queued, exactly.
+    pub fn snapshot(&self) -> PoolSnapshot {
+        self.shared.snapshot()
+    }
+
+    /// Sets the pool's gauges and the queue's in the
+    /// [`export`](crate::export) module. Call it on a timer; it does nothing
+    /// without the `metrics` feature.
+    pub fn record_metrics(&self) {
+        #[cfg(feature = "metrics")]
+        {
+            let snapshot = self.snapshot();
+            crate::export::pool_levels(
+                snapshot.threads,
+                snapshot.busy,
+                snapshot.borrowed,
+                snapshot.queued,
+            );
+        }
+    }
+
+    /// Closes the pool: work waiting in the queue, and every later spawn,
+    /// fails with [`PoolError::Closed`]; work already admitted runs; then
+    /// the threads, borrowed ones included, are joined. Blocks until every
+    /// running closure has returned. Idempotent.
+    ///
+    /// Called from one of the pool's own threads (a closure that closes its
+    /// pool), it joins every thread but that one, which ends when the
+    /// closure returns.
+    pub fn close(&self) {
+        let borrowed = self.shared.close();
+        let threads =
+            std::mem::take(&mut *self.threads.lock().unwrap_or_else(crate::sync::recover));
+        let current = std::thread::current().id();
+        for thread in threads.into_iter().chain(borrowed) {
+            if thread.thread().id() == current {
+                continue;
+            }
+            // A thread's loop catches every panic (see `worker.rs`), so a
+            // join error is impossible; nothing would be left to clean up.
+            let _ = thread.join();
+        }
+        tracing::debug!(target: "admission", "CPU pool closed and its threads joined");
+    }
+
+    /// Whether [`close`](Self::close) has been called.
+    pub fn is_closed(&self) -> bool {
+        self.shared.is_closed()
+    }
+}
+
+impl Drop for CpuPool {
+    fn drop(&mut self) {
+        self.close();
+    }
+}
+
+impl fmt::Debug for CpuPool {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("CpuPool")
+            .field("threads", &self.shared.threads())
+            .field("closed", &self.shared.is_closed())
+            .finish_non_exhaustive()
+    }
+}
