@@ -318,7 +318,10 @@ async fn elastic_work_takes_every_slot_while_no_regular_work_is_about() {
     // Two reset periods without regular work: the cap lifts and the
     // waiting bulk request takes a free slot.
     advance_to(t0, period, &queue).await;
-    assert!(granted(&mut bulk_waiting).is_empty(), "regular work was about");
+    assert!(
+        granted(&mut bulk_waiting).is_empty(),
+        "regular work was about"
+    );
     advance_to(t0, period * 2, &queue).await;
     assert_eq!(names(&granted(&mut bulk_waiting)), ["bulk"]);
 }

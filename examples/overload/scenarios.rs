@@ -318,9 +318,13 @@ pub fn w2_pool(bench: &Bench, dir: &Path, systems: &[System]) -> Result<Vec<Summ
     eprintln!("  {name}: high class alone through the pool ...");
     let alone = RunSpec::new(vec![HIGH], vec![steady(0, 0, 0.3 * bench.capacity)]);
     let result = run(&bench, System::Pool { threads: WORKERS }, &alone)?;
-    let alone_p99 = stats::latency_of_class(&result.measured(), 0, result.length).p99_ms;
+    let measured = result.measured();
+    let alone = HighAlone {
+        p99_ms: stats::latency_of_class(&measured, 0, result.length).p99_ms,
+        within_slo: stats::served_within_slo(&measured, 0, bench.slo).unwrap_or(f64::NAN),
+    };
     let (rows, series) = compare(&bench, name, systems, &spec, 3.0, |_, result, summary| {
-        high_figures(alone_p99, result, summary)
+        high_figures(alone, result, summary)
     })?;
     plot_all(dir, name, &spec.classes, series);
     Ok(rows)

@@ -155,7 +155,10 @@ pub struct Decision {
     pub adjustment: Adjustment,
 }
 
-/// Runtime-wide figures from `tokio-metrics`, over the last ~100 ms.
+/// Runtime-wide figures from `tokio-metrics`, over the last ~10 ms: the
+/// controller refreshes them that often because the busy ratio decides,
+/// within one window of completions, whether longer holds are CPU queueing
+/// (a spike must be cut within a few windows, not after 100 ms).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct RuntimeSummary {
     /// Worker threads.

@@ -39,8 +39,8 @@
 //! ```
 //!
 //! Holds count as CPU queueing only while the runtime's workers are busy
-//! ([`CPU_BUSY`] of their time, from tokio's busy-time metric, with a
-//! controller built for a runtime). Otherwise longer holds are waits on IO,
+//! ([`CPU_BUSY`] of their time, from tokio's busy-time metric over the last
+//! 10 ms, with a controller built for a runtime). Otherwise longer holds are waits on IO,
 //! timers or locks, which more slots do not make worse: the verdict is
 //! ignored, increases need no good windows, and every completion counts
 //! toward the baseline, so it follows work whose cost changed (a service

@@ -22,7 +22,10 @@ impl Default for CpuPoolBuilder {
             threads: None,
             max_borrowed: Self::DEFAULT_MAX_BORROWED,
             thread_name: Self::DEFAULT_THREAD_NAME.to_owned(),
-            queue: WorkQueueBuilder::default(),
+            // The overload policies a CPU controller's queue starts from:
+            // a pool's queue sees the same traffic (requests with
+            // deadlines, bulk beside interactive work).
+            queue: crate::cpu::ControllerBuilder::default_queue(),
         }
     }
 }
@@ -67,8 +70,11 @@ impl CpuPoolBuilder {
 
     /// The settings of the pool's admission queue: waiter bound, deadlines
     /// policies (early rejection, epoch-LIFO), elastic share, usage and
-    /// tenant table. Its slot total is ignored: the pool's is its thread
-    /// count.
+    /// tenant table (default: those of
+    /// [`ControllerBuilder::default_queue`](crate::cpu::ControllerBuilder::default_queue),
+    /// early rejection, epoch-LIFO from the requests' deadlines,
+    /// [`Usage::Granted`](crate::Usage::Granted) and an elastic share of
+    /// 0.5). Its slot total is ignored: the pool's is its thread count.
     pub fn queue(mut self, queue: WorkQueueBuilder) -> Self {
         self.queue = queue;
         self
