@@ -350,6 +350,7 @@ pub struct WorkQueueBuilder {
     usage: Usage,
     elastic_share: Option<f64>,
     max_tenants: usize,
+    newcomers_behind: bool,
     report_work: bool,
 }
 
@@ -366,6 +367,7 @@ impl Default for WorkQueueBuilder {
             usage: Usage::Held,
             elastic_share: None,
             max_tenants: Self::DEFAULT_MAX_TENANTS,
+            newcomers_behind: false,
             report_work: false,
         }
     }
@@ -483,6 +485,25 @@ impl WorkQueueBuilder {
         self
     }
 
+    /// Starts a tenant the queue has not seen (since the last usage reset)
+    /// just behind the least-served waiting tenant instead of at zero
+    /// usage. Off by default, which is the classic fair share: a tenant
+    /// holding nothing goes first.
+    ///
+    /// Turn it on where callers choose their tenant ids (from a header,
+    /// even a trusted one): otherwise a client that uses a fresh id per
+    /// request sorts ahead of every tenant that holds a slot and wins most
+    /// freed slots against a steady tenant. With it, being new buys
+    /// nothing; the price is that a genuinely new tenant waits behind the
+    /// tenant at the front of the order for its first grant, and, with
+    /// [`Usage::Held`], carries that standing until the next usage reset
+    /// ([`reset_period`](Self::reset_period)). Work admitted at once
+    /// (bypass, or the fast path when nobody waits) is unaffected.
+    pub fn newcomers_start_behind(mut self, on: bool) -> Self {
+        self.newcomers_behind = on;
+        self
+    }
+
     /// Times every admission's hold and reports completions to a driver
     /// (the CPU controller's second signal): two clock reads per admission.
     pub(crate) fn report_work(mut self) -> Self {
@@ -553,6 +574,7 @@ impl WorkQueueBuilder {
             usage: self.usage,
             elastic_share: self.elastic_share,
             max_tenants: self.max_tenants,
+            newcomers_behind: self.newcomers_behind,
             report_work: self.report_work,
         };
         let locked = Locked {
