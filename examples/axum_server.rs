@@ -75,6 +75,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let controller = Controller::for_runtime(&tokio::runtime::Handle::current())
         .queue(
             WorkQueue::builder()
+                .name("http")
                 .early_rejection(true)
                 .elastic_share(0.5)
                 .newcomers_start_behind(true)
