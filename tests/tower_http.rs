@@ -206,3 +206,82 @@ async fn route_priorities_match_axums_route_pattern() {
         .unwrap();
     assert_eq!(&body[..], b"user-high");
 }
+
+/// The case: with a backlog the queue expects to take about 200 ms,
+/// a caller asking for 500 ms used to be queued (and, when the estimate was
+/// off, answered 504 after waiting it out) while one asking for 100 ms was
+/// refused at once. An untrusted caller's deadline is capped at the default
+/// timeout, so its long `grpc-timeout` is refused at once too, with a
+/// `Retry-After` from the estimate; a trusted caller's is honoured.
+#[tokio::test(start_paused = true)]
+async fn an_untrusted_long_grpc_timeout_is_refused_early_like_a_short_one() {
+    use std::future::Future;
+    use std::task::{Context, Poll, Waker};
+
+    let queue = WorkQueue::builder()
+        .total_slots(1)
+        .early_rejection(true)
+        .build()
+        .unwrap();
+    let work = || WorkInfo::new(Default::default(), Priority::NORMAL);
+    let poll = |admit: &mut std::pin::Pin<Box<admission::Admit>>| {
+        admit.as_mut().poll(&mut Context::from_waker(Waker::noop()))
+    };
+    // A steady 100 completions a second, each holding its slot 10 ms, so
+    // the queue learns its drain rate.
+    let mut held = queue.admit(work()).await.unwrap();
+    for _ in 0..50 {
+        let mut next = Box::pin(queue.admit(work()));
+        assert!(poll(&mut next).is_pending());
+        tokio::time::advance(Duration::from_millis(10)).await;
+        drop(held);
+        held = match poll(&mut next) {
+            Poll::Ready(Ok(permit)) => permit,
+            other => panic!("the waiter is granted, got {other:?}"),
+        };
+    }
+    // A backlog of 20: about 200 ms at that rate.
+    let backlog: Vec<_> = (0..20)
+        .map(|_| {
+            let mut waiter = Box::pin(queue.admit(work()));
+            assert!(poll(&mut waiter).is_pending());
+            waiter
+        })
+        .collect();
+
+    let layer = AdmissionLayer::new(
+        queue.clone(),
+        HttpClassifier::new()
+            .default_timeout(Duration::from_millis(100))
+            .unwrap()
+            .trust(|caller| caller.headers().contains_key("x-internal")),
+    )
+    .http();
+    let service = layer.layer(service_fn(|_: Request<()>| async {
+        Ok::<_, std::convert::Infallible>(Response::new(()))
+    }));
+    let asking = |trusted: bool| {
+        let mut request = Request::builder().header("grpc-timeout", "500m");
+        if trusted {
+            request = request.header("x-internal", "1");
+        }
+        service.clone().oneshot(request.body(()).unwrap())
+    };
+
+    let untrusted = asking(false).await.unwrap();
+    assert_eq!(untrusted.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(untrusted.headers()[REASON_HEADER], "would_miss_deadline");
+    assert_eq!(untrusted.headers()["retry-after"], "1");
+
+    let mut trusted = Box::pin(asking(true));
+    assert!(
+        trusted
+            .as_mut()
+            .poll(&mut Context::from_waker(Waker::noop()))
+            .is_pending(),
+        "500 ms is enough for a 200 ms backlog: it waits"
+    );
+    drop(trusted);
+    drop(backlog);
+    drop(held);
+}
