@@ -452,3 +452,46 @@ fn io_token_balances_are_gauges_per_class_infinite_while_unlimited() {
     assert_eq!(expected.0, Some(300.0));
     assert_eq!(balances(&snapshotter.snapshot().into_vec()), expected);
 }
+
+#[test]
+fn a_gpu_ledger_report_becomes_gauges_per_device() {
+    use admission::gpu::backend::DeviceOrdinal;
+    use admission::gpu::{DeviceLedger, DeviceProfile};
+
+    let profile = DeviceProfile::builder(DeviceOrdinal(3))
+        .managed_capacity(80_000_000_000)
+        .max_active_attempts(4)
+        .cache_cap(16_000_000_000)
+        .build()
+        .unwrap();
+    let report = DeviceLedger::new(profile).report();
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    metrics::with_local_recorder(&recorder, || admission::export::record_gpu_ledger(&report));
+    let entries = snapshotter.snapshot().into_vec();
+    let on_device = |name: &str| {
+        entries.iter().find_map(|(key, .., value)| match value {
+            DebugValue::Gauge(g)
+                if key.key().name() == name
+                    && key
+                        .key()
+                        .labels()
+                        .any(|l| l.key() == "device" && l.value() == "3") =>
+            {
+                Some(g.into_inner())
+            }
+            _ => None,
+        })
+    };
+    let cache = report.cache_evictable_bytes + report.cache_pinned_bytes;
+    assert_eq!(on_device("admission_gpu_managed_bytes"), Some(80e9));
+    assert_eq!(
+        on_device("admission_gpu_granted_bytes"),
+        Some(report.live_grants_bytes as f64)
+    );
+    assert_eq!(on_device("admission_gpu_cache_bytes"), Some(cache as f64));
+    assert_eq!(
+        on_device("admission_gpu_active_attempts"),
+        Some(f64::from(report.active_attempts))
+    );
+}
