@@ -16,6 +16,7 @@ use axum::routing::get;
 use axum::Router;
 use http::{Request, Response, StatusCode};
 use tower::{service_fn, BoxError, Layer, ServiceBuilder, ServiceExt};
+use tracing_subscriber::layer::SubscriberExt;
 
 fn get_request(path: &str) -> Request<Body> {
     Request::get(path).body(Body::empty()).unwrap()
@@ -146,10 +147,33 @@ async fn a_dropped_controller_is_a_503_that_says_closed() {
     let app = Router::new()
         .route("/", get(|| async { "served" }))
         .route_layer(AdmissionLayer::new(queue, HttpClassifier::new()).http());
-    let response = app.oneshot(get_request("/")).await.unwrap();
-    assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
-    assert_eq!(response.headers()[REASON_HEADER], "closed");
-    assert!(response.headers().get("retry-after").is_none());
+    let warnings = WarningCount::default();
+    let subscriber = tracing_subscriber::registry().with(warnings.clone());
+    let _guard = tracing::subscriber::set_default(subscriber);
+    for _ in 0..3 {
+        let response = app.clone().oneshot(get_request("/")).await.unwrap();
+        assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(response.headers()[REASON_HEADER], "closed");
+        assert!(response.headers().get("retry-after").is_none());
+    }
+    assert_eq!(
+        warnings.0.load(std::sync::atomic::Ordering::Relaxed),
+        1,
+        "the closed queue is logged once, not per request"
+    );
+}
+
+/// Counts warnings from the `admission` target.
+#[derive(Clone, Default)]
+struct WarningCount(std::sync::Arc<std::sync::atomic::AtomicUsize>);
+
+impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for WarningCount {
+    fn on_event(&self, event: &tracing::Event<'_>, _: tracing_subscriber::layer::Context<'_, S>) {
+        let metadata = event.metadata();
+        if *metadata.level() == tracing::Level::WARN && metadata.target() == "admission" {
+            self.0.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
 }
 
 #[tokio::test(start_paused = true)]
