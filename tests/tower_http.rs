@@ -309,3 +309,54 @@ async fn an_untrusted_long_grpc_timeout_is_refused_early_like_a_short_one() {
     drop(backlog);
     drop(held);
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_grpc_call_is_refused_with_a_grpc_status_and_retry_pushback() {
+    let (queue, _waiter) = refusing_queue();
+    let layer = AdmissionLayer::new(queue, HttpClassifier::new()).http();
+    let service = layer.layer(service_fn(|_: Request<()>| async {
+        Ok::<_, std::convert::Infallible>(Response::new(()))
+    }));
+    let call = Request::post("/echo.Echo/Say")
+        .header("content-type", "application/grpc+proto")
+        .body(())
+        .unwrap();
+    let response = service.oneshot(call).await.unwrap();
+    // Trailers-only: HTTP 200, the status in the headers.
+    assert_eq!(response.status(), StatusCode::OK);
+    let headers = response.headers();
+    assert_eq!(headers["grpc-status"], "14", "UNAVAILABLE");
+    assert_eq!(headers["grpc-message"], "queue_full");
+    assert_eq!(headers["grpc-retry-pushback-ms"], "1000");
+}
+
+#[test]
+fn grpc_refusals_map_deadlines_and_push_back_by_the_estimate() {
+    let refusals = Refusals::default();
+    let grpc = |error: AdmitError| {
+        let response: Response<()> = refusals.grpc_response(&error);
+        let header = |name: &str| {
+            response
+                .headers()
+                .get(name)
+                .map(|v| v.to_str().unwrap().to_owned())
+        };
+        (header("grpc-status"), header("grpc-retry-pushback-ms"))
+    };
+    let owned = |s: &str| Some(s.to_owned());
+    assert_eq!(
+        grpc(AdmitError::WouldMissDeadline {
+            expected: Duration::from_millis(1250),
+            remaining: Duration::from_millis(100),
+        }),
+        (owned("14"), owned("1250"))
+    );
+    assert_eq!(
+        grpc(AdmitError::DeadlineExceeded {
+            waited: Duration::from_millis(5)
+        }),
+        (owned("4"), None)
+    );
+    assert_eq!(grpc(AdmitError::Closed), (owned("14"), None));
+    assert_eq!(grpc(AdmitError::TimerUnavailable), (owned("13"), None));
+}

@@ -35,7 +35,9 @@ pub const REASON_HEADER: &str = "x-admission-reason";
 /// least one, at most [`HttpAdmissionLayer::max_retry_after`]. A closed
 /// queue is `503` without a hint, a deadline that passed `504`; see
 /// [`status_for`](super::status_for) for the rest. Every refusal carries
-/// [`REASON_HEADER`] and an empty body.
+/// [`REASON_HEADER`] and an empty body. A gRPC call (content type
+/// `application/grpc`) is refused the gRPC way instead; see
+/// [`grpc_response`](Self::grpc_response).
 #[derive(Clone, Copy, Debug)]
 pub struct Refusals {
     status: StatusCode,
@@ -53,7 +55,57 @@ impl Default for Refusals {
     }
 }
 
+/// gRPC status codes a refusal maps to (`google.rpc.Code`).
+const GRPC_UNAVAILABLE: &str = "14";
+const GRPC_DEADLINE_EXCEEDED: &str = "4";
+const GRPC_INTERNAL: &str = "13";
+
+/// Whether `request` is a gRPC call (its content type is
+/// `application/grpc`, possibly with a `+proto`-style suffix).
+pub(super) fn is_grpc<B>(request: &Request<B>) -> bool {
+    request
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .is_some_and(|value| value.as_bytes().starts_with(b"application/grpc"))
+}
+
 impl Refusals {
+    /// The response to `error` for a gRPC call: a trailers-only response
+    /// (HTTP 200, the status in `grpc-status`), as gRPC clients expect.
+    /// Capacity pressure and a closed queue are `UNAVAILABLE` (which gRPC
+    /// clients may retry), with the queue's wait estimate as
+    /// `grpc-retry-pushback-ms` (gRPC's `Retry-After`); a deadline is
+    /// `DEADLINE_EXCEEDED`; a runtime without timers `INTERNAL`. The
+    /// reason is in `grpc-message` and [`REASON_HEADER`].
+    pub fn grpc_response<B: Default>(&self, error: &AdmitError) -> Response<B> {
+        let (status, retry) = super::status_for(error, self.retry_after);
+        let code = match status {
+            StatusCode::GATEWAY_TIMEOUT => GRPC_DEADLINE_EXCEEDED,
+            StatusCode::INTERNAL_SERVER_ERROR => GRPC_INTERNAL,
+            _ => GRPC_UNAVAILABLE,
+        };
+        let mut response = Response::new(B::default());
+        let headers = response.headers_mut();
+        headers.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/grpc"),
+        );
+        headers.insert("grpc-status", HeaderValue::from_static(code));
+        let reason = HeaderValue::from_static(error.reason());
+        headers.insert("grpc-message", reason.clone());
+        headers.insert(REASON_HEADER, reason);
+        if let Some(retry) = retry {
+            let retry = match error {
+                AdmitError::WouldMissDeadline { expected, .. } => *expected,
+                _ => retry,
+            };
+            let millis = retry.min(self.max_retry_after).as_millis();
+            let millis = u64::try_from(millis).unwrap_or(u64::MAX);
+            headers.insert("grpc-retry-pushback-ms", HeaderValue::from(millis));
+        }
+        response
+    }
+
     /// The response to `error`, with a body of `B::default()`.
     pub fn response<B: Default>(&self, error: &AdmitError) -> Response<B> {
         let (status, retry) = super::status_for(error, self.retry_after);
@@ -190,7 +242,9 @@ where
     }
 
     fn call(&mut self, request: Request<B>) -> Self::Future {
+        let grpc = is_grpc(&request);
         HttpResponseFuture {
+            grpc,
             inner: self.inner.call(request),
             refusals: self.refusals,
             warned_closed: self.warned_closed.clone(),
@@ -215,6 +269,8 @@ pub struct HttpResponseFuture<S: Service<Req>, Req> {
     inner: ResponseFuture<S, Req>,
     refusals: Refusals,
     warned_closed: Arc<AtomicBool>,
+    /// Answer a refusal the gRPC way.
+    grpc: bool,
 }
 
 impl<S, Req, ResBody> Future for HttpResponseFuture<S, Req>
@@ -239,7 +295,12 @@ where
                          was its Controller dropped? (AdmissionLayer::for_controller keeps it)"
                     );
                 }
-                Poll::Ready(Ok(this.refusals.response(&error)))
+                let response = if *this.grpc {
+                    this.refusals.grpc_response(&error)
+                } else {
+                    this.refusals.response(&error)
+                };
+                Poll::Ready(Ok(response))
             }
         }
     }

@@ -12,7 +12,9 @@
 //! a response (503 by default, or 429, with `Retry-After` from the queue's
 //! wait estimate and the reason in [`REASON_HEADER`]; see [`Refusals`]),
 //! and the service keeps the inner service's error type, so axum's
-//! `Router::layer` takes it as it is. An axum app protected in four added
+//! `Router::layer` takes it as it is. A gRPC call (tonic behind the same
+//! layer) is refused the gRPC way: `grpc-status` UNAVAILABLE or
+//! DEADLINE_EXCEEDED, and `grpc-retry-pushback-ms` from the estimate. An axum app protected in four added
 //! lines (plus the imports):
 //!
 //! ```
