@@ -78,4 +78,19 @@ fn a_refusal_allocates_nothing_and_opens_no_span() {
     let per_refusal = usize::from(cfg!(feature = "metrics"));
     assert_eq!(region.change().allocations, 1_000 * per_refusal);
     drop(waiter);
+
+    // axum clones the layered service, classifier included, for every
+    // request: a clone must not copy the route table.
+    #[cfg(feature = "tower")]
+    {
+        let classifier = admission::tower::HttpClassifier::new()
+            .route("/high", Priority::USER_HIGH)
+            .route("/bulk", Priority::BULK_NORMAL)
+            .reserve_tenant(TenantId::new(5));
+        let region = Region::new(GLOBAL);
+        for _ in 0..100 {
+            std::hint::black_box(classifier.clone());
+        }
+        assert_eq!(region.change().allocations, 0);
+    }
 }

@@ -4,7 +4,6 @@
 
 use std::collections::HashMap;
 use std::fmt;
-use std::sync::Arc;
 use std::time::Duration;
 
 use http::{Extensions, HeaderMap, HeaderName, Method, Request, Uri};
@@ -13,6 +12,7 @@ use super::propagate::{
     header, parse_grpc_timeout, parse_priority, GRPC_TIMEOUT_HEADER, PRIORITY_HEADER, TENANT_HEADER,
 };
 use crate::error::ConfigError;
+use crate::sync::StdArc;
 use crate::work::{Priority, TenantId, WorkInfo};
 
 /// Classifies requests for [`AdmissionLayer`](super::AdmissionLayer):
@@ -78,7 +78,7 @@ impl<'a> Caller<'a> {
     }
 }
 
-type TrustPredicate = Arc<dyn Fn(&Caller<'_>) -> bool + Send + Sync>;
+type TrustPredicate = StdArc<dyn Fn(&Caller<'_>) -> bool + Send + Sync>;
 
 #[derive(Clone)]
 enum Trust {
@@ -118,6 +118,14 @@ impl fmt::Debug for Trust {
 /// takes and early rejection never refuses it).
 #[derive(Clone, Debug)]
 pub struct HttpClassifier {
+    /// Shared: axum clones the layered service, and with it the
+    /// classifier, for every request; a clone is then one reference count,
+    /// not a copy of the route table.
+    config: StdArc<Config>,
+}
+
+#[derive(Clone, Debug)]
+struct Config {
     default_tenant: TenantId,
     default_priority: Priority,
     max_priority: Priority,
@@ -131,19 +139,27 @@ pub struct HttpClassifier {
 impl Default for HttpClassifier {
     fn default() -> Self {
         HttpClassifier {
-            default_tenant: TenantId::SYSTEM,
-            default_priority: Priority::NORMAL,
-            max_priority: Priority::USER_HIGH,
-            default_timeout: None,
-            deadline_header: HeaderName::from_static(GRPC_TIMEOUT_HEADER),
-            trust: Trust::Nobody,
-            reserved: vec![TenantId::SYSTEM],
-            routes: HashMap::new(),
+            config: StdArc::new(Config {
+                default_tenant: TenantId::SYSTEM,
+                default_priority: Priority::NORMAL,
+                max_priority: Priority::USER_HIGH,
+                default_timeout: None,
+                deadline_header: HeaderName::from_static(GRPC_TIMEOUT_HEADER),
+                trust: Trust::Nobody,
+                reserved: vec![TenantId::SYSTEM],
+                routes: HashMap::new(),
+            }),
         }
     }
 }
 
 impl HttpClassifier {
+    /// The configuration, copied first if a clone shares it (only while
+    /// building: a classifier in use is not changed).
+    fn config_mut(&mut self) -> &mut Config {
+        StdArc::make_mut(&mut self.config)
+    }
+
     /// The defaults described above; nobody's priority or tenant headers
     /// are trusted.
     pub fn new() -> Self {
@@ -152,7 +168,7 @@ impl HttpClassifier {
 
     /// The tenant of requests without a (believed) tenant header.
     pub fn default_tenant(mut self, tenant: TenantId) -> Self {
-        self.default_tenant = tenant;
+        self.config_mut().default_tenant = tenant;
         self
     }
 
@@ -163,16 +179,16 @@ impl HttpClassifier {
     /// with a [`ConfigError`] naming `default_priority` (rather than being
     /// capped without a word); to raise both, raise the cap first.
     pub fn default_priority(mut self, priority: Priority) -> Result<Self, ConfigError> {
-        if priority > self.max_priority {
+        if priority > self.config.max_priority {
             return Err(ConfigError::new(
                 "default_priority",
                 format!(
                     "{priority} is above max_priority {}; raise max_priority first",
-                    self.max_priority
+                    self.config.max_priority
                 ),
             ));
         }
-        self.default_priority = priority;
+        self.config_mut().default_priority = priority;
         Ok(self)
     }
 
@@ -182,16 +198,16 @@ impl HttpClassifier {
     /// [`ConfigError`] naming `max_priority`; to lower both, lower the
     /// default first.
     pub fn max_priority(mut self, priority: Priority) -> Result<Self, ConfigError> {
-        if priority < self.default_priority {
+        if priority < self.config.default_priority {
             return Err(ConfigError::new(
                 "max_priority",
                 format!(
                     "{priority} is below default_priority {}; lower the default first",
-                    self.default_priority
+                    self.config.default_priority
                 ),
             ));
         }
-        self.max_priority = priority;
+        self.config_mut().max_priority = priority;
         Ok(self)
     }
 
@@ -202,7 +218,7 @@ impl HttpClassifier {
     /// may still ask to go lower. Later calls for the same route replace
     /// earlier ones.
     pub fn route(mut self, route: &str, priority: Priority) -> Self {
-        self.routes.insert(route.into(), priority);
+        self.config_mut().routes.insert(route.into(), priority);
         self
     }
 
@@ -218,14 +234,14 @@ impl HttpClassifier {
                 "0 s would refuse every request; leave it unset for no deadline",
             ));
         }
-        self.default_timeout = Some(timeout);
+        self.config_mut().default_timeout = Some(timeout);
         Ok(self)
     }
 
     /// The header read as the request's timeout, in `grpc-timeout` format
     /// (default `grpc-timeout` itself).
     pub fn deadline_header(mut self, name: HeaderName) -> Self {
-        self.deadline_header = name;
+        self.config_mut().deadline_header = name;
         self
     }
 
@@ -248,62 +264,62 @@ impl HttpClassifier {
     /// # let _ = classifier;
     /// ```
     pub fn trust(mut self, trusts: impl Fn(&Caller<'_>) -> bool + Send + Sync + 'static) -> Self {
-        self.trust = Trust::Predicate(Arc::new(trusts));
+        self.config_mut().trust = Trust::Predicate(StdArc::new(trusts));
         self
     }
 
     /// Believes every caller's headers: for a service reachable only from
     /// services that classify their own callers (behind an edge that does).
     pub fn trust_all(mut self) -> Self {
-        self.trust = Trust::Everyone;
+        self.config_mut().trust = Trust::Everyone;
         self
     }
 
     /// Refuses `tenant` from headers, in addition to [`TenantId::SYSTEM`]:
     /// a header naming it is ignored (the default tenant applies).
     pub fn reserve_tenant(mut self, tenant: TenantId) -> Self {
-        if !self.reserved.contains(&tenant) {
-            self.reserved.push(tenant);
+        if !self.config.reserved.contains(&tenant) {
+            self.config_mut().reserved.push(tenant);
         }
         self
     }
 
     /// The default timeout, if one is set.
     pub fn timeout(&self) -> Option<Duration> {
-        self.default_timeout
+        self.config.default_timeout
     }
 
     fn route_priority(&self, caller: &Caller<'_>) -> Option<Priority> {
-        if self.routes.is_empty() {
+        if self.config.routes.is_empty() {
             return None;
         }
         #[cfg(feature = "axum")]
         if let Some(matched) = caller.extensions().get::<axum::extract::MatchedPath>() {
-            return self.routes.get(matched.as_str()).copied();
+            return self.config.routes.get(matched.as_str()).copied();
         }
-        self.routes.get(caller.uri().path()).copied()
+        self.config.routes.get(caller.uri().path()).copied()
     }
 
     /// The request's class, created now.
     pub fn classify<B>(&self, request: &Request<B>) -> WorkInfo {
         let caller = Caller::of(request);
         let headers = caller.headers();
-        let trusted = self.trust.trusts(&caller);
+        let trusted = self.config.trust.trusts(&caller);
         let base = self
             .route_priority(&caller)
-            .unwrap_or(self.default_priority);
+            .unwrap_or(self.config.default_priority);
 
         let tenant = header(headers, TENANT_HEADER)
             .filter(|_| trusted)
             .and_then(|value| value.parse::<u64>().ok())
             .map(TenantId::new)
-            .filter(|tenant| !self.reserved.contains(tenant))
-            .unwrap_or(self.default_tenant);
+            .filter(|tenant| !self.config.reserved.contains(tenant))
+            .unwrap_or(self.config.default_tenant);
 
         // An untrusted caller may step down, never up; a trusted one up to
         // the cap, or the route's own priority where that is higher.
         let ceiling = if trusted {
-            self.max_priority.max(base)
+            self.config.max_priority.max(base)
         } else {
             base
         };
@@ -311,8 +327,9 @@ impl HttpClassifier {
             .and_then(parse_priority)
             .map_or(base, |asked| asked.min(ceiling));
 
-        let asked = header(headers, self.deadline_header.as_str()).and_then(parse_grpc_timeout);
-        let timeout = match (asked, self.default_timeout) {
+        let asked =
+            header(headers, self.config.deadline_header.as_str()).and_then(parse_grpc_timeout);
+        let timeout = match (asked, self.config.default_timeout) {
             (Some(asked), Some(default)) if !trusted => Some(asked.min(default)),
             (Some(asked), _) => Some(asked),
             (None, default) => default,
