@@ -5,35 +5,47 @@
 //! ```
 //!
 //! Three endpoints compute for about 2 ms each around a 1 ms wait: `/high`
-//! (priority user-high), `/normal` and `/bulk` (bulk-normal). All three go through one
-//! `AdmissionLayer` over a CPU controller; a caller's own
-//! `x-admission-tenant` header and `grpc-timeout` deadline are honoured, and
-//! the route decides the priority. Refusals become 429 with `Retry-After`
-//! (capacity), 503 (closed) or 504 (deadline). `/metrics` serves the
-//! Prometheus text of the `metrics` facade and is not admission-controlled.
+//! (priority user-high), `/normal` and `/bulk` (bulk-normal). All three go
+//! through one HTTP-mode `AdmissionLayer` that owns a CPU controller.
+//! Callers on loopback are trusted: their `x-admission-priority`,
+//! `x-admission-tenant` and `grpc-timeout` headers are honoured; anyone else
+//! gets the route's priority (or lower, if asked), the system tenant, and at
+//! most the default 100 ms deadline. Refusals are 503 with `Retry-After`
+//! from the queue's wait estimate and the reason in `x-admission-reason`.
+//! `/metrics` serves the Prometheus text of the `metrics` facade and is not
+//! admission-controlled (nor are unknown paths: the layer is a
+//! `route_layer`).
 //!
 //! Drive it with an HTTP load tool from another terminal, for example
 //! `oha -z 20s -c 200 http://127.0.0.1:3000/bulk` beside
-//! `oha -z 20s -c 4 http://127.0.0.1:3000/high`: bulk requests queue and are
-//! refused once they cannot make their deadline, while high-priority ones
-//! keep their latency. Watch `admission_requests_total` and
-//! `admission_wait_seconds` at `/metrics`.
+//! `oha -z 20s -c 4 http://127.0.0.1:3000/high`, or with the in-process
+//! generator `cargo run --release --example http_load --features
+//! tower,metrics` (see there): bulk requests queue and are refused once
+//! they cannot make their deadline, while high-priority ones keep their
+//! latency. Watch `admission_requests_total` and `admission_wait_seconds`
+//! at `/metrics`.
 
-use std::convert::Infallible;
+use std::net::SocketAddr;
 use std::time::Duration;
 
 use admission::cpu::Controller;
-use admission::tower::{rejection_response, AdmissionError, AdmissionLayer, HttpClassifier};
+use admission::tower::{AdmissionLayer, HttpClassifier};
 use admission::{EpochLifo, Priority, WorkQueue};
-use axum::error_handling::HandleErrorLayer;
-use axum::extract::Request;
+use axum::extract::ConnectInfo;
 use axum::routing::get;
 use axum::Router;
-use metrics_exporter_prometheus::PrometheusBuilder;
-use tower::ServiceBuilder;
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder};
 
-/// The deadline given to requests that bring none.
+/// The deadline given to requests that bring none, and the longest an
+/// untrusted caller may ask for.
 const DEFAULT_TIMEOUT: Duration = Duration::from_millis(100);
+
+/// Bucket bounds of `admission_wait_seconds`: from the fast path's zero to
+/// past the default deadline, so that the histogram can be aggregated
+/// across instances (without buckets the exporter writes a summary).
+const WAIT_BUCKETS: &[f64] = &[
+    0.0, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0,
+];
 
 /// About 2 ms of computation around a 1 ms wait (a stand-in for a database
 /// call): the shape of a typical handler.
@@ -51,75 +63,60 @@ fn compute(how_long: Duration) {
     }
 }
 
-fn priority_of(path: &str) -> Priority {
-    match path {
-        "/high" => Priority::USER_HIGH,
-        "/bulk" => Priority::BULK_NORMAL,
-        _ => Priority::NORMAL,
-    }
-}
-
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let address = std::env::args()
         .nth(1)
         .unwrap_or_else(|| "127.0.0.1:3000".into());
-    let prometheus = PrometheusBuilder::new().install_recorder()?;
+    let prometheus = PrometheusBuilder::new()
+        .set_buckets_for_metric(Matcher::Full("admission_wait_seconds".into()), WAIT_BUCKETS)?
+        .install_recorder()?;
 
     let controller = Controller::for_runtime(&tokio::runtime::Handle::current())
         .queue(
             WorkQueue::builder()
+                .name("http")
                 .early_rejection(true)
                 .elastic_share(0.5)
+                .newcomers_start_behind(true)
                 .epoch_lifo(EpochLifo::for_deadline(DEFAULT_TIMEOUT)),
         )
         .build()?;
-    let classifier = HttpClassifier::new();
-    let classify = move |request: &Request| {
-        let mut work = classifier.classify(request);
-        if work.deadline().is_none() {
-            let deadline = work.create_time() + DEFAULT_TIMEOUT;
-            work = work.with_deadline(deadline);
-        }
-        work.with_priority(priority_of(request.uri().path()))
-    };
+    let classifier = HttpClassifier::new()
+        .default_timeout(DEFAULT_TIMEOUT)?
+        .route("/high", Priority::USER_HIGH)
+        .route("/bulk", Priority::BULK_NORMAL)
+        .trust(|caller| {
+            caller
+                .extensions()
+                .get::<ConnectInfo<SocketAddr>>()
+                .is_some_and(|ConnectInfo(peer)| peer.ip().is_loopback())
+        });
+    let admission = AdmissionLayer::for_controller(controller, classifier).http();
+    let queue = admission.admission().queue().clone();
 
-    let admitted = Router::new()
+    let app = Router::new()
         .route("/high", get(work))
         .route("/normal", get(work))
         .route("/bulk", get(work))
-        .layer(
-            ServiceBuilder::new()
-                .layer(HandleErrorLayer::new(
-                    |error: AdmissionError<Infallible>| async move {
-                        match error {
-                            AdmissionError::Rejected(error) => {
-                                rejection_response::<axum::body::Body>(
-                                    &error,
-                                    Duration::from_secs(1),
-                                )
-                            }
-                            AdmissionError::Inner(never) => match never {},
-                        }
-                    },
-                ))
-                .layer(AdmissionLayer::new(controller.queue().clone(), classify)),
+        .route_layer(admission)
+        .route(
+            "/metrics",
+            get(move || {
+                let (queue, prometheus) = (queue.clone(), prometheus.clone());
+                async move {
+                    queue.record_metrics();
+                    prometheus.render()
+                }
+            }),
         );
-    let queue = controller.queue().clone();
-    let app = admitted.route(
-        "/metrics",
-        get(move || {
-            let (queue, prometheus) = (queue.clone(), prometheus.clone());
-            async move {
-                queue.record_metrics();
-                prometheus.render()
-            }
-        }),
-    );
 
     let listener = tokio::net::TcpListener::bind(&address).await?;
     println!("listening on http://{}", listener.local_addr()?);
-    axum::serve(listener, app).await?;
-    controller.close();
+    axum::serve(
+        listener,
+        app.into_make_service_with_connect_info::<SocketAddr>(),
+    )
+    .await?;
     Ok(())
 }

@@ -2,28 +2,43 @@
 //! `metrics`), for whatever exporter the application installs (Prometheus,
 //! StatsD...). Without the feature every function here compiles to nothing.
 //!
-//! | name | kind | labels | meaning |
-//! |---|---|---|---|
-//! | `admission_requests_total` | counter | `priority`, `outcome` | requests settled: `admitted`, `cancelled`, or an [`AdmitError::reason`](crate::AdmitError::reason) |
-//! | `admission_wait_seconds` | histogram | `priority` | how long admitted requests waited (0 on the fast path) |
-//! | `admission_queue_length` | gauge | | requests waiting |
-//! | `admission_queue_length_by_priority` | gauge | `priority` | requests waiting, per priority that has been seen |
-//! | `admission_slots_used` | gauge | | slots held |
-//! | `admission_slots_total` | gauge | | the slot total |
-//! | `admission_cpu_runnable_per_worker` | gauge | | the CPU signal's last sample |
-//! | `admission_cpu_idle` | gauge | | 1 while the CPU controller is idle (not enforcing) |
-//! | `admission_callback_panics_total` | counter | `component` | panics caught in user code the crate calls (see [`health`](crate::health)) |
-//! | `admission_pool_tasks_total` | counter | `outcome` | [`CpuPool`](crate::pool::CpuPool) jobs taken by a thread: `completed`, `panicked`, or `abandoned` (its future dropped before the start) |
-//! | `admission_pool_threads` | gauge | | the pool's own threads (its slot total) |
-//! | `admission_pool_busy` | gauge | | pool threads running a closure, borrowed ones included |
-//! | `admission_pool_borrowed` | gauge | | threads borrowed beyond the total for bypass work |
-//! | `admission_pool_queue_length` | gauge | | work waiting for admission to the pool |
+//! | name | kind | unit | labels | meaning |
+//! |---|---|---|---|---|
+//! | `admission_requests_total` | counter | requests | `queue`, `priority`, `outcome` | requests settled: `admitted`, `cancelled`, or an [`AdmitError::reason`](crate::AdmitError::reason) |
+//! | `admission_wait_seconds` | histogram | seconds | `queue`, `priority` | how long admitted requests waited (0 on the fast path) |
+//! | `admission_queue_length_by_priority` | gauge | requests | `queue`, `priority` | requests waiting, per priority that has been seen (their sum is the queue length) |
+//! | `admission_slots_used` | gauge | slots | `queue` | slots held |
+//! | `admission_slots` | gauge | slots | `queue` | the slot total (a gauge: it moves with the CPU controller, so no `_total` suffix) |
+//! | `admission_cpu_runnable_per_worker` | gauge | tasks | | the CPU signal's last sample |
+//! | `admission_cpu_idle` | gauge | | | 1 while the CPU controller is idle (not enforcing) |
+//! | `admission_io_tokens_available` | gauge | bytes | `queue`, `class` | an IO token class's balance (negative in debt, `+Inf` while unlimited; [`record_io_tokens`]) |
+//! | `admission_gpu_managed_bytes` | gauge | bytes | `device` | a GPU ledger's managed capacity ([`record_gpu_ledger`]) |
+//! | `admission_gpu_granted_bytes` | gauge | bytes | `device` | bytes committed to running attempts |
+//! | `admission_gpu_cache_bytes` | gauge | bytes | `device` | resident cache bytes, evictable and pinned |
+//! | `admission_gpu_active_attempts` | gauge | attempts | `device` | attempts running |
+//! | `admission_callback_panics_total` | counter | panics | `component` | panics caught in user code the crate calls (see [`health`](crate::health)) |
+//! | `admission_pool_tasks_total` | counter | tasks | | [`CpuPool`](crate::pool::CpuPool) jobs taken by a thread: `completed`, `panicked`, or `abandoned` (its future dropped before the start) |
+//! | `admission_pool_threads` | gauge | threads | | the pool's own threads (its slot total) |
+//! | `admission_pool_busy` | gauge | threads | | pool threads running a closure, borrowed ones included |
+//! | `admission_pool_borrowed` | gauge | threads | | threads borrowed beyond the total for bypass work |
+//!
+//! [`describe`] registers each metric's help text and unit with the
+//! installed recorder (so the Prometheus exporter writes `# HELP` lines);
+//! [`WorkQueueBuilder::build`](crate::WorkQueueBuilder::build) calls it, so
+//! it only needs calling again when the recorder is installed after the
+//! first queue is built. The `queue` label is the queue's
+//! [`name`](crate::WorkQueueBuilder::name). With the Prometheus exporter,
+//! give `admission_wait_seconds` buckets
+//! (`PrometheusBuilder::set_buckets_for_metric`; `examples/axum_server.rs`
+//! does) or it is written as a summary, which cannot be aggregated across
+//! instances.
 //!
 //! Counters and the histogram are recorded when a request settles, outside
 //! the queue's lock. Gauges are set by [`WorkQueue::record_metrics`](crate::WorkQueue::record_metrics),
-//! which the CPU controller calls on every tick. Priority labels are the
-//! rung names (`user-high`, `normal`, `bulk-normal`...) or the number for
-//! priorities between rungs.
+//! which the CPU controller calls on every tick (a queue without one: call
+//! it from the scrape handler, as `examples/axum_server.rs` does, or on a
+//! timer). Priority labels are the rung names (`user-high`, `normal`,
+//! `bulk-normal`...) or the number for priorities between rungs.
 //!
 //! # Tracing
 //!
@@ -32,7 +47,7 @@
 //!
 //! | what | level | fields |
 //! |---|---|---|
-//! | span `admission_wait`, one per request that has to wait, closed when it settles | debug | `tenant`, `priority`, `outcome` (`admitted`, `cancelled` or the error's message), `wait_us` |
+//! | span `admission_wait`, one per request that has to wait, entered while its future is polled, closed when it settles | debug | `tenant`, `priority`, `outcome` (the metric's `outcome` label: `admitted`, `cancelled` or the [`AdmitError::reason`](crate::AdmitError::reason)), `wait_us` (on every outcome) |
 //! | event "admission rejected without queueing" | debug | `tenant`, `priority`, `error` |
 //! | event "admission deadline expired while waiting" / "admission refused while waiting" | debug | `tenant`, `priority`, `waited_us` |
 //! | event "CPU controller changed mode" | debug | `mode` |
@@ -57,16 +72,115 @@ fn priority_label(priority: Priority) -> metrics::SharedString {
     }
 }
 
+/// Registers every metric's help text and unit with the installed recorder;
+/// see the [module docs](self). Idempotent; does nothing without the
+/// `metrics` feature.
+pub fn describe() {
+    #[cfg(feature = "metrics")]
+    {
+        use metrics::Unit;
+        metrics::describe_counter!(
+            "admission_requests_total",
+            Unit::Count,
+            "Admission requests settled, by queue, priority and outcome (admitted, cancelled, or the refusal's reason)."
+        );
+        metrics::describe_histogram!(
+            "admission_wait_seconds",
+            Unit::Seconds,
+            "How long admitted requests waited for admission (0 on the fast path)."
+        );
+        metrics::describe_gauge!(
+            "admission_queue_length_by_priority",
+            Unit::Count,
+            "Requests waiting for admission, by queue and priority."
+        );
+        metrics::describe_gauge!(
+            "admission_slots_used",
+            Unit::Count,
+            "Slots held by admitted work."
+        );
+        metrics::describe_gauge!(
+            "admission_slots",
+            Unit::Count,
+            "The slot total admission grants up to."
+        );
+        metrics::describe_gauge!(
+            "admission_cpu_runnable_per_worker",
+            Unit::Count,
+            "The CPU controller's last sample of runnable tasks per worker."
+        );
+        metrics::describe_gauge!(
+            "admission_cpu_idle",
+            "1 while the CPU controller is idle (not enforcing slots), else 0."
+        );
+        metrics::describe_gauge!(
+            "admission_io_tokens_available",
+            Unit::Bytes,
+            "An IO token class's balance in bytes: negative in debt, +Inf while unlimited."
+        );
+        metrics::describe_gauge!(
+            "admission_gpu_managed_bytes",
+            Unit::Bytes,
+            "A GPU ledger's managed capacity."
+        );
+        metrics::describe_gauge!(
+            "admission_gpu_granted_bytes",
+            Unit::Bytes,
+            "GPU memory committed to running attempts."
+        );
+        metrics::describe_gauge!(
+            "admission_gpu_cache_bytes",
+            Unit::Bytes,
+            "Resident GPU cache bytes, evictable and pinned."
+        );
+        metrics::describe_gauge!(
+            "admission_gpu_active_attempts",
+            Unit::Count,
+            "GPU attempts running."
+        );
+        metrics::describe_counter!(
+            "admission_pool_tasks_total",
+            Unit::Count,
+            "CPU pool jobs taken by a thread, by outcome (completed, panicked, abandoned)."
+        );
+        metrics::describe_gauge!(
+            "admission_pool_threads",
+            Unit::Count,
+            "The CPU pool's own threads (its slot total)."
+        );
+        metrics::describe_gauge!(
+            "admission_pool_busy",
+            Unit::Count,
+            "CPU pool threads running a closure, borrowed ones included."
+        );
+        metrics::describe_gauge!(
+            "admission_pool_borrowed",
+            Unit::Count,
+            "Threads borrowed beyond the CPU pool's total for bypass work."
+        );
+        metrics::describe_counter!(
+            "admission_callback_panics_total",
+            Unit::Count,
+            "Panics caught in user code the admission crate calls, by component."
+        );
+    }
+}
+
 /// A request settled with `outcome`, after `waited` if it was admitted.
 #[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
-pub(crate) fn settled(priority: Priority, outcome: &'static str, waited: Option<Duration>) {
+pub(crate) fn settled(
+    queue: &'static str,
+    priority: Priority,
+    outcome: &'static str,
+    waited: Option<Duration>,
+) {
     #[cfg(feature = "metrics")]
     {
         let label = priority_label(priority);
-        metrics::counter!("admission_requests_total", "priority" => label.clone(), "outcome" => outcome)
+        metrics::counter!("admission_requests_total", "queue" => queue, "priority" => label.clone(), "outcome" => outcome)
             .increment(1);
         if let Some(waited) = waited {
-            metrics::histogram!("admission_wait_seconds", "priority" => label)
+            metrics::histogram!("admission_wait_seconds", "queue" => queue, "priority" => label)
                 .record(waited.as_secs_f64());
         }
     }
@@ -76,18 +190,57 @@ pub(crate) fn settled(priority: Priority, outcome: &'static str, waited: Option<
 /// the queue's lock, which is not worth taking for nothing).
 #[cfg(feature = "metrics")]
 pub(crate) fn queue_levels(
-    waiting: usize,
+    queue: &'static str,
     by_priority: &[(Priority, usize)],
     used: u64,
     total: u64,
 ) {
-    metrics::gauge!("admission_queue_length").set(waiting as f64);
     for &(priority, waiting) in by_priority {
-        metrics::gauge!("admission_queue_length_by_priority", "priority" => priority_label(priority))
+        metrics::gauge!("admission_queue_length_by_priority", "queue" => queue, "priority" => priority_label(priority))
             .set(waiting as f64);
     }
-    metrics::gauge!("admission_slots_used").set(used as f64);
-    metrics::gauge!("admission_slots_total").set(total as f64);
+    metrics::gauge!("admission_slots_used", "queue" => queue).set(used as f64);
+    metrics::gauge!("admission_slots", "queue" => queue).set(total as f64);
+}
+
+/// Sets `admission_io_tokens_available` for both classes of `queues`, from
+/// their granters' snapshots. Call it where the budgets change (after
+/// `add_tokens`, on the IO controller's tick) or from the scrape handler.
+/// Does nothing without the `metrics` feature.
+#[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
+pub fn record_io_tokens(queues: &crate::queue::TokenQueues) {
+    #[cfg(feature = "metrics")]
+    for (class, queue) in [("regular", queues.regular()), ("elastic", queues.elastic())] {
+        let snapshot = queue.granter_snapshot();
+        let available = if snapshot.unlimited {
+            f64::INFINITY
+        } else {
+            snapshot.available as f64
+        };
+        metrics::gauge!("admission_io_tokens_available", "queue" => queue.name(), "class" => class)
+            .set(available);
+    }
+}
+
+/// Sets the `admission_gpu_*` gauges of one device from its ledger's
+/// report ([`DeviceLedger::report`](crate::gpu::DeviceLedger::report)).
+/// Does nothing without the `metrics` feature.
+#[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
+pub fn record_gpu_ledger(report: &crate::gpu::LedgerReport) {
+    #[cfg(feature = "metrics")]
+    {
+        let device = report.device.0.to_string();
+        let cache = report
+            .cache_evictable_bytes
+            .saturating_add(report.cache_pinned_bytes);
+        metrics::gauge!("admission_gpu_managed_bytes", "device" => device.clone())
+            .set(report.managed_capacity as f64);
+        metrics::gauge!("admission_gpu_granted_bytes", "device" => device.clone())
+            .set(report.live_grants_bytes as f64);
+        metrics::gauge!("admission_gpu_cache_bytes", "device" => device.clone()).set(cache as f64);
+        metrics::gauge!("admission_gpu_active_attempts", "device" => device)
+            .set(f64::from(report.active_attempts));
+    }
 }
 
 /// The CPU controller's signal and mode.
@@ -124,9 +277,8 @@ pub(crate) fn pool_task(outcome: &'static str) {
 /// A CPU pool's levels (only called with the feature on, like
 /// [`queue_levels`]).
 #[cfg(feature = "metrics")]
-pub(crate) fn pool_levels(threads: usize, busy: usize, borrowed: usize, queued: usize) {
+pub(crate) fn pool_levels(threads: usize, busy: usize, borrowed: usize) {
     metrics::gauge!("admission_pool_threads").set(threads as f64);
     metrics::gauge!("admission_pool_busy").set(busy as f64);
     metrics::gauge!("admission_pool_borrowed").set(borrowed as f64);
-    metrics::gauge!("admission_pool_queue_length").set(queued as f64);
 }

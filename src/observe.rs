@@ -109,7 +109,9 @@ pub struct TenantSnapshot {
     /// The tenant.
     pub tenant: TenantId,
     /// Capacity charged to the tenant since the last reset and not yet
-    /// returned (for slots: slots admitted since the reset and still held).
+    /// returned (for slots: slots admitted since the reset and still held),
+    /// plus, with [`newcomers_start_behind`](crate::WorkQueueBuilder::newcomers_start_behind),
+    /// the standing a tenant first seen while others waited starts at.
     pub used: u64,
     /// The tenant's weight.
     pub weight: TenantWeight,

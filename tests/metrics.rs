@@ -4,10 +4,14 @@
 
 mod common;
 
+use std::collections::{BTreeMap, BTreeSet};
+use std::io::Write;
+use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use admission::{AdmitError, WorkQueue};
 use common::*;
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder};
 use metrics_util::debugging::{DebugValue, DebuggingRecorder};
 use metrics_util::{CompositeKey, MetricKind};
 use tokio::time::Instant;
@@ -94,7 +98,9 @@ fn every_outcome_is_counted_by_priority_and_gauges_show_the_levels() {
     assert_eq!(requests(&[]), 4);
     assert!(entries.iter().any(|(key, .., value)| key.key().name() == "admission_wait_seconds"
         && matches!(value, DebugValue::Histogram(samples) if samples.iter().any(|s| s.into_inner() == 0.002))));
-    assert_eq!(gauge(&entries, "admission_queue_length"), Some(2.0));
+    // The total is the sum of the per-priority gauges: not a series of
+    // its own.
+    assert_eq!(gauge(&entries, "admission_queue_length"), None);
     let waiting_at = |priority: &str| {
         entries.iter().find_map(|(key, .., value)| match value {
             DebugValue::Gauge(g)
@@ -109,5 +115,383 @@ fn every_outcome_is_counted_by_priority_and_gauges_show_the_levels() {
     assert_eq!(waiting_at("normal"), Some(1.0));
     assert_eq!(waiting_at("user-high"), Some(1.0));
     assert_eq!(gauge(&entries, "admission_slots_used"), Some(1.0));
-    assert_eq!(gauge(&entries, "admission_slots_total"), Some(1.0));
+    assert_eq!(gauge(&entries, "admission_slots"), Some(1.0));
+    assert_eq!(gauge(&entries, "admission_slots_total"), None, "a gauge");
+    assert!(
+        entries.iter().all(|(key, ..)| {
+            !key.key().name().starts_with("admission_slots")
+                && !key.key().name().starts_with("admission_queue")
+                && key.key().name() != "admission_requests_total"
+                || key
+                    .key()
+                    .labels()
+                    .any(|l| l.key() == "queue" && l.value() == "default")
+        }),
+        "every queue series carries the queue label"
+    );
+}
+
+#[test]
+fn two_named_queues_keep_their_series_apart() {
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    metrics::with_local_recorder(&recorder, || {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .start_paused(true)
+            .build()
+            .unwrap();
+        runtime.block_on(async {
+            let t0 = Instant::now();
+            let cpu = WorkQueue::builder().name("cpu").build().unwrap();
+            let io = WorkQueue::builder()
+                .name("io")
+                .total_slots(3)
+                .build()
+                .unwrap();
+            let _a = admit_now(&cpu, work(1, 0, t0, 0));
+            let _b = admit_now(&io, work(1, 0, t0, 0));
+            let _c = admit_now(&io, work(1, 0, t0, 0));
+            cpu.record_metrics();
+            io.record_metrics();
+        });
+    });
+    let entries = snapshotter.snapshot().into_vec();
+    let slots = |queue: &str| {
+        entries.iter().find_map(|(key, .., value)| match value {
+            DebugValue::Gauge(g)
+                if key.key().name() == "admission_slots"
+                    && key.key().labels().any(|l| l.value() == queue) =>
+            {
+                Some(g.into_inner())
+            }
+            _ => None,
+        })
+    };
+    assert_eq!((slots("cpu"), slots("io")), (Some(1.0), Some(3.0)));
+    assert_eq!(
+        counter(
+            &entries,
+            "admission_requests_total",
+            &[("queue", "io"), ("outcome", "admitted")]
+        ),
+        2
+    );
+    assert_eq!(
+        counter(
+            &entries,
+            "admission_requests_total",
+            &[("queue", "cpu"), ("outcome", "admitted")]
+        ),
+        1
+    );
+}
+
+#[test]
+fn an_empty_queue_name_is_refused_naming_the_field() {
+    let error = WorkQueue::builder().name("").build().unwrap_err();
+    assert_eq!(error.field(), "name");
+}
+
+// The Prometheus text of admission's metrics passes `promtool check
+// metrics`: run with promtool when it is on the machine, and otherwise
+// checked here against the same rules (every family has HELP and TYPE,
+// counters and only counters end in `_total`, histograms have buckets up
+// to `+Inf`, sums and counts, names are valid), plus ours: every queue
+// series carries the `queue` label.
+
+/// Admission's metrics after one admitted, one waiting and one refused
+/// request, in Prometheus text, with the histogram bucketed as the
+/// examples do.
+fn exposition() -> String {
+    let recorder = PrometheusBuilder::new()
+        .set_buckets_for_metric(
+            Matcher::Full("admission_wait_seconds".into()),
+            &[0.0, 0.001, 0.01, 0.1, 1.0],
+        )
+        .unwrap()
+        .build_recorder();
+    let handle = recorder.handle();
+    metrics::with_local_recorder(&recorder, || {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .start_paused(true)
+            .build()
+            .unwrap();
+        runtime.block_on(async {
+            let t0 = Instant::now();
+            let queue = WorkQueue::builder()
+                .name("http")
+                .total_slots(1)
+                .max_waiters(1)
+                .build()
+                .unwrap();
+            let _held = admit_now(&queue, work(1, 0, t0, 0));
+            let _waiting = enqueue(&queue, work(2, 50, t0, 1));
+            let refused = queue.admit(work(3, 0, t0, 2)).await;
+            assert_eq!(
+                refused.unwrap_err(),
+                AdmitError::QueueFull { max_waiters: 1 }
+            );
+            queue.record_metrics();
+        });
+    });
+    handle.render()
+}
+
+fn valid_name(name: &str) -> bool {
+    let mut chars = name.chars();
+    chars
+        .next()
+        .is_some_and(|c| c.is_ascii_alphabetic() || c == '_' || c == ':')
+        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_' || c == ':')
+}
+
+/// The rules of `promtool check metrics` that apply to this text, and the
+/// `queue` label; returns every violation.
+fn violations(text: &str) -> Vec<String> {
+    let mut problems = Vec::new();
+    let mut help = BTreeSet::new();
+    let mut kinds = BTreeMap::new();
+    let mut samples: Vec<(String, String)> = Vec::new();
+    for line in text.lines().filter(|line| !line.trim().is_empty()) {
+        if let Some(rest) = line.strip_prefix("# HELP ") {
+            match rest.split_once(' ') {
+                Some((name, text)) if !text.trim().is_empty() => {
+                    help.insert(name.to_owned());
+                }
+                _ => problems.push(format!("empty HELP: {line}")),
+            }
+        } else if let Some(rest) = line.strip_prefix("# TYPE ") {
+            let (name, kind) = rest.split_once(' ').unwrap_or((rest, ""));
+            kinds.insert(name.to_owned(), kind.to_owned());
+        } else if line.starts_with('#') {
+            continue;
+        } else {
+            let name_end = line.find(['{', ' ']).unwrap_or(line.len());
+            let (name, rest) = line.split_at(name_end);
+            let labels = rest
+                .strip_prefix('{')
+                .and_then(|rest| rest.split_once('}'))
+                .map_or("", |(labels, _)| labels);
+            samples.push((name.to_owned(), labels.to_owned()));
+        }
+    }
+    for (name, kind) in &kinds {
+        if !valid_name(name) {
+            problems.push(format!("invalid name {name}"));
+        }
+        if !help.contains(name) {
+            problems.push(format!("{name} has no HELP"));
+        }
+        match kind.as_str() {
+            "counter" if !name.ends_with("_total") => {
+                problems.push(format!("counter {name} does not end in _total"))
+            }
+            "counter" => {}
+            "gauge" | "histogram" | "summary" if name.ends_with("_total") => {
+                problems.push(format!("{kind} {name} ends in _total"))
+            }
+            "gauge" => {}
+            "histogram" => {
+                for suffix in ["_sum", "_count"] {
+                    if !samples
+                        .iter()
+                        .any(|(sample, _)| *sample == format!("{name}{suffix}"))
+                    {
+                        problems.push(format!("histogram {name} has no {suffix}"));
+                    }
+                }
+                let bucket = format!("{name}_bucket");
+                if !samples
+                    .iter()
+                    .any(|(sample, labels)| *sample == bucket && labels.contains("le=\"+Inf\""))
+                {
+                    problems.push(format!("histogram {name} has no +Inf bucket"));
+                }
+            }
+            other => problems.push(format!("{name} is a {other:?}, expected a histogram")),
+        }
+    }
+    for (sample, labels) in &samples {
+        let family = ["_bucket", "_sum", "_count"]
+            .iter()
+            .find_map(|suffix| {
+                sample
+                    .strip_suffix(suffix)
+                    .filter(|family| kinds.get(*family).is_some_and(|k| k == "histogram"))
+            })
+            .unwrap_or(sample);
+        if !kinds.contains_key(family) {
+            problems.push(format!("{sample} has no TYPE"));
+        }
+        let per_queue = family.starts_with("admission_requests")
+            || family.starts_with("admission_wait")
+            || family.starts_with("admission_queue")
+            || family.starts_with("admission_slots");
+        if per_queue && !labels.contains("queue=\"http\"") {
+            problems.push(format!("{sample}{{{labels}}} has no queue label"));
+        }
+    }
+    problems
+}
+
+#[test]
+fn the_exposition_passes_promtools_rules() {
+    let text = exposition();
+    for family in [
+        "admission_requests_total",
+        "admission_wait_seconds",
+        "admission_queue_length_by_priority",
+        "admission_slots_used",
+        "admission_slots",
+    ] {
+        assert!(
+            text.contains(&format!("# TYPE {family} ")),
+            "{family} missing:\n{text}"
+        );
+    }
+    assert_eq!(violations(&text), Vec::<String>::new(), "\n{text}");
+
+    // The real thing, where it is installed.
+    let promtool = Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn();
+    if let Ok(mut promtool) = promtool {
+        promtool
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(text.as_bytes())
+            .unwrap();
+        let output = promtool.wait_with_output().unwrap();
+        assert!(
+            output.status.success(),
+            "promtool: {}{}\n{text}",
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
+}
+
+#[test]
+fn the_checker_catches_what_promtool_would() {
+    let bad = "# TYPE admission_slots_total gauge\nadmission_slots_total{queue=\"http\"} 1\n\
+               # TYPE requests counter\n# HELP requests \nrequests 1\n\
+               # TYPE admission_wait_seconds summary\n";
+    let problems = violations(bad);
+    for expected in [
+        "admission_slots_total has no HELP",
+        "gauge admission_slots_total ends in _total",
+        "counter requests does not end in _total",
+        "empty HELP: # HELP requests ",
+        "admission_wait_seconds is a \"summary\", expected a histogram",
+    ] {
+        assert!(
+            problems.iter().any(|p| p == expected),
+            "{expected:?} not in {problems:?}"
+        );
+    }
+}
+
+#[test]
+fn io_token_balances_are_gauges_per_class_infinite_while_unlimited() {
+    use admission::queue::TokenQueues;
+
+    let balances = |entries: &[Entry]| {
+        let of = |class: &str| {
+            entries.iter().find_map(|(key, .., value)| match value {
+                DebugValue::Gauge(g)
+                    if key.key().name() == "admission_io_tokens_available"
+                        && key
+                            .key()
+                            .labels()
+                            .any(|l| l.key() == "class" && l.value() == class)
+                        && key
+                            .key()
+                            .labels()
+                            .any(|l| l.key() == "queue" && l.value() == "io") =>
+                {
+                    Some(g.into_inner())
+                }
+                _ => None,
+            })
+        };
+        (of("regular"), of("elastic"))
+    };
+    let unlimited = DebuggingRecorder::new();
+    let snapshotter = unlimited.snapshotter();
+    metrics::with_local_recorder(&unlimited, || {
+        let queues =
+            TokenQueues::with_builder(WorkQueue::builder().name("io"), 1_000, 500).unwrap();
+        admission::export::record_io_tokens(&queues);
+    });
+    let infinite = Some(f64::INFINITY);
+    assert_eq!(
+        balances(&snapshotter.snapshot().into_vec()),
+        (infinite, infinite)
+    );
+
+    let limited = DebuggingRecorder::new();
+    let snapshotter = limited.snapshotter();
+    let expected = metrics::with_local_recorder(&limited, || {
+        let queues =
+            TokenQueues::with_builder(WorkQueue::builder().name("io"), 1_000, 500).unwrap();
+        queues.set_limits(Some(1_000), Some(500)).unwrap();
+        queues.add_tokens(300, 200);
+        admission::export::record_io_tokens(&queues);
+        // The gauges mirror the granters' own snapshots.
+        let available = |queue: &WorkQueue<admission::grant::TokenGranter>| {
+            Some(queue.granter_snapshot().available as f64)
+        };
+        (available(queues.regular()), available(queues.elastic()))
+    });
+    assert_eq!(expected.0, Some(300.0));
+    assert_eq!(balances(&snapshotter.snapshot().into_vec()), expected);
+}
+
+#[test]
+fn a_gpu_ledger_report_becomes_gauges_per_device() {
+    use admission::gpu::backend::DeviceOrdinal;
+    use admission::gpu::{DeviceLedger, DeviceProfile};
+
+    let profile = DeviceProfile::builder(DeviceOrdinal(3))
+        .managed_capacity(80_000_000_000)
+        .max_active_attempts(4)
+        .cache_cap(16_000_000_000)
+        .build()
+        .unwrap();
+    let report = DeviceLedger::new(profile).report();
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    metrics::with_local_recorder(&recorder, || admission::export::record_gpu_ledger(&report));
+    let entries = snapshotter.snapshot().into_vec();
+    let on_device = |name: &str| {
+        entries.iter().find_map(|(key, .., value)| match value {
+            DebugValue::Gauge(g)
+                if key.key().name() == name
+                    && key
+                        .key()
+                        .labels()
+                        .any(|l| l.key() == "device" && l.value() == "3") =>
+            {
+                Some(g.into_inner())
+            }
+            _ => None,
+        })
+    };
+    let cache = report.cache_evictable_bytes + report.cache_pinned_bytes;
+    assert_eq!(on_device("admission_gpu_managed_bytes"), Some(80e9));
+    assert_eq!(
+        on_device("admission_gpu_granted_bytes"),
+        Some(report.live_grants_bytes as f64)
+    );
+    assert_eq!(on_device("admission_gpu_cache_bytes"), Some(cache as f64));
+    assert_eq!(
+        on_device("admission_gpu_active_attempts"),
+        Some(f64::from(report.active_attempts))
+    );
 }

@@ -592,8 +592,12 @@ impl ControllerBuilder {
     /// express tenant weights: two slots and weights 1:4 give 1:1 under
     /// [`Usage::Held`]), and elastic work (bulk and background priorities)
     /// capped at half the slots while regular work is about
-    /// ([`WorkQueueBuilder::elastic_share`]). Start from this when passing
-    /// your own to [`queue`](Self::queue).
+    /// ([`WorkQueueBuilder::elastic_share`]), and tenants seen for the
+    /// first time starting behind the least-served waiting one
+    /// ([`WorkQueueBuilder::newcomers_start_behind`]: tenant ids often come
+    /// from requests, and a fresh id per request must not buy a place at
+    /// the front). Start from this when passing your own to
+    /// [`queue`](Self::queue).
     ///
     /// Measured with the overload suite (`examples/overload`, 2 workers,
     /// stable tokio, `yield_now` handlers): in W2 (three priorities at 3x
@@ -608,6 +612,7 @@ impl ControllerBuilder {
             .epoch_lifo_from_deadlines()
             .usage(Usage::Granted)
             .elastic_share(0.5)
+            .newcomers_start_behind(true)
     }
 
     /// Queue settings (bound, reset period...), replacing

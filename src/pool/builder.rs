@@ -25,7 +25,7 @@ impl Default for CpuPoolBuilder {
             // The overload policies a CPU controller's queue starts from:
             // a pool's queue sees the same traffic (requests with
             // deadlines, bulk beside interactive work).
-            queue: crate::cpu::ControllerBuilder::default_queue(),
+            queue: crate::cpu::ControllerBuilder::default_queue().name("cpu_pool"),
         }
     }
 }
@@ -74,7 +74,8 @@ impl CpuPoolBuilder {
     /// [`ControllerBuilder::default_queue`](crate::cpu::ControllerBuilder::default_queue),
     /// early rejection, epoch-LIFO from the requests' deadlines,
     /// [`Usage::Granted`](crate::Usage::Granted) and an elastic share of
-    /// 0.5). Its slot total is ignored: the pool's is its thread count.
+    /// 0.5, named `cpu_pool` for metrics). Its slot total is ignored: the
+    /// pool's is its thread count.
     pub fn queue(mut self, queue: WorkQueueBuilder) -> Self {
         self.queue = queue;
         self

@@ -282,12 +282,10 @@ impl CpuPool {
         #[cfg(feature = "metrics")]
         {
             let snapshot = self.snapshot();
-            crate::export::pool_levels(
-                snapshot.threads,
-                snapshot.busy,
-                snapshot.borrowed,
-                snapshot.queued,
-            );
+            crate::export::pool_levels(snapshot.threads, snapshot.busy, snapshot.borrowed);
+            // The work waiting for a thread: the queue's own gauges, under
+            // its `queue` label.
+            self.shared.queue().record_metrics();
         }
     }
 

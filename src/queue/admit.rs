@@ -26,7 +26,7 @@ use std::time::Duration;
 
 use futures_core::FusedFuture;
 use pin_project::{pin_project, pinned_drop};
-use tokio::time::Sleep;
+use tokio::time::{Instant, Sleep};
 
 use super::permit::SlotPermit;
 use super::state::{Attempt, Observed};
@@ -63,6 +63,8 @@ enum Phase {
         tenant: TenantId,
         priority: Priority,
         span: tracing::Span,
+        /// When it was queued: the span's `wait_us` on every outcome.
+        since: Instant,
     },
     Done,
 }
@@ -96,20 +98,26 @@ impl<G: Granter> Future for Admit<G> {
             let priority = work.priority();
             match attempt {
                 Attempt::Admitted { charge } => {
-                    export::settled(priority, export::ADMITTED, Some(Duration::ZERO));
+                    export::settled(
+                        shared.name,
+                        priority,
+                        export::ADMITTED,
+                        Some(Duration::ZERO),
+                    );
                     coop.made_progress();
                     *this.phase = Phase::Done;
                     let shared = this.shared.take().expect("checked above");
                     return Poll::Ready(Ok(SlotPermit::new(shared, tenant, charge)));
                 }
                 Attempt::Rejected(error) => {
-                    export::settled(priority, error.reason(), None);
+                    export::settled(shared.name, priority, error.reason(), None);
                     coop.made_progress();
                     *this.phase = Phase::Done;
                     *this.shared = None;
                     return Poll::Ready(Err(error));
                 }
                 Attempt::Queued { key } => {
+                    let since = Instant::now();
                     let span = tracing::debug_span!(
                         target: "admission",
                         "admission_wait",
@@ -118,6 +126,11 @@ impl<G: Granter> Future for Admit<G> {
                         outcome = tracing::field::Empty,
                         wait_us = tracing::field::Empty,
                     );
+                    // Entered on every poll of the wait, as `Instrument`
+                    // would: events of the wait (a deadline refusal) nest
+                    // under it.
+                    let entered = span.clone();
+                    let _entered = entered.enter();
                     if let Some(deadline) = work.deadline() {
                         let Some(timer) = crate::timer::sleep_until(deadline) else {
                             // Leaves the queue as a cancelled request would
@@ -126,8 +139,8 @@ impl<G: Granter> Future for Admit<G> {
                                 state.cancel(key, granter, wakes)
                             });
                             let error = AdmitError::TimerUnavailable;
-                            export::settled(priority, error.reason(), None);
-                            span.record("outcome", tracing::field::display(&error));
+                            export::settled(shared.name, priority, error.reason(), None);
+                            record_outcome(&span, error.reason(), since);
                             *this.phase = Phase::Done;
                             *this.shared = None;
                             return Poll::Ready(Err(error));
@@ -139,6 +152,7 @@ impl<G: Granter> Future for Admit<G> {
                         tenant,
                         priority,
                         span,
+                        since,
                     };
                     // The waker is already stored with the waiter; only the
                     // deadline timer (if any) needs this poll to register.
@@ -158,11 +172,14 @@ impl<G: Granter> Future for Admit<G> {
             tenant,
             priority,
             span,
+            since,
         } = &*this.phase
         else {
             unreachable!("Start was handled above and Done has no shared state");
         };
-        let (key, tenant, priority) = (*key, *tenant, *priority);
+        let (key, tenant, priority, since) = (*key, *tenant, *priority, *since);
+        let span = span.clone();
+        let _entered = span.enter();
         let fired = match this.timer.as_mut().as_pin_mut() {
             Some(timer) => timer.poll(cx).is_ready(),
             None => false,
@@ -177,15 +194,15 @@ impl<G: Granter> Future for Admit<G> {
         let result = match observed {
             Observed::Pending => return Poll::Pending,
             Observed::Admitted { charge, waited } => {
-                export::settled(priority, export::ADMITTED, Some(waited));
-                span.record("outcome", "admitted");
+                export::settled(shared.name, priority, export::ADMITTED, Some(waited));
+                span.record("outcome", export::ADMITTED);
                 span.record("wait_us", waited.as_micros() as u64);
                 let shared = this.shared.take().expect("checked above");
                 Ok(SlotPermit::new(shared, tenant, charge))
             }
             Observed::Failed(error) => {
-                export::settled(priority, error.reason(), None);
-                span.record("outcome", tracing::field::display(&error));
+                export::settled(shared.name, priority, error.reason(), None);
+                record_outcome(&span, error.reason(), since);
                 *this.shared = None;
                 Err(error)
             }
@@ -202,6 +219,13 @@ impl<G: Granter> FusedFuture for Admit<G> {
     }
 }
 
+/// Closes a wait's span: the outcome as the metric's `outcome` label
+/// spells it, and how long it waited.
+fn record_outcome(span: &tracing::Span, outcome: &'static str, since: Instant) {
+    span.record("outcome", outcome);
+    span.record("wait_us", since.elapsed().as_micros() as u64);
+}
+
 #[pinned_drop]
 impl<G: Granter> PinnedDrop for Admit<G> {
     fn drop(self: Pin<&mut Self>) {
@@ -211,13 +235,14 @@ impl<G: Granter> PinnedDrop for Admit<G> {
                 key,
                 span,
                 priority,
+                since,
                 ..
             },
             Some(shared),
         ) = (&*this.phase, this.shared.as_ref())
         {
-            export::settled(*priority, export::CANCELLED, None);
-            span.record("outcome", "cancelled");
+            export::settled(shared.name, *priority, export::CANCELLED, None);
+            record_outcome(span, export::CANCELLED, *since);
             let key = *key;
             shared.with_state(|state, granter, wakes| state.cancel(key, granter, wakes));
         }

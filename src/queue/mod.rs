@@ -66,6 +66,8 @@ pub(crate) struct Shared<G: Granter> {
     granter: G,
     /// Every call into the granter goes through it (see `Grants`).
     granter_boundary: Boundary,
+    /// The `queue` label of every metric the queue exports.
+    name: &'static str,
 }
 
 /// Everything behind the queue's one lock.
@@ -191,7 +193,7 @@ impl WorkQueue<SlotGranter> {
     }
 
     /// Sets the queue-level gauges of the [`export`](crate::export) module
-    /// (queue length, in total and per priority, slots used and total). The CPU controller calls this
+    /// (queue length per priority, slots used and total). The CPU controller calls this
     /// every tick; call it on a timer for a queue without one. Does nothing
     /// without the `metrics` feature.
     pub fn record_metrics(&self) {
@@ -199,7 +201,6 @@ impl WorkQueue<SlotGranter> {
         {
             let locked = self.shared.locked.lock();
             let slots = self.shared.granter.snapshot(&locked.granter);
-            let waiting = locked.queue.waiting();
             let by_priority: Vec<_> = locked
                 .queue
                 .priority_snapshot()
@@ -207,7 +208,7 @@ impl WorkQueue<SlotGranter> {
                 .map(|p| (p.priority, p.waiting))
                 .collect();
             drop(locked);
-            crate::export::queue_levels(waiting, &by_priority, slots.used, slots.total);
+            crate::export::queue_levels(self.shared.name, &by_priority, slots.used, slots.total);
         }
     }
 
@@ -241,6 +242,12 @@ impl<G: Granter> WorkQueue<G> {
     /// grant it had not yet seen goes to the next waiter.
     pub fn admit(&self, work: WorkInfo) -> Admit<G> {
         Admit::new(self.shared.clone(), work)
+    }
+
+    /// The queue's name, its `queue` metric label; see
+    /// [`WorkQueueBuilder::name`].
+    pub fn name(&self) -> &'static str {
+        self.shared.name
     }
 
     /// Closes the queue: every waiting request fails with
@@ -352,6 +359,8 @@ pub struct WorkQueueBuilder {
     usage: Usage,
     elastic_share: Option<f64>,
     max_tenants: usize,
+    newcomers_behind: bool,
+    name: &'static str,
     report_work: bool,
 }
 
@@ -369,6 +378,8 @@ impl Default for WorkQueueBuilder {
             usage: Usage::Held,
             elastic_share: None,
             max_tenants: Self::DEFAULT_MAX_TENANTS,
+            newcomers_behind: false,
+            name: Self::DEFAULT_NAME,
             report_work: false,
         }
     }
@@ -386,6 +397,9 @@ impl WorkQueueBuilder {
     pub const DEFAULT_GRANT_BURST_TIMEOUT: Duration = Duration::from_millis(100);
     /// Default cap on tenant records; see [`max_tenants`](Self::max_tenants).
     pub const DEFAULT_MAX_TENANTS: usize = 65_536;
+
+    /// The name of a queue not given one; see [`name`](Self::name).
+    pub const DEFAULT_NAME: &'static str = "default";
 
     /// Initial slot total of a slot queue (default 1); see
     /// [`WorkQueue::set_total_slots`]. Ignored by [`build_with`](Self::build_with).
@@ -522,6 +536,34 @@ impl WorkQueueBuilder {
         self
     }
 
+    /// The queue's name: the `queue` label of every metric it exports (see
+    /// [`export`](crate::export)), so that two queues of one process (a CPU
+    /// queue and an IO queue, say) keep apart series. Default
+    /// [`DEFAULT_NAME`](Self::DEFAULT_NAME). Must not be empty.
+    pub fn name(mut self, name: &'static str) -> Self {
+        self.name = name;
+        self
+    }
+
+    /// Starts a tenant the queue has not seen (since the last usage reset)
+    /// just behind the least-served waiting tenant instead of at zero
+    /// usage. Off by default, which is the classic fair share: a tenant
+    /// holding nothing goes first.
+    ///
+    /// Turn it on where callers choose their tenant ids (from a header,
+    /// even a trusted one): otherwise a client that uses a fresh id per
+    /// request sorts ahead of every tenant that holds a slot and wins most
+    /// freed slots against a steady tenant. With it, being new buys
+    /// nothing; the price is that a genuinely new tenant waits behind the
+    /// tenant at the front of the order for its first grant, and, with
+    /// [`Usage::Held`], carries that standing until the next usage reset
+    /// ([`reset_period`](Self::reset_period)). Work admitted at once
+    /// (bypass, or the fast path when nobody waits) is unaffected.
+    pub fn newcomers_start_behind(mut self, on: bool) -> Self {
+        self.newcomers_behind = on;
+        self
+    }
+
     /// Times every admission's hold and reports completions to a driver
     /// (the CPU controller's second signal): two clock reads per admission.
     pub(crate) fn report_work(mut self) -> Self {
@@ -576,6 +618,12 @@ impl WorkQueueBuilder {
                 ));
             }
         }
+        if self.name.is_empty() {
+            return Err(ConfigError::new(
+                "name",
+                "an empty name would be an empty `queue` label; leave it unset for \"default\"",
+            ));
+        }
         if self.max_tenants == 0 {
             return Err(ConfigError::new(
                 "max_tenants",
@@ -593,6 +641,7 @@ impl WorkQueueBuilder {
             usage: self.usage,
             elastic_share: self.elastic_share,
             max_tenants: self.max_tenants,
+            newcomers_behind: self.newcomers_behind,
             report_work: self.report_work,
         };
         let locked = Locked {
@@ -600,9 +649,12 @@ impl WorkQueueBuilder {
             granter: granter.initial_state(),
             owed: 0,
         };
+        // Help text for the exporter; cheap and idempotent.
+        crate::export::describe();
         Ok(WorkQueue {
             shared: Arc::new(Shared {
                 locked: Mutex::new(locked),
+                name: self.name,
                 granter,
                 granter_boundary: Boundary::new(
                     "granter",

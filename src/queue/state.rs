@@ -51,7 +51,10 @@
 //! arithmetic exact across a reset, a permit remembers the `generation` in
 //! which it was charged and only un-charges its tenant if no reset happened
 //! since; work admitted before a reset is simply forgotten by the fairness
-//! order, never subtracted twice.
+//! order, never subtracted twice. With `newcomers_start_behind`, a tenant
+//! the queue has not seen starts just behind the least-served waiting
+//! tenant, not at zero (`tenant::newcomer_used`), so a fresh tenant id buys
+//! nothing.
 
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BTreeSet};
@@ -65,7 +68,7 @@ use tokio::time::Instant;
 use super::epoch::{DeadlineScale, EpochLifo};
 use super::order::{OpenKey, Place, Recency, TenantOrder, WaiterKey};
 use super::pacing::Pacing;
-use super::tenant::Tenant;
+use super::tenant::{newcomer_used, Tenant};
 use super::work::WorkWindow;
 use super::Usage;
 use crate::error::AdmitError;
@@ -192,6 +195,8 @@ pub(crate) struct Limits {
     pub(crate) usage: Usage,
     pub(crate) elastic_share: Option<f64>,
     pub(crate) max_tenants: usize,
+    /// Start new tenants behind the waiting ones (`tenant::newcomer_used`).
+    pub(crate) newcomers_behind: bool,
     /// Report every completion's hold to the controller (see `work.rs`).
     pub(crate) report_work: bool,
 }
@@ -377,7 +382,9 @@ impl QueueState {
             return self.reject(work, AdmitError::Closed);
         }
         if self.lifo.is_some() {
-            self.with_tenant(work.tenant(), |t| t.states.requested(priority));
+            self.tenant_record(work.tenant(), !work.is_bypass(), |t| {
+                t.states.requested(priority)
+            });
         }
         if work.is_bypass() {
             let accounted = grants.took_without_permission(work.requested());
@@ -449,7 +456,7 @@ impl QueueState {
         }
         self.in_flight = self.in_flight.saturating_add(count);
         let epoch_lifo = self.lifo.is_some();
-        self.with_tenant(work.tenant(), |t| {
+        self.tenant_record(work.tenant(), false, |t| {
             t.used = t.used.saturating_add(count);
             if epoch_lifo {
                 t.states.admitted_at_once(priority);
@@ -564,7 +571,12 @@ impl QueueState {
             ),
             None => {
                 let weight = self.weights.get(&id).copied().unwrap_or_default();
-                (0, Tenant::new(weight, false).order(id))
+                let front = self
+                    .tenant_order
+                    .first()
+                    .filter(|_| self.limits.newcomers_behind);
+                let used = newcomer_used(front, weight);
+                (0, Tenant::new(weight, false, used).order(id))
             }
         };
         let tenants_ahead = self
@@ -1233,15 +1245,34 @@ impl QueueState {
     /// A new record may first trigger a sweep of idle records once the table
     /// has grown past its threshold, so a stream of one-off tenants on the
     /// fast path cannot grow it without bound between resets.
+    ///
+    /// A new record starts behind the waiting tenants (`newcomer_used`),
+    /// except for work admitted at once, which competed with nobody:
+    /// bypass work is the node's own, and the fast path runs only when
+    /// nobody waits.
     fn with_tenant(&mut self, tenant: TenantId, change: impl FnOnce(&mut Tenant)) {
+        self.tenant_record(tenant, true, change);
+    }
+
+    fn tenant_record(
+        &mut self,
+        tenant: TenantId,
+        behind_waiters: bool,
+        change: impl FnOnce(&mut Tenant),
+    ) {
         if !self.tenants.contains_key(&tenant) {
             if self.tenants.len() >= self.gc_threshold {
                 self.sweep_tenants();
             }
             let weight = self.weights.get(&tenant).copied().unwrap_or_default();
             let count_priorities = self.limits.early_rejection;
+            let front = self
+                .tenant_order
+                .first()
+                .filter(|_| behind_waiters && self.limits.newcomers_behind);
+            let used = newcomer_used(front, weight);
             self.tenants
-                .insert(tenant, Tenant::new(weight, count_priorities));
+                .insert(tenant, Tenant::new(weight, count_priorities, used));
         }
         self.update_tenant(tenant, change);
     }

@@ -7,6 +7,30 @@ use super::epoch::{PriorityStates, ALL_FIFO};
 use super::order::{OpenKey, Place, Recency, TenantOrder, WaiterKey};
 use crate::work::{Priority, TenantId, TenantWeight};
 
+/// The usage a tenant starts at when the queue first sees it (with
+/// `newcomers_start_behind`): just behind
+/// `least`, the least-served tenant that waits now, and zero when none
+/// waits.
+///
+/// Starting at zero would put a newcomer ahead of every tenant that holds
+/// anything, so a caller minting a fresh tenant id per request would win
+/// most freed slots against a steady tenant. Starting just behind the front
+/// of the order (the smallest usage whose ratio to `weight` is strictly
+/// above the front's, so ties cannot be won by picking a low id) makes
+/// being new worth nothing: the newcomer is served after the tenant that
+/// was already owed the next slot, and alternates with it from then on.
+/// With nobody waiting there is no one to be unfair to, and the newcomer
+/// starts from nothing, as before.
+pub(super) fn newcomer_used(least: Option<&TenantOrder>, weight: TenantWeight) -> u64 {
+    let Some(least) = least else {
+        return 0;
+    };
+    // `used / weight > least.used / least.weight`, in exact integers: the
+    // smallest such `used` is `floor(least.used * weight / least.weight) + 1`.
+    let scaled = u128::from(least.used) * u128::from(weight.get()) / u128::from(least.weight);
+    u64::try_from(scaled).unwrap_or(u64::MAX).saturating_add(1)
+}
+
 #[derive(Debug)]
 pub(super) struct Tenant {
     pub(super) weight: TenantWeight,
@@ -26,10 +50,11 @@ pub(super) struct Tenant {
 }
 
 impl Tenant {
-    pub(super) fn new(weight: TenantWeight, count_priorities: bool) -> Self {
+    /// A record starting at `used` (see [`newcomer_used`]).
+    pub(super) fn new(weight: TenantWeight, count_priorities: bool, used: u64) -> Self {
         Tenant {
             weight,
-            used: 0,
+            used,
             lifo_threshold: ALL_FIFO,
             states: PriorityStates::default(),
             ready: BTreeMap::new(),
@@ -135,5 +160,116 @@ impl Tenant {
             moved.push((slab_key, Place::Ready(ready)));
         }
         moved
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::VecDeque;
+
+    use tokio_test::task;
+
+    use super::*;
+    use crate::{SlotPermit, WorkInfo, WorkQueue};
+
+    fn order(used: u64, weight: u32) -> TenantOrder {
+        TenantOrder {
+            used,
+            weight,
+            id: TenantId::new(7),
+        }
+    }
+
+    #[test]
+    fn a_newcomer_starts_just_behind_the_front_scaled_to_its_weight() {
+        let weight = |w| TenantWeight::new(w).unwrap();
+        let rows: &[(Option<TenantOrder>, u32, u64)] = &[
+            // Nobody waits: nobody to be unfair to.
+            (None, 1, 0),
+            (Some(order(0, 1)), 1, 1),
+            (Some(order(4, 1)), 1, 5),
+            // Ratio 4/2 = 2; weight 3 needs more than 6.
+            (Some(order(4, 2)), 3, 7),
+            // Ratio 5/2 = 2.5; weight 1 needs more than 2.5.
+            (Some(order(5, 2)), 1, 3),
+            (Some(order(u64::MAX, 1)), 1000, u64::MAX),
+        ];
+        for &(front, w, expected) in rows {
+            let used = newcomer_used(front.as_ref(), weight(w));
+            assert_eq!(used, expected, "front {front:?}, weight {w}");
+            if let Some(front) = front {
+                let newcomer = TenantOrder {
+                    used,
+                    weight: w,
+                    id: TenantId::new(0),
+                };
+                assert!(
+                    used == u64::MAX || newcomer > front,
+                    "behind the front even with a lower id"
+                );
+            }
+        }
+    }
+
+    /// The attack from issue 15: a client that uses a fresh tenant id for
+    /// every request, against a steady tenant, on four slots. Each round a
+    /// new id asks, the oldest admitted request completes, and the freed
+    /// slot goes to whoever the queue picks. Were a new id to start at
+    /// zero it would win every slot; it must win no more than the steady
+    /// tenant does.
+    #[tokio::test(start_paused = true)]
+    async fn a_fresh_tenant_id_per_request_does_not_beat_a_steady_tenant() {
+        let queue = WorkQueue::builder()
+            .total_slots(4)
+            .newcomers_start_behind(true)
+            .build()
+            .unwrap();
+        let steady = TenantId::new(1_000);
+        let ask =
+            |tenant: TenantId| task::spawn(queue.admit(WorkInfo::new(tenant, Priority::NORMAL)));
+        let admit_now = |tenant: u64| {
+            let mut admit = ask(TenantId::new(tenant));
+            match admit.poll() {
+                std::task::Poll::Ready(Ok(permit)) => (tenant, permit),
+                other => panic!("expected immediate admission, got {other:?}"),
+            }
+        };
+        // The rotating client holds three slots, the steady tenant one.
+        let mut held: VecDeque<(u64, SlotPermit)> =
+            [2, 3, 1_000, 4].into_iter().map(admit_now).collect();
+        let mut waiting: Vec<(u64, _)> = (0..16)
+            .map(|_| {
+                let mut admit = ask(steady);
+                assert!(admit.poll().is_pending());
+                (steady.get(), admit)
+            })
+            .collect();
+        let (mut to_steady, mut to_fresh) = (0, 0);
+        for round in 0..12u64 {
+            let fresh = 10 + round;
+            let mut admit = ask(TenantId::new(fresh));
+            assert!(admit.poll().is_pending());
+            waiting.push((fresh, admit));
+            drop(held.pop_front());
+            let mut granted = Vec::new();
+            waiting.retain_mut(|(tenant, admit)| match admit.poll() {
+                std::task::Poll::Ready(result) => {
+                    granted.push((*tenant, result.unwrap()));
+                    false
+                }
+                std::task::Poll::Pending => true,
+            });
+            assert_eq!(granted.len(), 1, "one slot freed, one granted");
+            if granted[0].0 == steady.get() {
+                to_steady += 1;
+            } else {
+                to_fresh += 1;
+            }
+            held.extend(granted);
+        }
+        assert!(
+            to_fresh <= to_steady,
+            "fresh ids won {to_fresh} slots, the steady tenant {to_steady}"
+        );
     }
 }

@@ -24,11 +24,17 @@ impl<E: fmt::Display> fmt::Display for AdmissionError<E> {
     }
 }
 
-impl<E: Error + 'static> Error for AdmissionError<E> {
+/// For any displayable inner error, tower's `BoxError` included, so that
+/// `AdmissionError<E>` is `Into<BoxError>` and the layer composes with
+/// tower's `timeout`, `retry` and the like. The inner error is transparent:
+/// its message is this error's, and it is reached by matching on
+/// [`Inner`](AdmissionError::Inner) (a `BoxError` does not implement
+/// `Error` itself, so it cannot be offered as a `source`).
+impl<E: fmt::Debug + fmt::Display> Error for AdmissionError<E> {
     fn source(&self) -> Option<&(dyn Error + 'static)> {
         match self {
             AdmissionError::Rejected(error) => Some(error),
-            AdmissionError::Inner(error) => Some(error),
+            AdmissionError::Inner(_) => None,
         }
     }
 }

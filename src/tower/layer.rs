@@ -4,7 +4,9 @@ use std::fmt;
 
 use tower_layer::Layer;
 
+use super::http::HttpAdmissionLayer;
 use super::service::{classifier_boundary, AdmissionService};
+use crate::cpu::Controller;
 use crate::grant::SlotGranter;
 use crate::health::{Boundary, ComponentHealth};
 use crate::queue::WorkQueue;
@@ -13,11 +15,17 @@ use crate::sync::StdArc;
 /// Applies admission control to a service; see the [module docs](super).
 ///
 /// `classify` turns a request into the [`WorkInfo`](crate::WorkInfo) it is
-/// admitted as. It runs on every request, before admission, so it should be
-/// cheap (read a header or two). If it panics, the request is admitted at
-/// the lowest trust instead ([`CLASSIFIER_FALLBACK_PRIORITY`](super::CLASSIFIER_FALLBACK_PRIORITY)
+/// admitted as: an [`HttpClassifier`](super::HttpClassifier), or any
+/// `Fn(&Req) -> WorkInfo` (see [`Classify`](super::Classify)). It runs on
+/// every request, before admission, so it should be cheap (read a header or
+/// two). If it panics, the request is admitted at the lowest trust instead
+/// ([`CLASSIFIER_FALLBACK_PRIORITY`](super::CLASSIFIER_FALLBACK_PRIORITY)
 /// for the default tenant) and the panic is counted in
 /// [`classifier_health`](Self::classifier_health).
+///
+/// Refusals come out as [`AdmissionError::Rejected`](super::AdmissionError)
+/// errors; for HTTP services, [`http`](Self::http) turns them into
+/// responses instead and keeps the inner service's error type.
 #[derive(Clone)]
 pub struct AdmissionLayer<C> {
     queue: WorkQueue<SlotGranter>,
@@ -25,21 +33,57 @@ pub struct AdmissionLayer<C> {
     /// Shared by every service this layer builds: one health record for
     /// the one classifier.
     boundary: StdArc<Boundary>,
+    /// The controller whose queue this is, when the layer owns it: the
+    /// controller closes its queue when dropped, so the layer (and every
+    /// service it builds) keeps it alive.
+    owner: Option<StdArc<Controller>>,
 }
 
 impl<C> AdmissionLayer<C> {
     /// A layer admitting through `queue`, classifying with `classify`.
+    ///
+    /// If `queue` belongs to a CPU [`Controller`], the controller must
+    /// outlive the layer: dropping it closes the queue and every request is
+    /// refused. [`for_controller`](Self::for_controller) rules that out.
     pub fn new(queue: WorkQueue<SlotGranter>, classify: C) -> Self {
         AdmissionLayer {
             queue,
             classify,
             boundary: classifier_boundary(),
+            owner: None,
         }
+    }
+
+    /// A layer admitting through `controller`'s queue that owns the
+    /// controller: it lives as long as the layer or any service built from
+    /// it, and closes when the last of them is dropped.
+    pub fn for_controller(controller: Controller, classify: C) -> Self {
+        let mut layer = Self::new(controller.queue().clone(), classify);
+        layer.owner = Some(StdArc::new(controller));
+        layer
+    }
+
+    /// The controller this layer owns, if it was built by
+    /// [`for_controller`](Self::for_controller).
+    pub fn controller(&self) -> Option<&Controller> {
+        self.owner.as_deref()
+    }
+
+    /// The queue requests wait in.
+    pub fn queue(&self) -> &WorkQueue<SlotGranter> {
+        &self.queue
     }
 
     /// The classifier's panics, over every service this layer built.
     pub fn classifier_health(&self) -> ComponentHealth {
         self.boundary.health()
+    }
+
+    /// The HTTP mode: refusals become responses (see [`HttpAdmissionLayer`])
+    /// and the inner service's error type is kept, so that axum's
+    /// `Router::layer` takes the layer as it is.
+    pub fn http(self) -> HttpAdmissionLayer<C> {
+        HttpAdmissionLayer::new(self)
     }
 }
 
@@ -47,11 +91,12 @@ impl<S, C: Clone> Layer<S> for AdmissionLayer<C> {
     type Service = AdmissionService<S, C>;
 
     fn layer(&self, inner: S) -> Self::Service {
-        AdmissionService::with_boundary(
+        AdmissionService::with_parts(
             inner,
             self.queue.clone(),
             self.classify.clone(),
             self.boundary.clone(),
+            self.owner.clone(),
         )
     }
 }
@@ -61,6 +106,7 @@ impl<C> fmt::Debug for AdmissionLayer<C> {
         f.debug_struct("AdmissionLayer")
             .field("queue", &self.queue)
             .field("classifier", &self.boundary)
+            .field("owns_controller", &self.owner.is_some())
             .finish_non_exhaustive()
     }
 }

@@ -1,13 +1,89 @@
 //! Admission as tower middleware (feature `tower`).
 //!
 //! [`AdmissionLayer`] wraps a service so that every request is classified
-//! into a [`WorkInfo`](crate::WorkInfo) (tenant, priority, deadline), waits
-//! for admission in a [`WorkQueue`](crate::WorkQueue), and only then reaches
-//! the inner service. The slot is held until the response future completes
-//! and returned on every path: success, error, or the response future being
-//! dropped. A refused request fails with [`AdmissionError::Rejected`], which
-//! the application maps, for example with [`rejection_response`] (429 with
-//! `Retry-After` for capacity pressure, 503 when closed, 504 for a deadline).
+//! into a [`WorkInfo`](crate::WorkInfo) (tenant, priority, deadline) by a
+//! [`Classify`] implementation, waits for admission in a
+//! [`WorkQueue`](crate::WorkQueue), and only then reaches the inner
+//! service. The slot is held until the response future completes and
+//! returned on every path: success, error, or the response future being
+//! dropped.
+//!
+//! **HTTP mode** ([`AdmissionLayer::http`]): a refused request is answered with
+//! a response (503 by default, or 429, with `Retry-After` from the queue's
+//! wait estimate and the reason in [`REASON_HEADER`]; see [`Refusals`]),
+//! and the service keeps the inner service's error type, so axum's
+//! `Router::layer` takes it as it is. A gRPC call (tonic behind the same
+//! layer) is refused the gRPC way: `grpc-status` UNAVAILABLE or
+//! DEADLINE_EXCEEDED, and `grpc-retry-pushback-ms` from the estimate. An axum app protected in four added
+//! lines (plus the imports):
+//!
+//! ```
+//! use std::time::Duration;
+//! use admission::cpu::Controller;
+//! use admission::tower::{AdmissionLayer, HttpClassifier};
+//! use axum::{routing::get, Router};
+//!
+//! # async fn app() -> Result<Router, Box<dyn std::error::Error>> {
+//! let controller = Controller::for_runtime(&tokio::runtime::Handle::current()).build()?;
+//! let classifier = HttpClassifier::new().default_timeout(Duration::from_millis(100))?;
+//! let app = Router::new()
+//!     .route("/", get(|| async { "hello" }))
+//!     .route_layer(AdmissionLayer::for_controller(controller, classifier).http());
+//! # Ok(app) }
+//! # tokio::runtime::Runtime::new().unwrap().block_on(async { app().await.unwrap(); });
+//! ```
+//!
+//! `route_layer` leaves unknown paths (the 404 fallback) outside
+//! admission; `layer` would queue them too. The layer owns the controller
+//! ([`AdmissionLayer::for_controller`]): a controller dropped while its
+//! queue is in use closes the queue and every request is refused.
+//!
+//! **Generic mode**: any `Service<Req>`; a refused request fails with
+//! [`AdmissionError::Rejected`], which the application maps (for HTTP, with
+//! [`rejection_response`] for example). `AdmissionError<E>` is an `Error`
+//! for any displayable `E`, `BoxError` included, so the layer composes with
+//! tower's `timeout` and friends.
+//!
+//! # Readiness
+//!
+//! `poll_ready` is the inner service's readiness: admission happens in the
+//! response future, because the class depends on the request, which
+//! `poll_ready` does not see. `load_shed()` or `buffer()` placed outside the
+//! layer therefore see no back-pressure from admission; the queue answers
+//! overload per request instead (a full queue, or, with early rejection, a
+//! deadline the request would miss, is refused at once).
+//!
+//! # Trust model
+//!
+//! A request's class decides who waits for whom, so whatever a caller may
+//! claim about itself is a privilege. [`HttpClassifier`] reads three
+//! headers ([`TENANT_HEADER`](propagate::TENANT_HEADER),
+//! [`PRIORITY_HEADER`](propagate::PRIORITY_HEADER) and a `grpc-timeout`
+//! deadline) and believes them only as far as the caller is trusted:
+//!
+//! | | trusted caller | untrusted caller |
+//! |---|---|---|
+//! | priority header | honoured up to [`max_priority`](HttpClassifier::max_priority) | honoured only to go *lower* than the route's or the default priority |
+//! | tenant header | honoured, except reserved ids ([`TenantId::SYSTEM`](crate::TenantId::SYSTEM) and those added with [`reserve_tenant`](HttpClassifier::reserve_tenant)) | ignored: the default tenant |
+//! | deadline header | honoured | honoured only to be *shorter* than the [`default_timeout`](HttpClassifier::default_timeout) |
+//!
+//! Whether a caller is trusted is the application's decision, made by the
+//! predicate given to [`trust`](HttpClassifier::trust) from the request's
+//! [`Caller`] view: its peer address (axum's `ConnectInfo` in the
+//! extensions), an authentication extension a layer in front inserted, a
+//! header a proxy signs, anything. Without a predicate nobody is trusted,
+//! so a service exposed as it is cannot be told "I am high priority" by
+//! whoever connects. Services behind it that receive propagated headers
+//! (see [`propagate`]) trust their upstream, for example
+//! with [`trust_all`](HttpClassifier::trust_all) on an internal network.
+//!
+//! Even a trusted caller chooses its tenant id; where that id is not
+//! authenticated, build the queue with
+//! [`newcomers_start_behind`](crate::WorkQueueBuilder::newcomers_start_behind):
+//! a tenant the queue has not seen then starts just behind the least-served
+//! waiting tenant, so minting a fresh tenant id per request gains nothing.
+//! A `default_priority` above `max_priority` is a construction error, not a
+//! silent cap.
 //!
 //! # Failure model
 //!
@@ -53,19 +129,24 @@
 //! # });
 //! ```
 
+mod classify;
 mod error;
 mod future;
+mod http;
 mod layer;
 pub mod propagate;
 mod service;
 mod status;
 
+pub use classify::{Caller, Classify, HttpClassifier};
 pub use error::AdmissionError;
 pub use future::ResponseFuture;
+pub use http::{
+    HttpAdmissionLayer, HttpAdmissionService, HttpResponseFuture, Refusals, REASON_HEADER,
+};
 pub use layer::AdmissionLayer;
 pub use propagate::{
-    current_work, format_grpc_timeout, parse_grpc_timeout, HttpClassifier, PropagateLayer,
-    PropagateService,
+    current_work, format_grpc_timeout, parse_grpc_timeout, PropagateLayer, PropagateService,
 };
 pub use service::{AdmissionService, CLASSIFIER_FALLBACK_PRIORITY};
 pub use status::{rejection_response, status_for};

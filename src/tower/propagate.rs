@@ -6,9 +6,11 @@
 //! later. The convention is two headers, [`TENANT_HEADER`] and
 //! [`PRIORITY_HEADER`], plus the remaining deadline as `grpc-timeout`:
 //!
-//! * on the server side, [`HttpClassifier`] reads them into a
-//!   [`WorkInfo`], and [`AdmissionService`](super::AdmissionService) makes
-//!   the admitted request's `WorkInfo` the task's current one
+//! * on the server side, [`HttpClassifier`](super::HttpClassifier) reads
+//!   them into a [`WorkInfo`], believing them as far as it trusts the
+//!   caller (see the [trust model](crate::tower#trust-model)), and
+//!   [`AdmissionService`](super::AdmissionService) makes the admitted
+//!   request's `WorkInfo` the task's current one
 //!   ([`current_work`]) while its handler runs;
 //! * on the client side, [`PropagateLayer`] stamps every outgoing request
 //!   made from inside such a handler with the current tenant, priority and
@@ -21,13 +23,12 @@ use std::fmt;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use http::{HeaderMap, HeaderName, HeaderValue, Request};
+use http::{HeaderMap, HeaderValue, Request};
 use tokio::time::Instant;
 use tower_layer::Layer;
 use tower_service::Service;
 
-use crate::error::ConfigError;
-use crate::work::{Priority, TenantId, WorkInfo};
+use crate::work::{Priority, WorkInfo};
 
 /// The header carrying the tenant id (a decimal `u64`).
 pub const TENANT_HEADER: &str = "x-admission-tenant";
@@ -113,7 +114,7 @@ pub fn format_grpc_timeout(timeout: Duration) -> String {
     format!("{MAX}H")
 }
 
-fn parse_priority(value: &str) -> Option<Priority> {
+pub(super) fn parse_priority(value: &str) -> Option<Priority> {
     if let Ok(raw) = value.parse::<i8>() {
         return Some(Priority::new(raw));
     }
@@ -122,111 +123,8 @@ fn parse_priority(value: &str) -> Option<Priority> {
         .find(|priority| priority.name() == Some(value))
 }
 
-fn header<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
+pub(super) fn header<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
     headers.get(name)?.to_str().ok().map(str::trim)
-}
-
-/// Classifies HTTP requests into [`WorkInfo`] from the propagation headers.
-///
-/// Without headers, requests get the classifier's defaults (the system
-/// tenant at [`Priority::NORMAL`], no deadline). A header-supplied priority
-/// is capped at [`max_priority`](Self::max_priority) (default
-/// [`Priority::USER_HIGH`]): callers may ask to be served below normal
-/// freely, but not to jump the node's own high-priority work.
-#[derive(Clone, Debug)]
-pub struct HttpClassifier {
-    default_tenant: TenantId,
-    default_priority: Priority,
-    max_priority: Priority,
-    deadline_header: HeaderName,
-}
-
-impl Default for HttpClassifier {
-    fn default() -> Self {
-        HttpClassifier {
-            default_tenant: TenantId::SYSTEM,
-            default_priority: Priority::NORMAL,
-            max_priority: Priority::USER_HIGH,
-            deadline_header: HeaderName::from_static(GRPC_TIMEOUT_HEADER),
-        }
-    }
-}
-
-impl HttpClassifier {
-    /// The defaults described above.
-    pub fn new() -> Self {
-        Self::default()
-    }
-
-    /// The tenant of requests without a tenant header.
-    pub fn default_tenant(mut self, tenant: TenantId) -> Self {
-        self.default_tenant = tenant;
-        self
-    }
-
-    /// The priority of requests without a priority header (default
-    /// [`Priority::NORMAL`]). A default above
-    /// [`max_priority`](Self::max_priority) contradicts it and is refused
-    /// with a [`ConfigError`] naming `default_priority`; to lower both,
-    /// lower the default first.
-    pub fn default_priority(mut self, priority: Priority) -> Result<Self, ConfigError> {
-        if priority > self.max_priority {
-            return Err(ConfigError::new(
-                "default_priority",
-                format!(
-                    "{priority} is above max_priority {}; lower the default first",
-                    self.max_priority
-                ),
-            ));
-        }
-        self.default_priority = priority;
-        Ok(self)
-    }
-
-    /// The highest priority a header may ask for (default
-    /// [`Priority::USER_HIGH`]). A cap below
-    /// [`default_priority`](Self::default_priority) is refused with a
-    /// [`ConfigError`] naming `max_priority`; to raise both, raise the cap
-    /// first.
-    pub fn max_priority(mut self, priority: Priority) -> Result<Self, ConfigError> {
-        if priority < self.default_priority {
-            return Err(ConfigError::new(
-                "max_priority",
-                format!(
-                    "{priority} is below default_priority {}; lower the default first",
-                    self.default_priority
-                ),
-            ));
-        }
-        self.max_priority = priority;
-        Ok(self)
-    }
-
-    /// The header read as the request's timeout, in `grpc-timeout` format
-    /// (default `grpc-timeout` itself).
-    pub fn deadline_header(mut self, name: HeaderName) -> Self {
-        self.deadline_header = name;
-        self
-    }
-
-    /// The request's class, created now.
-    pub fn classify<B>(&self, request: &Request<B>) -> WorkInfo {
-        let headers = request.headers();
-        let tenant = header(headers, TENANT_HEADER)
-            .and_then(|value| value.parse::<u64>().ok())
-            .map_or(self.default_tenant, TenantId::new);
-        let priority = header(headers, PRIORITY_HEADER)
-            .and_then(parse_priority)
-            .unwrap_or(self.default_priority)
-            .min(self.max_priority);
-        let mut work = WorkInfo::builder().tenant(tenant).priority(priority);
-        if let Some(timeout) =
-            header(headers, self.deadline_header.as_str()).and_then(parse_grpc_timeout)
-        {
-            work = work.timeout(timeout);
-        }
-        work.build()
-    }
 }
 
 /// Stamps outgoing HTTP requests with the current work's tenant, priority
@@ -330,52 +228,5 @@ mod tests {
         );
         let round_trip = parse_grpc_timeout(&format_grpc_timeout(Duration::from_millis(42)));
         assert_eq!(round_trip, Some(Duration::from_millis(42)));
-    }
-
-    fn request(headers: &[(&str, &str)]) -> Request<()> {
-        let mut builder = Request::builder();
-        for &(name, value) in headers {
-            builder = builder.header(name, value);
-        }
-        builder.body(()).unwrap()
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn headers_map_to_the_work_class_with_defaults_and_a_cap() {
-        let classifier = HttpClassifier::new()
-            .default_priority(Priority::USER_LOW)
-            .unwrap();
-        let plain = classifier.classify(&request(&[]));
-        assert_eq!(
-            (plain.tenant(), plain.priority(), plain.deadline()),
-            (TenantId::SYSTEM, Priority::USER_LOW, None)
-        );
-
-        let named = classifier.classify(&request(&[
-            (TENANT_HEADER, "42"),
-            (PRIORITY_HEADER, "bulk-normal"),
-            (GRPC_TIMEOUT_HEADER, "20m"),
-        ]));
-        assert_eq!(
-            (named.tenant(), named.priority()),
-            (TenantId::new(42), Priority::BULK_NORMAL)
-        );
-        assert_eq!(
-            named.deadline(),
-            Some(named.create_time() + Duration::from_millis(20))
-        );
-
-        let greedy = classifier.classify(&request(&[(PRIORITY_HEADER, "127")]));
-        assert_eq!(greedy.priority(), Priority::USER_HIGH, "capped");
-
-        let garbage = classifier.classify(&request(&[
-            (TENANT_HEADER, "not-a-number"),
-            (PRIORITY_HEADER, "urgent!!"),
-            (GRPC_TIMEOUT_HEADER, "soon"),
-        ]));
-        assert_eq!(
-            (garbage.tenant(), garbage.priority(), garbage.deadline()),
-            (TenantId::SYSTEM, Priority::USER_LOW, None)
-        );
     }
 }

@@ -5,8 +5,10 @@ use std::task::{Context, Poll};
 
 use tower_service::Service;
 
+use super::classify::Classify;
 use super::error::AdmissionError;
 use super::future::ResponseFuture;
+use crate::cpu::Controller;
 use crate::grant::SlotGranter;
 use crate::health::{Boundary, ComponentHealth};
 use crate::queue::WorkQueue;
@@ -38,8 +40,18 @@ fn lowest_trust() -> WorkInfo {
 /// Admits each request through a [`WorkQueue`] before calling the inner
 /// service; built by [`AdmissionLayer`](super::AdmissionLayer).
 ///
-/// Readiness is the inner service's: admission happens in the response
-/// future, because what a request is admitted as depends on the request.
+/// # Readiness
+///
+/// `poll_ready` is the inner service's readiness, nothing more: admission
+/// happens in the response future, because what a request is admitted as
+/// depends on the request, which `poll_ready` does not see. So the service
+/// is ready whenever the inner one is, however long the queue, and tower's
+/// `load_shed()` or `buffer()` placed outside this layer never see
+/// back-pressure from admission. Overload is answered per request instead:
+/// refused at once when the queue is full
+/// ([`max_waiters`](crate::WorkQueueBuilder::max_waiters)) or, with early
+/// rejection, when the request would not make its deadline.
+///
 /// The inner service must be `Clone` (as with most tower middleware that
 /// calls it later than `call`): the ready instance is kept for this request
 /// and a clone takes its place.
@@ -49,26 +61,31 @@ pub struct AdmissionService<S, C> {
     queue: WorkQueue<SlotGranter>,
     classify: C,
     boundary: StdArc<Boundary>,
+    /// Keeps the controller (and so the queue) open; see
+    /// [`AdmissionLayer::for_controller`](super::AdmissionLayer::for_controller).
+    _owner: Option<StdArc<Controller>>,
 }
 
 impl<S, C> AdmissionService<S, C> {
     /// Wraps `inner`. A panicking `classify` is answered as described on
     /// [`AdmissionLayer`](super::AdmissionLayer).
     pub fn new(inner: S, queue: WorkQueue<SlotGranter>, classify: C) -> Self {
-        Self::with_boundary(inner, queue, classify, classifier_boundary())
+        Self::with_parts(inner, queue, classify, classifier_boundary(), None)
     }
 
-    pub(super) fn with_boundary(
+    pub(super) fn with_parts(
         inner: S,
         queue: WorkQueue<SlotGranter>,
         classify: C,
         boundary: StdArc<Boundary>,
+        owner: Option<StdArc<Controller>>,
     ) -> Self {
         AdmissionService {
             inner,
             queue,
             classify,
             boundary,
+            _owner: owner,
         }
     }
 
@@ -82,25 +99,36 @@ impl<S, C> AdmissionService<S, C> {
     pub fn queue(&self) -> &WorkQueue<SlotGranter> {
         &self.queue
     }
+
+    /// The inner service's readiness, which is all of this service's.
+    pub(super) fn poll_inner_ready<Req>(
+        &mut self,
+        cx: &mut Context<'_>,
+    ) -> Poll<Result<(), S::Error>>
+    where
+        S: Service<Req>,
+    {
+        self.inner.poll_ready(cx)
+    }
 }
 
 impl<S, C, Req> Service<Req> for AdmissionService<S, C>
 where
     S: Service<Req> + Clone,
-    C: Fn(&Req) -> WorkInfo,
+    C: Classify<Req>,
 {
     type Response = S::Response;
     type Error = AdmissionError<S::Error>;
     type Future = ResponseFuture<S, Req>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        self.inner.poll_ready(cx).map_err(AdmissionError::Inner)
+        self.poll_inner_ready(cx).map_err(AdmissionError::Inner)
     }
 
     fn call(&mut self, request: Req) -> Self::Future {
         let work = self
             .boundary
-            .call(|| (self.classify)(&request))
+            .call(|| self.classify.classify(&request))
             .unwrap_or_else(lowest_trust);
         // Keep the instance that was polled ready for this request.
         let clone = self.inner.clone();

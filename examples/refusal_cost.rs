@@ -1,0 +1,175 @@
+//! What one refusal costs, end to end through the HTTP-mode layer, beside
+//! the same request served without admission.
+//!
+//! ```text
+//! cargo run --release --example refusal_cost --features tower [ITERATIONS]
+//! ```
+//!
+//! An unpaced client that ignores `Retry-After` sends again as soon as it is
+//! refused, so under overload the server's CPU goes to refusals: a refusal
+//! must cost no more than serving a trivial request. Four rows, each the
+//! mean over `ITERATIONS` calls (default 200,000) on one thread, with heap
+//! allocations per call counted by an instrumented allocator:
+//!
+//! * `decision`: the queue's refusal alone (`WorkQueue::admit` on a full
+//!   queue, polled once);
+//! * `baseline`: an axum router answering `"ok"` without admission;
+//! * `admitted`: the same router behind the layer, with free slots;
+//! * `refused`: the same router behind the layer, the queue full.
+//!
+//! The last line is the ratio refused / baseline. Compare rows of one run,
+//! not runs across machines.
+
+use std::future::Future;
+use std::hint::black_box;
+use std::pin::pin;
+use std::task::{Context, Poll, Waker};
+use std::time::Instant;
+
+use admission::tower::{AdmissionLayer, HttpClassifier};
+use admission::{Priority, TenantId, WorkInfo, WorkQueue};
+use axum::body::Body;
+use axum::routing::get;
+use axum::Router;
+use http::Request;
+use stats_alloc::{Region, StatsAlloc, INSTRUMENTED_SYSTEM};
+use tower::{Service, ServiceExt};
+
+#[global_allocator]
+static GLOBAL: &StatsAlloc<std::alloc::System> = &INSTRUMENTED_SYSTEM;
+
+fn poll_once<F: Future>(future: F) -> Poll<F::Output> {
+    let mut future = pin!(future);
+    future
+        .as_mut()
+        .poll(&mut Context::from_waker(Waker::noop()))
+}
+
+/// Mean nanoseconds and allocations per call of `call`, outside any
+/// runtime (so that tokio's cooperative budget does not interleave yields).
+fn measure_sync(iterations: u32, mut call: impl FnMut()) -> (f64, f64) {
+    for _ in 0..iterations / 10 {
+        call();
+    }
+    let region = Region::new(GLOBAL);
+    let start = Instant::now();
+    for _ in 0..iterations {
+        call();
+    }
+    let elapsed = start.elapsed();
+    let allocations = region.change().allocations;
+    (
+        elapsed.as_nanos() as f64 / f64::from(iterations),
+        allocations as f64 / f64::from(iterations),
+    )
+}
+
+/// Mean nanoseconds and allocations per call of `call`.
+async fn measure<F: Future<Output = ()>>(
+    iterations: u32,
+    mut call: impl FnMut() -> F,
+) -> (f64, f64) {
+    // Warm up: first-time growth of tables and caches is not per call.
+    for _ in 0..iterations / 10 {
+        call().await;
+    }
+    let region = Region::new(GLOBAL);
+    let start = Instant::now();
+    for _ in 0..iterations {
+        call().await;
+    }
+    let elapsed = start.elapsed();
+    let allocations = region.change().allocations;
+    (
+        elapsed.as_nanos() as f64 / f64::from(iterations),
+        allocations as f64 / f64::from(iterations),
+    )
+}
+
+fn request() -> Request<Body> {
+    Request::get("/")
+        .body(Body::empty())
+        .expect("a valid request")
+}
+
+/// A queue with no slots whose one waiting place is taken: every request
+/// is refused at once.
+fn full_queue() -> (WorkQueue, impl Future) {
+    let queue = WorkQueue::builder()
+        .total_slots(0)
+        .max_waiters(1)
+        .build()
+        .expect("valid settings");
+    let mut waiter = Box::pin(queue.admit(WorkInfo::new(TenantId::SYSTEM, Priority::NORMAL)));
+    assert!(poll_once(waiter.as_mut()).is_pending());
+    (queue, waiter)
+}
+
+fn main() {
+    let iterations: u32 = std::env::args()
+        .nth(1)
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(200_000);
+    let (queue, waiter) = full_queue();
+    let work = WorkInfo::new(TenantId::new(7), Priority::NORMAL);
+    let decision = measure_sync(iterations, || {
+        let refused = poll_once(queue.admit(black_box(work.clone())));
+        assert!(matches!(refused, Poll::Ready(Err(_))));
+    });
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .expect("a runtime");
+    runtime.block_on(serve(iterations, queue, decision));
+    drop(waiter);
+}
+
+async fn serve(iterations: u32, queue: WorkQueue, decision: (f64, f64)) {
+    let routes = || Router::new().route("/", get(|| async { "ok" }));
+
+    let mut baseline = routes();
+    let baseline = measure(iterations, || {
+        let call = baseline.call(request());
+        async move {
+            black_box(call.await.expect("infallible"));
+        }
+    })
+    .await;
+
+    let open = WorkQueue::new(1 << 20).expect("valid settings");
+    let mut admitted =
+        routes().route_layer(AdmissionLayer::new(open, HttpClassifier::new()).http());
+    let admitted = measure(iterations, || {
+        let call = admitted.call(request());
+        async move {
+            black_box(call.await.expect("infallible"));
+        }
+    })
+    .await;
+
+    let mut refusing =
+        routes().route_layer(AdmissionLayer::new(queue.clone(), HttpClassifier::new()).http());
+    let probe = refusing
+        .clone()
+        .oneshot(request())
+        .await
+        .expect("infallible");
+    assert_eq!(probe.status(), 503, "the queue refuses");
+    let refused = measure(iterations, || {
+        let call = refusing.call(request());
+        async move {
+            black_box(call.await.expect("infallible"));
+        }
+    })
+    .await;
+
+    println!("{:<10} {:>10} {:>12}", "row", "ns/call", "allocs/call");
+    for (name, (nanos, allocations)) in [
+        ("decision", decision),
+        ("baseline", baseline),
+        ("admitted", admitted),
+        ("refused", refused),
+    ] {
+        println!("{name:<10} {nanos:>10.0} {allocations:>12.2}");
+    }
+    println!("refused / baseline: {:.2}", refused.0 / baseline.0);
+}

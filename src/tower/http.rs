@@ -1,0 +1,315 @@
+//! The HTTP mode of the layer: refusals answered as responses, the inner
+//! service's error type kept, as tower-http's own layers do.
+
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{ready, Context, Poll};
+use std::time::Duration;
+
+use http::{header, HeaderValue, Request, Response, StatusCode};
+use pin_project::pin_project;
+use tower_layer::Layer;
+use tower_service::Service;
+
+use super::classify::Classify;
+use super::error::AdmissionError;
+use super::future::ResponseFuture;
+use super::layer::AdmissionLayer;
+use super::service::AdmissionService;
+use crate::sync::{Arc, AtomicBool, Ordering};
+use crate::AdmitError;
+
+/// The header naming why a request was refused: the short
+/// [`AdmitError::reason`] (`queue_full`, `would_miss_deadline`, `closed`...),
+/// the same string as the `outcome` label of `admission_requests_total`.
+pub const REASON_HEADER: &str = "x-admission-reason";
+
+/// How refusals are answered in the HTTP mode.
+///
+/// Capacity pressure (the queue is full, or the request would not make its
+/// deadline) gets the refusal status, `503 Service Unavailable` by default
+/// or `429 Too Many Requests`, with a `Retry-After` hint: the queue's own
+/// estimate of the wait where it made one (`WouldMissDeadline { expected,
+/// .. }`), else [`HttpAdmissionLayer::retry_after`]; in whole seconds, at
+/// least one, at most [`HttpAdmissionLayer::max_retry_after`]. A closed
+/// queue is `503` without a hint, a deadline that passed `504`; see
+/// [`status_for`](super::status_for) for the rest. Every refusal carries
+/// [`REASON_HEADER`] and an empty body. A gRPC call (content type
+/// `application/grpc`) is refused the gRPC way instead; see
+/// [`grpc_response`](Self::grpc_response).
+#[derive(Clone, Copy, Debug)]
+pub struct Refusals {
+    status: StatusCode,
+    retry_after: Duration,
+    max_retry_after: Duration,
+}
+
+impl Default for Refusals {
+    fn default() -> Self {
+        Refusals {
+            status: StatusCode::SERVICE_UNAVAILABLE,
+            retry_after: Duration::from_secs(1),
+            max_retry_after: Duration::from_secs(60),
+        }
+    }
+}
+
+/// gRPC status codes a refusal maps to (`google.rpc.Code`).
+const GRPC_UNAVAILABLE: &str = "14";
+const GRPC_DEADLINE_EXCEEDED: &str = "4";
+const GRPC_INTERNAL: &str = "13";
+
+/// Whether `request` is a gRPC call (its content type is
+/// `application/grpc`, possibly with a `+proto`-style suffix).
+pub(super) fn is_grpc<B>(request: &Request<B>) -> bool {
+    request
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .is_some_and(|value| value.as_bytes().starts_with(b"application/grpc"))
+}
+
+impl Refusals {
+    /// The response to `error` for a gRPC call: a trailers-only response
+    /// (HTTP 200, the status in `grpc-status`), as gRPC clients expect.
+    /// Capacity pressure and a closed queue are `UNAVAILABLE` (which gRPC
+    /// clients may retry), with the queue's wait estimate as
+    /// `grpc-retry-pushback-ms` (gRPC's `Retry-After`); a deadline is
+    /// `DEADLINE_EXCEEDED`; a runtime without timers `INTERNAL`. The
+    /// reason is in `grpc-message` and [`REASON_HEADER`].
+    pub fn grpc_response<B: Default>(&self, error: &AdmitError) -> Response<B> {
+        let (status, retry) = super::status_for(error, self.retry_after);
+        let code = match status {
+            StatusCode::GATEWAY_TIMEOUT => GRPC_DEADLINE_EXCEEDED,
+            StatusCode::INTERNAL_SERVER_ERROR => GRPC_INTERNAL,
+            _ => GRPC_UNAVAILABLE,
+        };
+        let mut response = Response::new(B::default());
+        let headers = response.headers_mut();
+        headers.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/grpc"),
+        );
+        headers.insert("grpc-status", HeaderValue::from_static(code));
+        let reason = HeaderValue::from_static(error.reason());
+        headers.insert("grpc-message", reason.clone());
+        headers.insert(REASON_HEADER, reason);
+        if let Some(retry) = retry {
+            let retry = match error {
+                AdmitError::WouldMissDeadline { expected, .. } => *expected,
+                _ => retry,
+            };
+            let millis = retry.min(self.max_retry_after).as_millis();
+            let millis = u64::try_from(millis).unwrap_or(u64::MAX);
+            headers.insert("grpc-retry-pushback-ms", HeaderValue::from(millis));
+        }
+        response
+    }
+
+    /// The response to `error`, with a body of `B::default()`.
+    pub fn response<B: Default>(&self, error: &AdmitError) -> Response<B> {
+        let (status, retry) = super::status_for(error, self.retry_after);
+        let capacity = matches!(
+            error,
+            AdmitError::QueueFull { .. } | AdmitError::WouldMissDeadline { .. }
+        );
+        let status = if capacity { self.status } else { status };
+        let mut response = Response::new(B::default());
+        *response.status_mut() = status;
+        let headers = response.headers_mut();
+        headers.insert(REASON_HEADER, HeaderValue::from_static(error.reason()));
+        if let Some(retry) = retry {
+            let retry = match error {
+                AdmitError::WouldMissDeadline { expected, .. } => *expected,
+                _ => retry,
+            };
+            headers.insert(header::RETRY_AFTER, self.seconds(retry));
+        }
+        response
+    }
+
+    /// Whole seconds, rounded up, between one and the maximum.
+    fn seconds(&self, retry: Duration) -> HeaderValue {
+        let retry = retry.min(self.max_retry_after);
+        let seconds = retry
+            .as_secs()
+            .saturating_add(u64::from(retry.subsec_nanos() > 0));
+        HeaderValue::from(seconds.max(1))
+    }
+}
+
+/// The layer of [`AdmissionLayer::http`]: refused requests are answered
+/// with a response (see [`Refusals`]) instead of an error, so the service's
+/// error type is the inner service's, and axum's `Router::layer` (which
+/// wants `Infallible`) takes the layer as it is.
+///
+/// A closed queue refuses everything; the first such refusal a layer makes
+/// is also logged as a warning, since the usual cause is a dropped
+/// [`Controller`](crate::cpu::Controller) (use
+/// [`AdmissionLayer::for_controller`] to have the layer own it).
+#[derive(Clone)]
+pub struct HttpAdmissionLayer<C> {
+    layer: AdmissionLayer<C>,
+    refusals: Refusals,
+    warned_closed: Arc<AtomicBool>,
+}
+
+impl<C> HttpAdmissionLayer<C> {
+    pub(super) fn new(layer: AdmissionLayer<C>) -> Self {
+        HttpAdmissionLayer {
+            layer,
+            refusals: Refusals::default(),
+            warned_closed: Arc::new(AtomicBool::new(false)),
+        }
+    }
+
+    /// The status of capacity refusals: `503 Service Unavailable` by
+    /// default; `429 Too Many Requests` for clients that treat 503 as the
+    /// server being down. Any status is taken as given.
+    pub fn refusal_status(mut self, status: StatusCode) -> Self {
+        self.refusals.status = status;
+        self
+    }
+
+    /// The `Retry-After` hint where the queue made no estimate (a full
+    /// queue): default one second.
+    pub fn retry_after(mut self, retry_after: Duration) -> Self {
+        self.refusals.retry_after = retry_after;
+        self
+    }
+
+    /// The longest `Retry-After` hint given, however long the estimate
+    /// (default 60 seconds).
+    pub fn max_retry_after(mut self, max: Duration) -> Self {
+        self.refusals.max_retry_after = max;
+        self
+    }
+
+    /// How refusals are answered.
+    pub fn refusals(&self) -> Refusals {
+        self.refusals
+    }
+
+    /// The admission layer underneath (its queue, classifier health and
+    /// controller).
+    pub fn admission(&self) -> &AdmissionLayer<C> {
+        &self.layer
+    }
+}
+
+impl<S, C: Clone> Layer<S> for HttpAdmissionLayer<C> {
+    type Service = HttpAdmissionService<S, C>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        HttpAdmissionService {
+            inner: self.layer.layer(inner),
+            refusals: self.refusals,
+            warned_closed: self.warned_closed.clone(),
+        }
+    }
+}
+
+impl<C> fmt::Debug for HttpAdmissionLayer<C> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("HttpAdmissionLayer")
+            .field("layer", &self.layer)
+            .field("refusals", &self.refusals)
+            .finish()
+    }
+}
+
+/// The service built by [`HttpAdmissionLayer`]. Readiness is the inner
+/// service's, as for [`AdmissionService`].
+#[derive(Clone)]
+pub struct HttpAdmissionService<S, C> {
+    inner: AdmissionService<S, C>,
+    refusals: Refusals,
+    warned_closed: Arc<AtomicBool>,
+}
+
+impl<S, C, B, ResBody> Service<Request<B>> for HttpAdmissionService<S, C>
+where
+    S: Service<Request<B>, Response = Response<ResBody>> + Clone,
+    C: Classify<Request<B>>,
+    ResBody: Default,
+{
+    type Response = Response<ResBody>;
+    type Error = S::Error;
+    type Future = HttpResponseFuture<S, Request<B>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_inner_ready(cx)
+    }
+
+    fn call(&mut self, request: Request<B>) -> Self::Future {
+        let grpc = is_grpc(&request);
+        HttpResponseFuture {
+            grpc,
+            inner: self.inner.call(request),
+            refusals: self.refusals,
+            warned_closed: self.warned_closed.clone(),
+        }
+    }
+}
+
+impl<S: fmt::Debug, C> fmt::Debug for HttpAdmissionService<S, C> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("HttpAdmissionService")
+            .field("inner", &self.inner)
+            .field("refusals", &self.refusals)
+            .finish()
+    }
+}
+
+/// The future of [`HttpAdmissionService`]: the inner response, or the
+/// refusal's.
+#[pin_project]
+pub struct HttpResponseFuture<S: Service<Req>, Req> {
+    #[pin]
+    inner: ResponseFuture<S, Req>,
+    refusals: Refusals,
+    warned_closed: Arc<AtomicBool>,
+    /// Answer a refusal the gRPC way.
+    grpc: bool,
+}
+
+impl<S, Req, ResBody> Future for HttpResponseFuture<S, Req>
+where
+    S: Service<Req, Response = Response<ResBody>>,
+    ResBody: Default,
+{
+    type Output = Result<Response<ResBody>, S::Error>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.project();
+        match ready!(this.inner.poll(cx)) {
+            Ok(response) => Poll::Ready(Ok(response)),
+            Err(AdmissionError::Inner(error)) => Poll::Ready(Err(error)),
+            Err(AdmissionError::Rejected(error)) => {
+                if matches!(error, AdmitError::Closed)
+                    && !this.warned_closed.swap(true, Ordering::Relaxed)
+                {
+                    tracing::warn!(
+                        target: "admission",
+                        "admission queue is closed: every request is refused with 503; \
+                         was its Controller dropped? (AdmissionLayer::for_controller keeps it)"
+                    );
+                }
+                let response = if *this.grpc {
+                    this.refusals.grpc_response(&error)
+                } else {
+                    this.refusals.response(&error)
+                };
+                Poll::Ready(Ok(response))
+            }
+        }
+    }
+}
+
+impl<S: Service<Req>, Req> fmt::Debug for HttpResponseFuture<S, Req> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("HttpResponseFuture")
+            .field("inner", &self.inner)
+            .finish()
+    }
+}
