@@ -8,7 +8,8 @@ use std::time::Duration;
 
 use admission::cpu::Controller;
 use admission::tower::{
-    current_work, AdmissionError, AdmissionLayer, HttpClassifier, Refusals, REASON_HEADER,
+    current_work, AdmissionError, AdmissionLayer, HttpAdmissionLayer, HttpClassifier, Refusals,
+    REASON_HEADER,
 };
 use admission::{AdmitError, Priority, WorkInfo, WorkQueue};
 use axum::body::Body;
@@ -359,4 +360,63 @@ fn grpc_refusals_map_deadlines_and_push_back_by_the_estimate() {
     );
     assert_eq!(grpc(AdmitError::Closed), (owned("14"), None));
     assert_eq!(grpc(AdmitError::TimerUnavailable), (owned("13"), None));
+}
+
+/// Refusals are held for the pace, so that a client ignoring `Retry-After`
+/// cannot make the server answer refusals as fast as it can send; never
+/// longer than the request's own time left, and not at all for a closed
+/// queue or with a pace of zero.
+#[tokio::test(start_paused = true)]
+async fn capacity_refusals_are_paced_and_nothing_else_is() {
+    let pace = HttpAdmissionLayer::<()>::DEFAULT_REFUSAL_PACE;
+    let (queue, _waiter) = refusing_queue();
+    let app = |layer| {
+        Router::new()
+            .route("/", get(|| async { "served" }))
+            .layer(layer)
+    };
+    let layer = AdmissionLayer::new(queue.clone(), HttpClassifier::new()).http();
+    let mut refused = tokio_test::task::spawn(app(layer).oneshot(get_request("/")));
+    assert!(refused.poll().is_pending(), "held for the pace");
+    tokio::time::advance(pace - Duration::from_millis(1)).await;
+    assert!(refused.poll().is_pending());
+    tokio::time::advance(Duration::from_millis(1)).await;
+    let response = match refused.poll() {
+        std::task::Poll::Ready(response) => response.unwrap(),
+        std::task::Poll::Pending => panic!("still held after the pace"),
+    };
+    assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
+
+    // A pace of zero answers at once.
+    let layer = AdmissionLayer::new(queue.clone(), HttpClassifier::new())
+        .http()
+        .pace_refusals(Duration::ZERO);
+    let mut at_once = tokio_test::task::spawn(app(layer).oneshot(get_request("/")));
+    assert!(at_once.poll().is_ready());
+
+    // A closed queue is not a capacity refusal: answered at once.
+    queue.close();
+    let layer = AdmissionLayer::new(queue, HttpClassifier::new()).http();
+    let mut closed = tokio_test::task::spawn(app(layer).oneshot(get_request("/")));
+    assert!(closed.poll().is_ready());
+
+    // Never longer than the request's time left, nor the expected wait.
+    let refusals = Refusals::default();
+    let missed = |expected: u64, remaining: u64| AdmitError::WouldMissDeadline {
+        expected: Duration::from_millis(expected),
+        remaining: Duration::from_millis(remaining),
+    };
+    assert_eq!(
+        refusals.pace_for(&missed(500, 10)),
+        Duration::from_millis(10)
+    );
+    assert_eq!(
+        refusals.pace_for(&missed(20, 100)),
+        Duration::from_millis(20)
+    );
+    assert_eq!(refusals.pace_for(&missed(500, 500)), pace);
+    assert_eq!(
+        refusals.pace_for(&AdmitError::DeadlinePassed),
+        Duration::ZERO
+    );
 }
