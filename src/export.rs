@@ -204,8 +204,9 @@ pub(crate) fn queue_levels(
 }
 
 /// Sets `admission_io_tokens_available` for both classes of `queues`, from
-/// their granters' snapshots. Call it where the budgets change (after
-/// `add_tokens`, on the IO controller's tick) or from the scrape handler.
+/// their granters' snapshots. The [`IoController`](crate::io::IoController)
+/// calls it on every tick; with token queues of your own, call it where the
+/// budgets change (after `add_tokens`) or from the scrape handler.
 /// Does nothing without the `metrics` feature.
 #[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
 pub fn record_io_tokens(queues: &crate::queue::TokenQueues) {

@@ -596,8 +596,8 @@ impl ControllerBuilder {
     /// first time starting behind the least-served waiting one
     /// ([`WorkQueueBuilder::newcomers_start_behind`]: tenant ids often come
     /// from requests, and a fresh id per request must not buy a place at
-    /// the front). Start from this when passing your own to
-    /// [`queue`](Self::queue).
+    /// the front); named `cpu` for metrics. Start from this when passing
+    /// your own to [`queue`](Self::queue).
     ///
     /// Measured with the overload suite (`examples/overload`, 2 workers,
     /// stable tokio, `yield_now` handlers): in W2 (three priorities at 3x
@@ -613,6 +613,7 @@ impl ControllerBuilder {
             .usage(Usage::Granted)
             .elastic_share(0.5)
             .newcomers_start_behind(true)
+            .name("cpu")
     }
 
     /// Queue settings (bound, reset period...), replacing

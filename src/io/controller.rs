@@ -343,6 +343,9 @@ impl IoCore {
             self.queues
                 .add_tokens(added.unwrap_or(0), added_elastic.unwrap_or(0));
         }
+        // Gauges as this tick leaves them, as the CPU controller does on
+        // its ticks: nobody has to call `record_metrics` on a timer.
+        crate::export::record_io_tokens(&self.queues);
         IoTick {
             new_interval,
             added,

@@ -137,9 +137,15 @@ impl TokenQueues {
     /// Two default token queues over one bucket, both unlimited until
     /// [`set_limits`](Self::set_limits), banking at most the given bursts;
     /// a burst of zero is refused with a [`ConfigError`] naming
-    /// `regular_burst` or `elastic_burst`.
+    /// `regular_burst` or `elastic_burst`. Both are named `io` for metrics
+    /// (their priorities, and the `class` label of the token gauges, keep
+    /// them apart).
     pub fn new(regular_burst: u64, elastic_burst: u64) -> Result<Self, ConfigError> {
-        Self::with_builder(WorkQueueBuilder::default(), regular_burst, elastic_burst)
+        Self::with_builder(
+            WorkQueueBuilder::default().name("io"),
+            regular_burst,
+            elastic_burst,
+        )
     }
 
     /// Like [`new`](Self::new), with both queues built from `builder`
