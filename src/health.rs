@@ -190,7 +190,7 @@ impl fmt::Debug for Boundary {
 }
 
 /// A panic's message, if it was a string, cut to [`MESSAGE_LIMIT`] bytes.
-fn panic_message(payload: &(dyn Any + Send)) -> String {
+pub(crate) fn panic_message(payload: &(dyn Any + Send)) -> String {
     let text = if let Some(text) = payload.downcast_ref::<&'static str>() {
         text
     } else if let Some(text) = payload.downcast_ref::<String>() {

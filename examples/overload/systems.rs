@@ -143,6 +143,20 @@ pub struct Request {
     pub deadline: Instant,
 }
 
+impl Request {
+    /// Its admission request: created at its intended send time, with
+    /// its deadline, so queueing delay counts from when it should have
+    /// been sent.
+    fn work_info(&self) -> WorkInfo {
+        WorkInfo::builder()
+            .tenant(self.tenant)
+            .priority(self.priority)
+            .create_time(tokio::time::Instant::from_std(self.intended))
+            .deadline(tokio::time::Instant::from_std(self.deadline))
+            .build()
+    }
+}
+
 type Shed = BoxCloneSyncService<Duration, (), tower::BoxError>;
 
 /// A system built on a runtime, ready to serve.
@@ -308,12 +322,7 @@ impl Sut {
                 }
             }
             Kind::Admission { queue, .. } => {
-                let work = WorkInfo::builder()
-                    .tenant(request.tenant)
-                    .priority(request.priority)
-                    .create_time(tokio::time::Instant::from_std(request.intended))
-                    .deadline(tokio::time::Instant::from_std(request.deadline))
-                    .build();
+                let work = request.work_info();
                 match queue.admit(work).await {
                     Ok(permit) => {
                         self.handler.serve(request.service).await;
@@ -332,12 +341,7 @@ impl Sut {
                 }
             }
             Kind::Pool(pool) => {
-                let work = WorkInfo::builder()
-                    .tenant(request.tenant)
-                    .priority(request.priority)
-                    .create_time(tokio::time::Instant::from_std(request.intended))
-                    .deadline(tokio::time::Instant::from_std(request.deadline))
-                    .build();
+                let work = request.work_info();
                 let units = self.handler.units;
                 let service = request.service;
                 match pool.spawn(work, move || units.run(service)).await {

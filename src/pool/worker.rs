@@ -82,7 +82,7 @@ where
                 Ok(value)
             }
             Err(payload) => {
-                let message = panic_message(payload.as_ref());
+                let message = crate::health::panic_message(payload.as_ref());
                 tracing::warn!(
                     target: "admission",
                     panic = %message,
@@ -97,24 +97,6 @@ where
     }
 }
 
-/// The longest panic message carried back in [`PoolError::Panicked`].
-const MESSAGE_LIMIT: usize = 512;
-
-/// A panic's message, if it was a string, cut to [`MESSAGE_LIMIT`] bytes.
-fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
-    let text = if let Some(text) = payload.downcast_ref::<&'static str>() {
-        text
-    } else if let Some(text) = payload.downcast_ref::<String>() {
-        text.as_str()
-    } else {
-        "(a panic without a string message)"
-    };
-    let mut end = text.len().min(MESSAGE_LIMIT);
-    while !text.is_char_boundary(end) {
-        end -= 1;
-    }
-    text[..end].to_owned()
-}
 
 /// Everything behind the dispatch lock.
 #[derive(Default)]
