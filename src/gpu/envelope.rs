@@ -71,7 +71,7 @@
 
 use std::fmt;
 
-use tokio::sync::{mpsc as tokio_mpsc, Notify};
+use tokio::sync::{mpsc as tokio_mpsc, oneshot, Notify};
 
 use crate::gpu::backend::{
     BackendError, BackendOp, DeviceOrdinal, DevicePtr, DomainId, FaultIsolation, LaneId, ScopeId,
@@ -658,6 +658,108 @@ impl Callbacks {
     }
 }
 
+/// The duty to tell the caller how a build it never received ended: the
+/// query service's callback that returns the grant, called exactly once
+/// with the rollback's report, after the rollback, unless the caller
+/// received the outcome (and answers for it) and [disarmed](Self::disarm)
+/// it. Dropped undischarged (the job was dropped unrun, the worker is gone)
+/// it reports an abandoned clean-up, whose reach is unknown.
+pub(crate) struct Unreceived {
+    callback: Option<TeardownCallback>,
+    device: DeviceOrdinal,
+    grant_bytes: u64,
+}
+
+impl Unreceived {
+    fn discharge(mut self, report: &TeardownReport) {
+        if let Some(callback) = self.callback.take() {
+            callback(report);
+        }
+    }
+
+    fn disarm(mut self) {
+        self.callback = None;
+    }
+}
+
+impl Drop for Unreceived {
+    fn drop(&mut self) {
+        if let Some(callback) = self.callback.take() {
+            callback(&TeardownReport::abandoned(
+                self.device,
+                self.grant_bytes,
+                true,
+            ));
+        }
+    }
+}
+
+/// A build's outcome on its way to the build future, owning what it built
+/// until the future [claims](Self::claim) it. The worker sends it once the
+/// five steps are done; the future may be dropped at any moment after that
+/// and before it is polled again, and the value then dies unreceived inside
+/// the channel. Its `Drop` is what rolls that envelope back (on the worker,
+/// where clean-up may block) and only then discharges the duty, so the
+/// grant returns after the physical resources, never before.
+struct Delivered {
+    outcome: Option<BuildOutcome>,
+    duty: Option<Unreceived>,
+    backend: SharedBackend,
+    worker: StdArc<DeviceWorker>,
+    sink: Option<tokio_mpsc::UnboundedSender<TeardownReport>>,
+    device: DeviceOrdinal,
+    grant_bytes: u64,
+}
+
+impl Delivered {
+    /// Takes the outcome: the receiver answers for it from now on.
+    fn claim(&mut self) -> Option<BuildOutcome> {
+        if let Some(duty) = self.duty.take() {
+            duty.disarm();
+        }
+        self.outcome.take()
+    }
+}
+
+impl Drop for Delivered {
+    fn drop(&mut self) {
+        let Some(outcome) = self.outcome.take() else {
+            return;
+        };
+        let duty = self.duty.take();
+        let (backend, sink) = (self.backend.clone(), self.sink.clone());
+        let (device, grant) = (self.device, self.grant_bytes);
+        let roll_back = move || {
+            let rollback = match outcome {
+                BuildOutcome::Built(progress) => {
+                    let mut rollback = RollbackReport::default();
+                    undo(&backend, progress, true, &mut rollback.steps);
+                    rollback
+                }
+                BuildOutcome::Failed { rollback, .. } | BuildOutcome::Cancelled(rollback) => {
+                    rollback
+                }
+            };
+            let mut report =
+                TeardownReport::finish(device, grant, true, rollback.steps, Vec::new(), None);
+            if report.disposition == Disposition::Clean {
+                report.disposition = Disposition::Cancelled;
+            }
+            if let Some(duty) = duty {
+                duty.discharge(&report);
+            }
+            deliver(sink.as_ref(), report);
+        };
+        if self.worker.is_current() {
+            roll_back();
+        } else if self.worker.submit_detached(roll_back).is_err() {
+            // The job was dropped unrun with the duty in it: the abandoned
+            // report went to the callback already.
+            tracing::error!(target: "admission", %device, "cannot roll back an unreceived GPU envelope: the worker is gone");
+        }
+    }
+}
+
 /// Sets the flag when the build future is dropped.
 struct CancelOnDrop(StdArc<AtomicBool>);
 
@@ -793,140 +895,176 @@ impl AdmissionEnvelope {
         spec: EnvelopeSpec,
     ) -> Result<Self, BuildError> {
         let hook_boundary = StdArc::new(crate::gpu::guard::teardown_hook_boundary());
-        Self::build_with(backend, worker, spec, hook_boundary).await
+        Self::build_with(backend, worker, spec, hook_boundary, None).await
     }
 
     /// [`build`](Self::build), with the panic boundary the envelope's
     /// teardown hooks run behind (the service shares one among its
-    /// envelopes).
-    pub(crate) async fn build_with(
+    /// envelopes) and the callback that learns of a rollback nobody
+    /// received (see [`Unreceived`]).
+    ///
+    /// Not an `async fn`: the checks run and the build job is queued when
+    /// this is called, so even a future dropped before its first poll has a
+    /// job on the worker that sees the cancellation and answers for the
+    /// callback.
+    pub(crate) fn build_with(
         backend: SharedBackend,
         worker: StdArc<DeviceWorker>,
         spec: EnvelopeSpec,
         hook_boundary: StdArc<Boundary>,
-    ) -> Result<Self, BuildError> {
+        on_unreceived: Option<TeardownCallback>,
+    ) -> impl std::future::Future<Output = Result<Self, BuildError>> + Send + 'static {
+        let (device, grant) = (spec.device, spec.grant_bytes);
+        let duty = Unreceived {
+            callback: on_unreceived,
+            device,
+            grant_bytes: grant,
+        };
+        let started = Self::start_build(&backend, &worker, &spec, duty);
+        async move {
+            let (rx, _cancel_on_drop) = started?;
+            let mut delivered = match rx.await {
+                Ok(Some(delivered)) => delivered,
+                // The job unwound: the worker caught the panic and goes on.
+                Ok(None) => return Err(BuildError::Interrupted { device }),
+                Err(_) => return Err(BuildError::WorkerGone(WorkerGone { device })),
+            };
+            // Received: from here the caller answers for the outcome, and
+            // nothing below awaits, so it cannot be lost again.
+            let outcome = delivered.claim();
+            match outcome {
+                Some(BuildOutcome::Built(p)) => {
+                    Self::assemble(backend, worker, spec, hook_boundary, p)
+                }
+                Some(BuildOutcome::Failed {
+                    step,
+                    error,
+                    rollback,
+                }) => Err(BuildError::Step {
+                    step,
+                    error,
+                    rollback,
+                }),
+                // Only reachable if this future was dropped, which it was
+                // not; `None` only once claimed, and it was claimed here.
+                Some(BuildOutcome::Cancelled(rollback)) => Err(BuildError::Step {
+                    step: BuildStep::AttemptLane,
+                    error: BackendError::UnknownHandle {
+                        op: BackendOp::OpenLane,
+                        id: 0,
+                    },
+                    rollback,
+                }),
+                None => Err(BuildError::Interrupted { device }),
+            }
+        }
+    }
+
+    /// Validates the spec and queues the build job; what the future then
+    /// awaits, and the flag its drop raises.
+    #[allow(clippy::type_complexity)]
+    fn start_build(
+        backend: &SharedBackend,
+        worker: &StdArc<DeviceWorker>,
+        spec: &EnvelopeSpec,
+        duty: Unreceived,
+    ) -> Result<(oneshot::Receiver<Option<Delivered>>, CancelOnDrop), BuildError> {
         for (field, value) in [
             ("max_streams", spec.bounds.max_streams),
             ("max_workers", spec.bounds.max_workers),
             ("max_lanes", spec.bounds.max_lanes),
         ] {
             if value == 0 {
+                // The caller hears of it, so the duty is its own again.
+                duty.disarm();
                 return Err(BuildError::InvalidBounds { field, value });
             }
         }
         if worker.device() != spec.device {
+            duty.disarm();
             return Err(BuildError::WrongWorker {
                 worker: worker.device(),
                 device: spec.device,
             });
         }
         let cancelled = StdArc::new(AtomicBool::new(false));
-        let _cancel_on_drop = CancelOnDrop(cancelled.clone());
+        let cancel_on_drop = CancelOnDrop(cancelled.clone());
         let (reply, rx) = Reply::channel();
         let job_backend = backend.clone();
+        let job_worker = worker.clone();
         let (device, grant) = (spec.device, spec.grant_bytes);
         let sink = spec.report_sink.clone();
         worker
             .submit_detached(move || {
                 let outcome = build_on_worker(&job_backend, device, grant, &cancelled);
-                let unreceived = match reply.send(outcome) {
-                    Ok(()) | Err(None) => return,
-                    Err(Some(outcome)) => outcome,
+                let delivered = Delivered {
+                    outcome: Some(outcome),
+                    duty: Some(duty),
+                    backend: job_backend,
+                    worker: job_worker,
+                    sink,
+                    device,
+                    grant_bytes: grant,
                 };
-                // The caller is gone: nothing may stay built.
-                let rollback = match unreceived {
-                    BuildOutcome::Built(progress) => {
-                        let mut rollback = RollbackReport::default();
-                        undo(&job_backend, progress, true, &mut rollback.steps);
-                        rollback
-                    }
-                    BuildOutcome::Failed { rollback, .. } | BuildOutcome::Cancelled(rollback) => {
-                        rollback
-                    }
-                };
-                let mut report =
-                    TeardownReport::finish(device, grant, true, rollback.steps, Vec::new(), None);
-                if report.disposition == Disposition::Clean {
-                    report.disposition = Disposition::Cancelled;
-                }
-                deliver(sink.as_ref(), report);
+                // A refused send hands the value back: dropping it here, on
+                // the worker, rolls it back in place.
+                let _ = reply.send(delivered);
             })
+            // A refused job was dropped unrun, and its duty with it, which
+            // reported the abandoned build to the callback already.
             .map_err(BuildError::WorkerGone)?;
-        let outcome = match rx.await {
-            Ok(Some(outcome)) => outcome,
-            // The job unwound: the worker caught the panic and goes on.
-            Ok(None) => {
-                return Err(BuildError::Interrupted {
-                    device: spec.device,
-                })
-            }
-            Err(_) => {
-                return Err(BuildError::WorkerGone(WorkerGone {
-                    device: spec.device,
-                }))
-            }
-        };
-        match outcome {
-            BuildOutcome::Built(p) => match (p.lane, p.root, p.domain, p.scope) {
-                (Some(lane), Some(root), Some(domain), Some(scope)) => {
-                    let domain = StdArc::new(AllocationDomain::new(
-                        backend.clone(),
-                        domain,
-                        spec.device,
-                        spec.grant_bytes,
-                    ));
-                    Ok(Self {
-                        shared: StdArc::new(Shared {
-                            backend,
-                            worker,
-                            spec,
-                            lane,
-                            root,
-                            scope,
-                            domain,
-                            forks: AtomicU64::new(0),
-                            source_reads: AtomicU64::new(0),
-                            active: AtomicU64::new(0),
-                            idle: Notify::new(),
-                            torn_down: AtomicBool::new(false),
-                            deferred: StdArc::new(Mutex::new(Vec::new())),
-                            callbacks: StdArc::new(Callbacks {
-                                release: Mutex::new(None),
-                                hooks: Mutex::new(Vec::new()),
-                                hook_boundary,
-                            }),
-                        }),
-                    })
-                }
-                // `build_on_worker` returns `Built` only with every step done.
-                _ => Err(BuildError::Step {
-                    step: BuildStep::WorkerScope,
-                    error: BackendError::UnknownHandle {
-                        op: BackendOp::OpenWorkerScope,
-                        id: 0,
-                    },
-                    rollback: RollbackReport::default(),
-                }),
-            },
-            BuildOutcome::Failed {
-                step,
-                error,
-                rollback,
-            } => Err(BuildError::Step {
-                step,
-                error,
-                rollback,
-            }),
-            // Only reachable if this future was dropped, which it was not.
-            BuildOutcome::Cancelled(rollback) => Err(BuildError::Step {
-                step: BuildStep::AttemptLane,
+        Ok((rx, cancel_on_drop))
+    }
+
+    /// The envelope around the five built resources.
+    fn assemble(
+        backend: SharedBackend,
+        worker: StdArc<DeviceWorker>,
+        spec: EnvelopeSpec,
+        hook_boundary: StdArc<Boundary>,
+        p: Progress,
+    ) -> Result<Self, BuildError> {
+        let (Some(lane), Some(root), Some(domain), Some(scope)) =
+            (p.lane, p.root, p.domain, p.scope)
+        else {
+            // `build_on_worker` returns `Built` only with every step done.
+            return Err(BuildError::Step {
+                step: BuildStep::WorkerScope,
                 error: BackendError::UnknownHandle {
-                    op: BackendOp::OpenLane,
+                    op: BackendOp::OpenWorkerScope,
                     id: 0,
                 },
-                rollback,
+                rollback: RollbackReport::default(),
+            });
+        };
+        let domain = StdArc::new(AllocationDomain::new(
+            backend.clone(),
+            domain,
+            spec.device,
+            spec.grant_bytes,
+        ));
+        Ok(Self {
+            shared: StdArc::new(Shared {
+                backend,
+                worker,
+                spec,
+                lane,
+                root,
+                scope,
+                domain,
+                forks: AtomicU64::new(0),
+                source_reads: AtomicU64::new(0),
+                active: AtomicU64::new(0),
+                idle: Notify::new(),
+                torn_down: AtomicBool::new(false),
+                deferred: StdArc::new(Mutex::new(Vec::new())),
+                callbacks: StdArc::new(Callbacks {
+                    release: Mutex::new(None),
+                    hooks: Mutex::new(Vec::new()),
+                    hook_boundary,
+                }),
             }),
-        }
+        })
     }
 
     /// The device.

@@ -37,10 +37,12 @@
 //!   returned) and the queue rescheduled;
 //! * granted but not yet observed: the parked grant goes back to its ledger
 //!   in the same transaction;
-//! * building the envelope: the envelope's build job rolls itself back on
-//!   the device worker; the guard queues the grant's release as the *next*
-//!   job on that worker, so the bytes return only after the physical
-//!   rollback finished.
+//! * building the envelope: the grant sits in a slot shared with the
+//!   build. The build job rolls itself back on the device worker once it
+//!   sees the cancellation; an outcome the worker already sent and nobody
+//!   received (the future dropped after `Built` arrived, before its next
+//!   poll) is rolled back on the worker by the value's own `Drop`. Either
+//!   way the grant returns only after the physical rollback finished.
 //!
 //! # Release without blocking in `Drop`
 //!
@@ -75,7 +77,9 @@ use std::time::Duration;
 use tokio::time::{Instant, Sleep};
 
 use super::backend::{BackendError, DeviceOrdinal, FaultIsolation, SharedBackend};
-use super::envelope::{AdmissionEnvelope, AttemptBounds, BuildError, EnvelopeSpec, TeardownReport};
+use super::envelope::{
+    AdmissionEnvelope, AttemptBounds, BuildError, EnvelopeSpec, TeardownCallback, TeardownReport,
+};
 use super::guard::{Boundaries, GuardedBackend};
 use super::handle::{AttemptReport, QueryHandle};
 use super::ledger::{GrantRequest, LedgerError, LedgerReport, MemoryGrant, WaiterId};
@@ -749,9 +753,9 @@ fn record_event(recorder: &mut Recorder, event: &CoreEvent) {
 enum Stage {
     /// Pending, queued, or granted but not yet taken: withdraw it.
     Waiting,
-    /// Grant taken, envelope building: release the grant after the build's
-    /// rollback, on the device worker.
-    Building(MemoryGrant),
+    /// Grant taken, envelope building: the build answers for the grant
+    /// (see `AdmissionEnvelope::build_with`), nothing is left to the guard.
+    Building,
     /// Nothing left to undo.
     Done,
 }
@@ -802,37 +806,10 @@ impl Drop for AdmitGuard {
                 });
                 self.inner.state.lock().wakers.remove(&waiter.get());
             }
-            Stage::Building(grant) => {
-                // The build job is queued on this worker ahead of us and rolls
-                // itself back once it sees the cancellation; the worker's FIFO
-                // order puts this release after that rollback.
-                let device = grant.device();
-                let waiter = self.waiter;
-                let slot = StdArc::new(Mutex::new(Some(grant)));
-                let job_slot = slot.clone();
-                let inner = self.inner.clone();
-                let queued = self.inner.workers.get(&device).map(|worker| {
-                    worker.submit_detached(move || {
-                        let grant = job_slot.lock().take();
-                        if let Some(grant) = grant {
-                            inner.release_unpublished(grant, waiter, None, None);
-                        }
-                    })
-                });
-                if !matches!(queued, Some(Ok(()))) {
-                    // No worker to order the release after the rollback: the
-                    // device's state is unknown, so nothing may reuse it.
-                    let grant = slot.lock().take();
-                    if let Some(grant) = grant {
-                        self.inner.release_unpublished(
-                            grant,
-                            waiter,
-                            Some((FaultIsolation::Unknown, 0)),
-                            None,
-                        );
-                    }
-                }
-            }
+            // The build future answers for the grant: its job, or the
+            // outcome it sent that nobody received, rolls the envelope back
+            // on the worker and only then returns the grant.
+            Stage::Building => {}
         }
     }
 }
@@ -934,10 +911,13 @@ async fn admit(ticket: AdmissionTicket) -> Result<QueryHandle, GpuAdmitError> {
     };
     let waited = Instant::now().saturating_duration_since(now);
 
-    // 5. The envelope, outside the lock.
+    // 5. The envelope, outside the lock. From here the grant sits in a
+    // slot shared with the build's duty: whichever of the two ends the
+    // build (this future receiving its outcome, or the rollback of an
+    // outcome nobody received) takes it, and only once.
     let device = grant.device();
     let grant_bytes = grant.bytes();
-    guard.stage = Stage::Building(grant);
+    let slot = StdArc::new(Mutex::new(Some(grant)));
     let (Some(profile), Some(worker)) = (inner.devices.profile(device), inner.workers.get(&device))
     else {
         // The core only grants on installed devices; refuse rather than
@@ -945,7 +925,8 @@ async fn admit(ticket: AdmissionTicket) -> Result<QueryHandle, GpuAdmitError> {
         let error = GpuAdmitError::EnvelopeInvalid {
             message: format!("{device} has no profile or worker"),
         };
-        if let Stage::Building(grant) = std::mem::replace(&mut guard.stage, Stage::Done) {
+        guard.stage = Stage::Done;
+        if let Some(grant) = slot.lock().take() {
             inner.release_unpublished(grant, waiter, None, Some(&error));
         }
         return Err(error);
@@ -961,28 +942,51 @@ async fn admit(ticket: AdmissionTicket) -> Result<QueryHandle, GpuAdmitError> {
         },
         report_sink: None,
     };
+    let on_unreceived: TeardownCallback = {
+        let (inner, slot) = (inner.clone(), slot.clone());
+        Box::new(move |report: &TeardownReport| {
+            let grant = slot.lock().take();
+            if let Some(grant) = grant {
+                let isolation = report
+                    .fault_isolation()
+                    .map(|isolation| (isolation, fault_code(report)));
+                inner.release_unpublished(grant, waiter, isolation, None);
+            }
+        })
+    };
+    guard.stage = Stage::Building;
     let built = AdmissionEnvelope::build_with(
         inner.backend.clone(),
         worker.clone(),
         spec,
         inner.boundaries.teardown_hook.clone(),
+        Some(on_unreceived),
     )
     .await;
-    let Stage::Building(grant) = std::mem::replace(&mut guard.stage, Stage::Done) else {
-        // Set just above and only taken here.
-        return Err(GpuAdmitError::Cancelled);
-    };
-    match built {
-        Ok(envelope) => {
+    guard.stage = Stage::Done;
+    let grant = slot.lock().take();
+    match (built, grant) {
+        (Ok(envelope), Some(grant)) => {
             let handle =
                 QueryHandle::publish(inner.clone(), envelope, grant, waiter, proof, waited);
             inner.observe_published(waiter, device, grant_bytes);
             Ok(handle)
         }
-        Err(build_error) => {
+        (Err(build_error), Some(grant)) => {
             let (error, isolation) = build_failure(device, &build_error);
             inner.release_unpublished(grant, waiter, isolation, Some(&error));
             Err(error)
+        }
+        // The duty answered already: the build job was dropped unrun (the
+        // worker is gone) and the grant went back as an abandoned clean-up.
+        (Err(build_error), None) => Err(build_failure(device, &build_error).0),
+        // A received outcome disarms the duty before anything can take the
+        // grant; refuse rather than publish a handle without one.
+        (Ok(envelope), None) => {
+            drop(envelope);
+            Err(GpuAdmitError::EnvelopeInvalid {
+                message: format!("the grant of {waiter} on {device} was already returned"),
+            })
         }
     }
 }
@@ -1155,6 +1159,108 @@ mod tests {
     use crate::gpu::profile::{DeviceProfile, MemoryOwnership};
 
     const GIB: u64 = 1 << 30;
+
+    /// Each observation's kind and the number of backend calls made before
+    /// it was delivered.
+    type Seen = StdArc<std::sync::Mutex<Vec<(ObservationKind, usize)>>>;
+
+    /// One 16 GiB device with `max_active` attempt slots, a simulated
+    /// backend, and an observer that stamps each record with the number of
+    /// backend calls made before it: what the ordering tests compare.
+    fn observed_service(
+        max_active: u32,
+        overtake_budget: u32,
+    ) -> (QueryService, StdArc<SimBackend>, Seen) {
+        let gpu0 = DeviceOrdinal(0);
+        let profile = DeviceProfile::builder(gpu0)
+            .managed_capacity(16 * GIB)
+            .max_active_attempts(max_active)
+            .build()
+            .unwrap();
+        let devices =
+            DeviceSet::new(vec![profile], vec![MemoryOwnership::exclusive(gpu0)]).unwrap();
+        let bounds = QueueBounds::new(64, Duration::from_secs(5), overtake_budget).unwrap();
+        let sim = StdArc::new(SimBackend::new([SimDevice::new(0, 64 * GIB)]));
+        let seen = StdArc::new(std::sync::Mutex::new(Vec::new()));
+        let (observer_sim, observer_seen) = (sim.clone(), seen.clone());
+        let backend: SharedBackend = sim.clone();
+        let service = QueryService::builder(backend, devices, bounds)
+            .observer(move |record| {
+                let ops = observer_sim.ops().len();
+                observer_seen.lock().unwrap().push((record.kind, ops));
+            })
+            .build()
+            .unwrap();
+        (service, sim, seen)
+    }
+
+    /// The ledger's view and the simulator's view of device 0 agree that
+    /// nothing is held.
+    fn assert_nothing_held(service: &QueryService, sim: &SimBackend) {
+        let report = &service.device_ledger_reports()[0];
+        assert_eq!(report.live_grants_bytes, 0);
+        assert_eq!(report.active_attempts, 0);
+        assert_eq!(
+            sim.live_handles(),
+            0,
+            "lane, streams, domain or scope left open"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_admit_dropped_after_built_arrived_rolls_the_envelope_back_before_the_grant() {
+        use crate::gpu::backend::BackendOp as Op;
+        let (service, sim, seen) = observed_service(1, 4);
+        // Hold the build at its first step so the first poll is certainly
+        // still waiting for the outcome when the worker sends it.
+        let gate = sim.gate(Op::OpenLane);
+        let mut admit = Box::pin(service.admit_resources(GIB));
+        assert!(futures::poll!(&mut admit).is_pending());
+        assert!(gate.reached());
+        gate.open();
+        // The worker runs jobs in order: once this one ran, the build job
+        // has finished all five steps and sent `Built` to the future, which
+        // has not been polled since.
+        service.inner.workers[&DeviceOrdinal(0)]
+            .submit(|| ())
+            .await
+            .unwrap();
+        assert_eq!(
+            sim.live_handles(),
+            4,
+            "lane, root stream, domain and scope are built"
+        );
+        sim.clear_log();
+        seen.lock().unwrap().clear();
+        drop(admit);
+        service.settle().await;
+
+        assert_nothing_held(&service, &sim);
+        assert_eq!(
+            sim.ops(),
+            [
+                Op::Synchronize,
+                Op::CloseWorkerScope,
+                Op::LeaveDomain,
+                Op::CloseDomain,
+                Op::DestroyStream,
+                Op::CloseLane,
+            ],
+            "the unreceived envelope is rolled back in reverse order"
+        );
+        // The grant went back once, and only after every rollback call.
+        let returned: Vec<_> = seen
+            .lock()
+            .unwrap()
+            .iter()
+            .copied()
+            .filter(|(kind, _)| *kind == ObservationKind::Removed)
+            .collect();
+        assert_eq!(returned, [(ObservationKind::Removed, 6)]);
+        // And the slot is usable again.
+        service.admit_resources(GIB).await.unwrap().release().await;
+        assert_nothing_held(&service, &sim);
+    }
 
     #[tokio::test(start_paused = true)]
     async fn wakers_are_kept_only_for_live_waiters() {
