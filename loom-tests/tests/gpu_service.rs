@@ -170,15 +170,16 @@ fn a_commit_racing_a_rollback_and_a_cancel_returns_everything() {
 #[test]
 fn a_younger_waiter_never_takes_a_protected_slot_or_bytes() {
     model(|| {
-        let shared = Arc::new(Mutex::new(core(3, 0)));
+        let shared = Arc::new(Mutex::new(core(3, 1)));
         let (big, old, young_grant) = {
             let mut c = shared.lock().unwrap();
             let first = submit(&mut c, 0, Some(10));
             let big = c.take_outcome(first).expect("admitted").expect("granted");
             // 5 GiB does not fit beside 10 GiB with a slot's headroom left.
             let old = submit(&mut c, 5, None);
-            // A younger 2 GiB request is admitted past it: with a budget of
-            // 0 the old waiter protects a slot and 4 GiB at once.
+            // A younger 2 GiB request is admitted past it: that spends a
+            // budget of 1, so the old waiter protects a slot and 4 GiB at
+            // once.
             let young = c.reserve(Instant::now()).expect("room");
             c.resolve(young, request(2, Some(2)), vec![D0])
                 .expect("healthy");

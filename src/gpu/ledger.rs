@@ -58,7 +58,7 @@
 //!
 //! # Protection
 //!
-//! A waiter overtaken more often than its budget [protects](DeviceLedger::protect)
+//! A waiter whose overtake budget is spent [protects](DeviceLedger::protect)
 //! one future slot and bytes up to its floor on one ledger; one protection
 //! per ledger at a time. Accumulation is precise:
 //!

@@ -54,9 +54,9 @@
 //! that younger work cannot pass. The scheduler admits the oldest runnable
 //! waiter, ranking its compatible devices by spare bytes after admission,
 //! then load, then stream availability, then ordinal, and a waiter blocked
-//! on its own devices does not idle another device. A waiter overtaken more
-//! than its budget protects one future slot and released bytes up to its
-//! floor on one compatible ledger; its grant consumes the protection, and
+//! on its own devices does not idle another device. A waiter whose overtake
+//! budget is spent (budget B allows B overtakes, 0 none) protects one
+//! future slot and released bytes up to its floor on one compatible ledger; its grant consumes the protection, and
 //! the protection moves if that device is quarantined or closed. Cancel,
 //! deadline, close and the loss of every compatible device remove a waiter
 //! with a structured [`GpuAdmitError`], which [`QueryAdmissionOutcome`]

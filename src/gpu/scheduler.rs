@@ -41,7 +41,8 @@
 //!
 //! Each time a younger waiter is admitted on a device that an older, blocked
 //! waiter could also use, the older waiter's overtake count rises. Once it
-//! exceeds the queue's `overtake_budget`, the older waiter
+//! reaches the queue's `overtake_budget` (at once for a budget of 0, before
+//! any younger admission on such a device), the older waiter
 //! [protects](DeviceLedger::protect) one future slot and released bytes up
 //! to its floor on one compatible healthy ledger that holds no other
 //! protection: the one with the fewest running attempts, then the most
@@ -51,7 +52,9 @@
 //! When the protected ledger is quarantined or closed, the ledger drops the
 //! protection and the core retargets it to another compatible healthy
 //! ledger. Protection is not priority: it only stops younger work from
-//! taking what the older waiter is accumulating.
+//! passing the older waiter on the protected device (the scheduler ranks a
+//! younger waiter only among its other devices), so a budget of 0 on one
+//! device is strict FIFO; other devices keep running younger work.
 //!
 //! A waiter whose every compatible device is quarantined or closed leaves
 //! the queue with [`GpuAdmitError::NoHealthyDevice`].
@@ -109,7 +112,7 @@ pub enum CoreEvent {
         /// Why.
         error: GpuAdmitError,
     },
-    /// A waiter, overtaken more than its budget, protected a slot and bytes
+    /// A waiter whose overtake budget is spent protected a slot and bytes
     /// on a device.
     Protected {
         /// The waiter.
@@ -544,58 +547,117 @@ impl AdmissionCore {
         let mut room = self.room();
         for seq in order {
             let waiter = WaiterId::new(seq);
-            let Some(w) = self.queued.get(&seq) else {
-                continue;
-            };
-            if self.surely_blocked(w, &room) {
-                blocked.push(seq);
-                continue;
-            }
-            let ranked = {
-                let candidates = w.candidates.iter().filter_map(|d| {
-                    let ledger = self.ledger(*d)?;
-                    Some((ledger, self.load(ledger, worker_depth)))
-                });
-                rank_devices(&w.request, candidates)
-            };
-            let Some(best) = ranked.first() else {
-                if self.may_wait(seq) {
+            // Decided again after a protection made for an older waiter
+            // below: the protection changes what this one may take. Each
+            // repetition follows a new protection of a waiter in `blocked`,
+            // and no protection is dropped in between, so this ends.
+            while let Some(w) = self.queued.get(&seq) {
+                if self.surely_blocked(w, &room) {
                     blocked.push(seq);
-                } else {
-                    self.fail_unhealthy(seq, events);
+                    break;
                 }
-                continue;
-            };
-            let device = best.device;
-            let committed = self
-                .index(device)
-                .and_then(|i| self.ledgers.get_mut(i))
-                .map(|ledger| ledger.commit(&w.request));
-            let Some(Ok(grant)) = committed else {
-                // Admit was decided under this same borrow of the core, so a
-                // refused commit is an accounting bug; wait rather than lose
-                // the waiter.
-                blocked.push(seq);
-                continue;
-            };
-            let Some(w) = self.queued.remove(&seq) else {
-                continue;
-            };
-            if let Some(p) = w.protected_on.filter(|p| *p != device) {
-                if self.unprotect(waiter, p) {
-                    events.push(CoreEvent::ProtectionDropped { waiter, device: p });
+                // A device where an older blocked waiter holds a protection
+                // is that waiter's to fill: its budget is spent, so younger
+                // work may not pass it there, not even through bytes the
+                // protection has not reached yet. Other devices stay open.
+                let fenced: Vec<DeviceOrdinal> = blocked
+                    .iter()
+                    .filter_map(|older| self.queued.get(older)?.protected_on)
+                    .collect();
+                let ranked = {
+                    let candidates = w
+                        .candidates
+                        .iter()
+                        .filter(|d| !fenced.contains(d))
+                        .filter_map(|d| {
+                            let ledger = self.ledger(*d)?;
+                            Some((ledger, self.load(ledger, worker_depth)))
+                        });
+                    rank_devices(&w.request, candidates)
+                };
+                let Some(best) = ranked.first() else {
+                    if self.may_wait(seq) {
+                        blocked.push(seq);
+                    } else {
+                        self.fail_unhealthy(seq, events);
+                    }
+                    break;
+                };
+                let device = best.device;
+                // An older waiter whose budget is spent protects before it
+                // is passed once more, not after: budget B allows exactly B
+                // overtakes, and budget 0 none.
+                if self.protect_exhausted(&blocked, device, events) {
+                    room = self.room();
+                    continue;
                 }
+                let Some(w) = self.queued.get(&seq) else {
+                    break;
+                };
+                let committed = self
+                    .index(device)
+                    .and_then(|i| self.ledgers.get_mut(i))
+                    .map(|ledger| ledger.commit(&w.request));
+                let Some(Ok(grant)) = committed else {
+                    // Admit was decided under this same borrow of the core, so
+                    // a refused commit is an accounting bug; wait rather than
+                    // lose the waiter.
+                    blocked.push(seq);
+                    break;
+                };
+                let Some(w) = self.queued.remove(&seq) else {
+                    break;
+                };
+                if let Some(p) = w.protected_on.filter(|p| *p != device) {
+                    if self.unprotect(waiter, p) {
+                        events.push(CoreEvent::ProtectionDropped { waiter, device: p });
+                    }
+                }
+                events.push(CoreEvent::Admitted {
+                    waiter,
+                    device,
+                    grant: grant.id(),
+                    grant_bytes: grant.bytes(),
+                });
+                self.outcomes.insert(seq, Outcome::Granted(grant));
+                self.count_overtakes(&blocked, device, events);
+                room = self.room();
+                break;
             }
-            events.push(CoreEvent::Admitted {
-                waiter,
-                device,
-                grant: grant.id(),
-                grant_bytes: grant.bytes(),
-            });
-            self.outcomes.insert(seq, Outcome::Granted(grant));
-            self.count_overtakes(&blocked, device, events);
-            room = self.room();
         }
+    }
+
+    /// Before younger work is admitted on `device`: every older blocked
+    /// waiter that could use `device` and has spent its overtake budget
+    /// protects now, if it holds no protection yet. Whether one did (the
+    /// younger waiter must then be decided again).
+    fn protect_exhausted(
+        &mut self,
+        blocked: &[u64],
+        device: DeviceOrdinal,
+        events: &mut Vec<CoreEvent>,
+    ) -> bool {
+        let budget = self.bounds.overtake_budget();
+        let due: Vec<u64> = blocked
+            .iter()
+            .copied()
+            .filter(|seq| {
+                self.queued.get(seq).is_some_and(|w| {
+                    w.protected_on.is_none()
+                        && w.overtakes >= budget
+                        && w.candidates.contains(&device)
+                })
+            })
+            .collect();
+        let mut protected = false;
+        for seq in due {
+            self.protect(seq, events);
+            protected |= self
+                .queued
+                .get(&seq)
+                .is_some_and(|w| w.protected_on.is_some());
+        }
+        protected
     }
 
     fn room(&self) -> Vec<Option<u64>> {
@@ -764,7 +826,9 @@ impl AdmissionCore {
                 continue;
             }
             w.overtakes = w.overtakes.saturating_add(1);
-            if w.overtakes > budget && w.protected_on.is_none() {
+            // The budget is spent with this overtake: protect at once, so
+            // the next younger admission already faces the protection.
+            if w.overtakes >= budget && w.protected_on.is_none() {
                 self.protect(*seq, events);
             }
         }
@@ -834,12 +898,102 @@ impl AdmissionCore {
         let over = match self.queued.get_mut(&waiter.get()) {
             Some(w) => {
                 w.protected_on = None;
-                w.overtakes > budget
+                w.overtakes >= budget
             }
             None => false,
         };
         if over {
             self.protect(waiter.get(), events);
+        }
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+    use crate::gpu::profile::{DeviceProfile, MemoryOwnership};
+
+    const GIB: u64 = 1 << 30;
+
+    /// One 16 GiB device with two slots (2 GiB floor), the given budget.
+    fn core(overtake_budget: u32) -> AdmissionCore {
+        let gpu0 = DeviceOrdinal(0);
+        let profile = DeviceProfile::builder(gpu0)
+            .managed_capacity(16 * GIB)
+            .max_active_attempts(2)
+            .build()
+            .unwrap();
+        let devices =
+            DeviceSet::new(vec![profile], vec![MemoryOwnership::exclusive(gpu0)]).unwrap();
+        let bounds = QueueBounds::new(64, Duration::from_secs(60), overtake_budget).unwrap();
+        AdmissionCore::new(&devices, bounds)
+    }
+
+    fn submit(core: &mut AdmissionCore, request: GrantRequest) -> WaiterId {
+        let waiter = core.reserve(Instant::now()).unwrap();
+        core.resolve(waiter, request, vec![DeviceOrdinal(0)])
+            .unwrap();
+        waiter
+    }
+
+    fn granted(core: &mut AdmissionCore, waiter: WaiterId) -> Option<MemoryGrant> {
+        core.schedule(&|_| 0);
+        core.take_outcome(waiter).map(|outcome| outcome.unwrap())
+    }
+
+    /// A 10 GiB attempt runs, so a 7 GiB floor waits (6 GiB are free) while
+    /// 2 GiB requests fit. Each younger request that gets in is released
+    /// before the next is submitted; the older waiter stays blocked
+    /// throughout (until its protection is complete).
+    #[test]
+    fn an_overtake_budget_of_b_allows_exactly_b_overtakes() {
+        for budget in 0..=3u32 {
+            let mut core = core(budget);
+            let big = submit(
+                &mut core,
+                GrantRequest::resource_only(0).with_working_set_hint(10 * GIB),
+            );
+            let big = granted(&mut core, big).unwrap();
+            assert_eq!(big.bytes(), 10 * GIB);
+            let old = submit(&mut core, GrantRequest::resource_only(7 * GIB));
+            assert!(granted(&mut core, old).is_none());
+
+            let mut overtakes = 0;
+            let younger = loop {
+                let young = submit(
+                    &mut core,
+                    GrantRequest::resource_only(2 * GIB).with_working_set_hint(2 * GIB),
+                );
+                match granted(&mut core, young) {
+                    Some(grant) => {
+                        overtakes += 1;
+                        core.release(grant).unwrap();
+                        assert!(
+                            overtakes <= budget,
+                            "budget {budget}: overtake {overtakes} happened"
+                        );
+                    }
+                    None => break young,
+                }
+            };
+            assert_eq!(overtakes, budget, "budget {budget}");
+            let snapshot = core.snapshot(Instant::now(), &|_| 0);
+            let waiter = &snapshot.waiters[0];
+            assert_eq!(waiter.waiter, old);
+            assert_eq!(waiter.overtakes, budget);
+            assert_eq!(waiter.protected_on, Some(DeviceOrdinal(0)));
+
+            // The older waiter comes first once the big attempt is gone,
+            // then the younger one: FIFO from there on.
+            core.release(big).unwrap();
+            let old = granted(&mut core, old).expect("the protected waiter is admitted");
+            assert!(old.bytes() >= 7 * GIB);
+            let younger = granted(&mut core, younger).expect("the younger waiter follows");
+            core.release(old).unwrap();
+            core.release(younger).unwrap();
+            let report = core.ledger_reports().remove(0);
+            assert_eq!((report.live_grants_bytes, report.active_attempts), (0, 0));
+            assert!(report.protection.is_none());
         }
     }
 }
