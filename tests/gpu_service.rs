@@ -118,6 +118,7 @@ async fn a_proof_ticket_admits_one_device_one_grant_and_release_returns_everythi
             ObservationKind::Queued,
             ObservationKind::Admitted,
             ObservationKind::Published,
+            ObservationKind::Sealed,
             ObservationKind::Released,
         ]
     );
@@ -450,7 +451,14 @@ async fn observations_are_written_as_jsonl() {
     let kinds: Vec<&str> = lines.iter().map(|l| l["kind"].as_str().unwrap()).collect();
     assert_eq!(
         kinds,
-        ["submitted", "queued", "admitted", "published", "released"]
+        [
+            "submitted",
+            "queued",
+            "admitted",
+            "published",
+            "sealed",
+            "released"
+        ]
     );
     assert_eq!(lines[2]["device"], 0);
     assert_eq!(lines[2]["grant_bytes"], grant);

@@ -37,8 +37,9 @@
 //! **Teardown** ([`AdmissionEnvelope::teardown`]) waits until every context
 //! and permit has been dropped (contexts are then idle), and then, on the
 //! worker: synchronizes the root (a failure there is a device fault),
-//! frees allocations still outstanding (reported as leaks), and undoes the
-//! five steps in reverse. A dropped context destroys its forked stream by a
+//! hands what that showed to the seal callback (below), then frees
+//! allocations still outstanding (reported as leaks) and undoes the five
+//! steps in reverse, the lane last. A dropped context destroys its forked stream by a
 //! job on the same FIFO worker, so forks always go before the root.
 //! Dropping an envelope without a teardown never blocks: when the last
 //! holder of its shared state drops, the same teardown is queued on the
@@ -53,6 +54,10 @@
 //! all (an abandoned report). There are two kinds, kept apart so that one
 //! can never displace the other:
 //!
+//! * the **seal callback**, set with the release callback (crate-private):
+//!   called once between the synchronization and the first destruction,
+//!   so the service seals the attempt report before any resource goes (or,
+//!   when the teardown never got that far, first thing in the callbacks);
 //! * the **release callback**, set once by the query service when it
 //!   publishes a handle (crate-private): it returns the grant to the
 //!   ledger, so a handle dropped without release still returns its grant,
@@ -632,19 +637,32 @@ fn deliver(sink: Option<&tokio_mpsc::UnboundedSender<TeardownReport>>, report: T
 /// [`AdmissionEnvelope::on_teardown`].
 pub type TeardownCallback = Box<dyn FnOnce(&TeardownReport) + Send + 'static>;
 
-/// An envelope's teardown callbacks: the crate's release path and the
-/// user's hooks, apart. See the [module documentation](self).
+/// An envelope's teardown callbacks: the crate's seal and release path and
+/// the user's hooks, apart. See the [module documentation](self).
 struct Callbacks {
+    seal: Mutex<Option<TeardownCallback>>,
     release: Mutex<Option<TeardownCallback>>,
     hooks: Mutex<Vec<TeardownCallback>>,
     hook_boundary: StdArc<Boundary>,
 }
 
 impl Callbacks {
-    /// Runs the release callback, then every hook behind its boundary, each
-    /// at most once over the envelope's life. No lock is held during a
-    /// call, so callbacks may take other locks.
+    /// Runs the seal callback with the facts known before destruction (the
+    /// synchronization's), at most once over the envelope's life.
+    fn seal(&self, report: &TeardownReport) {
+        let seal = self.seal.lock().take();
+        if let Some(seal) = seal {
+            seal(report);
+        }
+    }
+
+    /// Runs the seal callback if nothing sealed yet (a teardown that
+    /// panicked before its synchronization, or could not run), then the
+    /// release callback, then every hook behind its boundary, each at most
+    /// once over the envelope's life. No lock is held during a call, so
+    /// callbacks may take other locks.
     fn run(&self, report: &TeardownReport) {
+        self.seal(report);
         let release = self.release.lock().take();
         if let Some(release) = release {
             release(report);
@@ -828,12 +846,27 @@ impl Shared {
         );
         move || {
             let physical = || {
+                // The seed's release order: the contexts are idle (awaited
+                // before this job was queued); the synchronization decides
+                // disposition and health; the report is sealed on those;
+                // only then are the resources destroyed, the lane last, and
+                // the grant returned by the release callback after that.
                 let mut steps = Vec::new();
                 record(
                     &mut steps,
                     BackendOp::Synchronize,
                     backend.synchronize(root),
                 );
+                let mut errors = std::mem::take(&mut *deferred.lock());
+                let sealed = TeardownReport::finish(
+                    device,
+                    grant,
+                    implicit,
+                    steps.clone(),
+                    errors.clone(),
+                    Some((&domain, LeakReport::default())),
+                );
+                callbacks.seal(&sealed);
                 let leaked = domain.free_outstanding(root);
                 let progress = Progress {
                     lane: Some(lane),
@@ -843,7 +876,7 @@ impl Shared {
                     scope: Some(scope),
                 };
                 undo(&backend, progress, false, &mut steps);
-                let errors = std::mem::take(&mut *deferred.lock());
+                errors.extend(std::mem::take(&mut *deferred.lock()));
                 TeardownReport::finish(
                     device,
                     grant,
@@ -1059,6 +1092,7 @@ impl AdmissionEnvelope {
                 torn_down: AtomicBool::new(false),
                 deferred: StdArc::new(Mutex::new(Vec::new())),
                 callbacks: StdArc::new(Callbacks {
+                    seal: Mutex::new(None),
                     release: Mutex::new(None),
                     hooks: Mutex::new(Vec::new()),
                     hook_boundary,
@@ -1092,11 +1126,19 @@ impl AdmissionEnvelope {
         self.shared.callbacks.hooks.lock().push(Box::new(hook));
     }
 
-    /// Sets the crate's release callback: runs before every hook, and is
-    /// never displaced by one. Set once, when the service publishes a
-    /// handle.
-    pub(crate) fn set_release(&self, release: impl FnOnce(&TeardownReport) + Send + 'static) {
-        *self.shared.callbacks.release.lock() = Some(Box::new(release));
+    /// Sets the crate's callbacks, once, when the service publishes a
+    /// handle: `seal` runs on the worker after the teardown's
+    /// synchronization and before anything is destroyed, with the
+    /// disposition and health known then; `release` runs after the
+    /// destruction, before every hook, and is never displaced by one.
+    pub(crate) fn set_callbacks(
+        &self,
+        seal: impl FnOnce(&TeardownReport) + Send + 'static,
+        release: impl FnOnce(&TeardownReport) + Send + 'static,
+    ) {
+        let callbacks = &self.shared.callbacks;
+        *callbacks.seal.lock() = Some(Box::new(seal));
+        *callbacks.release.lock() = Some(Box::new(release));
     }
 
     /// The per-attempt bounds.

@@ -71,9 +71,10 @@
 //! [`QueryHandle`] exists only once all five validated; any failure or
 //! cancellation undoes the steps in exact reverse order (the stream's
 //! clean-up awaited first) and returns the grant. Release waits for the
-//! handle's execution contexts to go idle, tears the envelope down, seals
-//! the [`AttemptReport`], and only then returns the grant to the ledger and
-//! wakes queued work. A stream-synchronization fault proven to be
+//! handle's execution contexts to go idle, synchronizes the root stream,
+//! seals the [`AttemptReport`] on what that showed, destroys the resources
+//! (the lane last), and only then returns the grant to the ledger and wakes
+//! queued work. A stream-synchronization fault proven to be
 //! device-local quarantines that device; one whose reach is unknown closes
 //! every ledger. Grants in flight stay valid and drain; nothing new is
 //! issued there.

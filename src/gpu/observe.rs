@@ -47,6 +47,9 @@ pub enum ObservationKind {
     /// A queued or granted waiter left without a handle (cancel, deadline,
     /// close, no healthy device).
     Removed,
+    /// An attempt's report was sealed at its release: the synchronization
+    /// fixed its disposition and health, before any resource was destroyed.
+    Sealed,
     /// An attempt's resources were torn down and its grant released.
     Released,
     /// A device was quarantined after a proven device-local fault.
@@ -68,6 +71,7 @@ impl ObservationKind {
             ObservationKind::EnvelopeFailed => "envelope_failed",
             ObservationKind::Published => "published",
             ObservationKind::Removed => "removed",
+            ObservationKind::Sealed => "sealed",
             ObservationKind::Released => "released",
             ObservationKind::Quarantined => "quarantined",
             ObservationKind::LedgerClosed => "ledger_closed",

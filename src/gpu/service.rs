@@ -52,10 +52,12 @@
 //! Whether the handle is released
 //! (the teardown is awaited) or dropped (the envelope queues its own
 //! teardown when the last execution context goes), the callback runs on the
-//! device worker right after the physical teardown: it seals the
-//! [`AttemptReport`], quarantines the device on a proven stream-sync fault
-//! (or closes every ledger when the fault's reach is unknown), and only then
-//! releases the grant and reschedules. `Drop` only queues work.
+//! device worker: the [`AttemptReport`] is sealed after the root stream's
+//! synchronization and before any resource is destroyed; after the
+//! destruction (the lane last) one transaction quarantines the device on a
+//! proven stream-sync fault (or closes every ledger when the fault's reach
+//! is unknown), releases the grant and reschedules. `Drop` only queues
+//! work. The order is the seed's; see the table in [`super::handle`].
 //!
 //! # Faults
 //!
@@ -72,7 +74,6 @@ use std::fmt;
 use std::future::{poll_fn, Future};
 use std::pin::Pin;
 use std::task::{Poll, Waker};
-use std::time::Duration;
 
 use tokio::time::{Instant, Sleep};
 
@@ -595,17 +596,35 @@ impl Inner {
         }
     }
 
-    /// The end of an attempt, on the device worker right after its
-    /// teardown: seal the report, isolate a fault, then release the grant.
+    /// The attempt's report is sealed: its disposition and health are
+    /// fixed, nothing is destroyed yet.
+    pub(crate) fn observe_sealed(&self, report: &AttemptReport) {
+        self.observe_outside_transaction(ObservationKind::Sealed, |record| {
+            record.waiter = Some(report.waiter.get());
+            record.device = Some(report.device.0);
+            record.grant_bytes = Some(report.grant_bytes);
+            record.detail = Some(format!("{:?}", report.disposition));
+        });
+    }
+
+    /// The end of an attempt, on the device worker after its report was
+    /// sealed and its resources destroyed: isolate a fault, then release
+    /// the grant (queued work is woken after that transaction commits).
+    /// `sealed` is `None` only if the seal callback itself was lost.
     pub(crate) fn finish_attempt(
         &self,
         grant: MemoryGrant,
-        waiter: WaiterId,
-        proof: Option<&CapabilityProof>,
-        (waited, held): (Duration, Duration),
+        sealed: Option<AttemptReport>,
         teardown: &TeardownReport,
     ) -> AttemptReport {
-        let mut report = AttemptReport::seal(&grant, waiter, proof, waited, held, teardown.clone());
+        let mut report = sealed.unwrap_or_else(|| {
+            tracing::error!(target: "admission", device = %teardown.device, "a GPU attempt report was not sealed before destruction");
+            AttemptReport::unsealed(&grant, teardown)
+        });
+        // The destruction's own record; the sealed disposition and health
+        // stay what the synchronization showed.
+        report.teardown = teardown.clone();
+        let waiter = report.waiter;
         let released = self.transact(|core, recorder| {
             // Recorded here rather than returned, so that the records read
             // in transaction order: the quarantine, then the release.
@@ -1155,7 +1174,10 @@ async fn wait(
 #[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
+    use std::time::Duration;
+
     use crate::gpu::backend::sim::{SimBackend, SimDevice};
+    use crate::gpu::envelope::Disposition;
     use crate::gpu::profile::{DeviceProfile, MemoryOwnership};
 
     const GIB: u64 = 1 << 30;
@@ -1175,6 +1197,7 @@ mod tests {
         let profile = DeviceProfile::builder(gpu0)
             .managed_capacity(16 * GIB)
             .max_active_attempts(max_active)
+            .streams_per_attempt(2)
             .build()
             .unwrap();
         let devices =
@@ -1259,6 +1282,59 @@ mod tests {
         assert_eq!(returned, [(ObservationKind::Removed, 6)]);
         // And the slot is usable again.
         service.admit_resources(GIB).await.unwrap().release().await;
+        assert_nothing_held(&service, &sim);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn release_follows_the_seeds_order_from_idle_to_the_wake() {
+        use crate::gpu::backend::BackendOp as Op;
+        let (service, sim, seen) = observed_service(1, 4);
+        let handle = service.admit_resources(GIB).await.unwrap();
+        let mut next = Box::pin(service.admit_resources(GIB));
+        assert!(futures::poll!(&mut next).is_pending());
+        // One allocation left outstanding by an execution whose context is
+        // gone: the teardown frees it, as part of destruction.
+        let context = handle.execution_context().unwrap();
+        context.alloc(1 << 20).unwrap();
+        drop(context);
+        service.settle().await;
+        sim.clear_log();
+        seen.lock().unwrap().clear();
+
+        let report = handle.release().await;
+        assert_eq!(
+            sim.ops(),
+            [
+                Op::Synchronize,
+                Op::Free,
+                Op::CloseWorkerScope,
+                Op::LeaveDomain,
+                Op::CloseDomain,
+                Op::DestroyStream,
+                Op::CloseLane,
+            ]
+        );
+        let seen = seen.lock().unwrap().clone();
+        let kinds: Vec<_> = seen.iter().map(|(kind, _)| *kind).collect();
+        assert_eq!(
+            kinds,
+            [
+                ObservationKind::Sealed,
+                ObservationKind::Released,
+                ObservationKind::Admitted,
+            ]
+        );
+        // Sealed after the synchronization decided disposition and health,
+        // before anything was destroyed.
+        assert_eq!(seen[0], (ObservationKind::Sealed, 1));
+        // The grant went back after the lane closed, and the queued waiter
+        // was admitted in that same ledger transaction, after the release.
+        assert_eq!(seen[1], (ObservationKind::Released, 7));
+        assert_eq!(seen[2], (ObservationKind::Admitted, 7));
+        assert_eq!(report.disposition, Disposition::Clean);
+        assert_eq!(report.teardown.leaked.allocations.len(), 1);
+        assert!(report.ledger_released);
+        next.await.unwrap().release().await;
         assert_nothing_held(&service, &sim);
     }
 
