@@ -19,6 +19,9 @@ use admission::gpu::envelope::{
     EnvelopeSpec,
 };
 use admission::gpu::worker::DeviceWorker;
+use admission::gpu::{
+    DeviceProfile, DeviceSet, MemoryOwnership, QueryService, QueueBounds, ServiceError,
+};
 use cudarc::driver::result;
 use serde_json::json;
 
@@ -95,6 +98,50 @@ fn probe_reports_the_device_and_the_backend_reserve() {
         })
     );
     assert!(count >= 1);
+}
+
+/// At start-up the service compares each profile with the CUDA device's
+/// total memory: a profile whose managed capacity plus backend reserve
+/// exceed it is refused naming `backend_reserve`; one that fits (sized from
+/// the memory the context left free) is accepted.
+#[test]
+fn start_up_refuses_a_profile_whose_reserve_does_not_fit_the_device() {
+    let cuda = backend(CudaOptions::default());
+    let (free, total) = cuda.memory_info(DEVICE).expect("memory_info");
+    let service = |capacity: u64, reserve: u64| {
+        let profile = DeviceProfile::builder(DEVICE)
+            .managed_capacity(capacity)
+            .max_active_attempts(1)
+            .backend_reserve(reserve)
+            .build()
+            .expect("a valid profile");
+        let devices = DeviceSet::new(vec![profile], vec![MemoryOwnership::exclusive(DEVICE)])
+            .expect("one profile, one ownership");
+        let bounds = QueueBounds::new(4, std::time::Duration::from_secs(5), 1).expect("bounds");
+        let shared: SharedBackend = cuda.clone();
+        QueryService::new(shared, devices, bounds)
+    };
+    let too_big = service(total, 64 * MIB).expect_err("capacity + reserve > total");
+    let field = match &too_big {
+        ServiceError::ProfileExceedsDevice(error) => error.field(),
+        other => panic!("unexpected error: {other}"),
+    };
+    let reserve = total - free;
+    let fits = service(free, reserve);
+    println!(
+        "{}",
+        json!({
+            "test": "backend_reserve_check",
+            "total_bytes": total,
+            "refused_field": field,
+            "refused": too_big.to_string(),
+            "accepted_capacity": free,
+            "accepted_reserve": reserve,
+            "accepted": fits.is_ok(),
+        })
+    );
+    assert_eq!(field, "backend_reserve");
+    fits.expect("capacity + reserve == total fits");
 }
 
 #[test]

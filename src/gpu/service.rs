@@ -91,6 +91,7 @@ use super::profile::{DeviceSet, QueueBounds};
 use super::proof::{CapabilityProof, ProofIssuer};
 use super::scheduler::{AdmissionCore, AdmissionSnapshot, CacheChange, CoreEvent, Withdrawn};
 use super::worker::DeviceWorker;
+use crate::error::ConfigError;
 use crate::sync::{Mutex, StdArc};
 
 /// The future a preflight hook returns: `Ok` when the device can run the
@@ -120,6 +121,10 @@ pub struct PreflightRequest {
 pub enum ServiceError {
     /// The backend could not list its devices.
     Inventory(BackendError),
+    /// A profile does not fit its device: managed capacity plus backend
+    /// reserve exceed the device's total memory. The error names the field
+    /// ([`DeviceProfile::check_device_memory`](super::DeviceProfile::check_device_memory)).
+    ProfileExceedsDevice(ConfigError),
     /// A profiled ordinal is not a device of the backend.
     DeviceNotInstalled {
         /// The profiled ordinal.
@@ -134,6 +139,9 @@ impl fmt::Display for ServiceError {
         match self {
             ServiceError::Inventory(error) => {
                 write!(f, "cannot list the backend's devices: {error}")
+            }
+            ServiceError::ProfileExceedsDevice(error) => {
+                write!(f, "a device profile does not fit its device: {error}")
             }
             ServiceError::DeviceNotInstalled { ordinal, installed } => {
                 write!(
@@ -156,6 +164,7 @@ impl std::error::Error for ServiceError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
             ServiceError::Inventory(error) => Some(error),
+            ServiceError::ProfileExceedsDevice(error) => Some(error),
             ServiceError::DeviceNotInstalled { .. } => None,
         }
     }
@@ -216,8 +225,10 @@ impl QueryServiceBuilder {
         self
     }
 
-    /// Checks that every profiled ordinal is a device of the backend, then
-    /// creates one ledger and one worker thread per device.
+    /// Checks that every profiled ordinal is a device of the backend and
+    /// that every profile's managed capacity plus backend reserve fit the
+    /// device's total memory, then creates one ledger and one worker thread
+    /// per device.
     pub fn build(self) -> Result<QueryService, ServiceError> {
         let boundaries = Boundaries::new();
         // Every backend call of the service, on whatever thread, goes
@@ -231,6 +242,16 @@ impl QueryServiceBuilder {
         for ordinal in self.devices.ordinals() {
             if !installed.contains(&ordinal) {
                 return Err(ServiceError::DeviceNotInstalled { ordinal, installed });
+            }
+        }
+        // Start-up is the one moment the device's real size is compared
+        // with what the operator declared; after it, only the ledger's
+        // arithmetic over the declared numbers decides.
+        for facts in &inventory {
+            if let Some(profile) = self.devices.profile(facts.ordinal) {
+                profile
+                    .check_device_memory(facts.total_bytes)
+                    .map_err(ServiceError::ProfileExceedsDevice)?;
             }
         }
         let workers = self
@@ -1336,6 +1357,30 @@ mod tests {
         assert!(report.ledger_released);
         next.await.unwrap().release().await;
         assert_nothing_held(&service, &sim);
+    }
+
+    #[test]
+    fn start_up_refuses_a_profile_whose_reserve_does_not_fit_the_device() {
+        let gpu0 = DeviceOrdinal(0);
+        let service = |reserve: u64| {
+            let profile = DeviceProfile::builder(gpu0)
+                .managed_capacity(16 * GIB)
+                .backend_reserve(reserve)
+                .build()
+                .unwrap();
+            let devices =
+                DeviceSet::new(vec![profile], vec![MemoryOwnership::exclusive(gpu0)]).unwrap();
+            let bounds = QueueBounds::new(4, Duration::from_secs(5), 1).unwrap();
+            let backend = StdArc::new(SimBackend::new([SimDevice::new(0, 20 * GIB)]));
+            QueryService::new(backend, devices, bounds)
+        };
+        assert!(service(4 * GIB).is_ok(), "16 + 4 GiB fit 20 GiB");
+        let error = service(4 * GIB + 1).unwrap_err();
+        let ServiceError::ProfileExceedsDevice(config) = &error else {
+            panic!("unexpected error: {error}");
+        };
+        assert_eq!(config.field(), "backend_reserve");
+        assert!(error.to_string().contains("20 GiB"), "{error}");
     }
 
     #[tokio::test(start_paused = true)]
