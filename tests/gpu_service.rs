@@ -154,9 +154,70 @@ async fn a_resource_only_handle_cannot_authorize_a_plan_and_a_handle_authorizes_
 }
 
 #[tokio::test]
+async fn the_admitted_proof_is_bound_to_its_device_and_grant() {
+    let rig = one_device(3);
+    let proof = rig.proof(1, GIB, &[]);
+    assert_eq!(
+        proof.binding(),
+        None,
+        "the issuer's proof names no admission"
+    );
+    let first = rig.service.ticket(&proof).unwrap().admit().await.unwrap();
+    let second = rig.service.ticket(&proof).unwrap().admit().await.unwrap();
+    let bound = first.proof().expect("a plan handle").clone();
+    let binding = bound.binding().expect("bound at publication");
+    assert_eq!(
+        (binding.device, binding.grant),
+        (first.device(), first.grant_id())
+    );
+    first.authorize(&bound).unwrap();
+    // The same plan, admitted twice: the first admission's proof does not
+    // authorize the second handle, whose grant is another.
+    assert_eq!(
+        second.authorize(&bound),
+        Err(GpuAdmitError::ProofBoundElsewhere {
+            device: binding.device,
+            grant: binding.grant,
+        })
+    );
+    assert_eq!(
+        second.authorize(&bound).unwrap_err().outcome(),
+        QueryAdmissionOutcome::Capability
+    );
+    second.authorize(&proof).unwrap();
+    first.release().await;
+    second.release().await;
+    rig.assert_idle();
+}
+
+#[tokio::test]
+async fn a_service_built_without_handing_out_its_issuer_accepts_no_proof() {
+    let sim = Arc::new(SimBackend::new([SimDevice::new(0, 64 * GIB)]));
+    let devices = DeviceSet::new(
+        vec![profile(0, 16, 2, &[])],
+        vec![MemoryOwnership::exclusive(dev(0))],
+    )
+    .unwrap();
+    let service = QueryService::new(sim, devices, bounds(4, 1)).unwrap();
+    // Whoever holds the service holds no issuer: a proof from any issuer,
+    // including one made in the same process, is foreign to it.
+    let proof = ProofIssuer::new()
+        .lower(&admission::gpu::PlanDescription::new(
+            admission::gpu::PlanFingerprint(7),
+        ))
+        .unwrap();
+    assert!(matches!(
+        service.ticket(&proof),
+        Err(GpuAdmitError::ForeignProof { .. })
+    ));
+    // Resource-only admission still works.
+    service.admit_resources(GIB).await.unwrap().release().await;
+}
+
+#[tokio::test]
 async fn a_composed_proof_is_one_ticket_one_device_one_grant() {
     let rig = one_device(3);
-    let issuer = rig.service.issuer();
+    let issuer = &rig.issuer;
     let producer = rig.proof(1, 2 * GIB, &[]);
     let consumer = rig.proof(2, 3 * GIB, &["hash_join"]);
     let composed = issuer

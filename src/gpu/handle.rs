@@ -183,6 +183,8 @@ impl QueryHandle {
         proof: Option<CapabilityProof>,
         waited: Duration,
     ) -> Self {
+        // The admitted proof names its device and grant from here on.
+        let proof = proof.map(|p| p.bound_to(grant.device(), grant.id()));
         let (tx, rx) = oneshot::channel();
         let (id, bytes, floor) = (grant.id(), grant.bytes(), grant.required_floor());
         let sealing = Sealing {
@@ -268,7 +270,9 @@ impl QueryHandle {
 
     /// Checks that this handle authorizes the native plan `proof` proves:
     /// the handle must have been admitted for that exact proof (same issuer,
-    /// same fingerprint). A resource-only handle authorizes nothing.
+    /// same fingerprint), and a proof already bound to an admission must be
+    /// bound to this one (same device, same grant). A resource-only handle
+    /// authorizes nothing.
     pub fn authorize(&self, proof: &CapabilityProof) -> Result<(), GpuAdmitError> {
         let Some(admitted) = &self.proof else {
             return Err(GpuAdmitError::ResourceOnlyHandle);
@@ -278,6 +282,14 @@ impl QueryHandle {
                 expected: admitted.issuer_id(),
                 found: proof.issuer_id(),
             });
+        }
+        if let Some(binding) = proof.binding() {
+            if (binding.device, binding.grant) != (self.device(), self.grant) {
+                return Err(GpuAdmitError::ProofBoundElsewhere {
+                    device: binding.device,
+                    grant: binding.grant,
+                });
+            }
         }
         if admitted.fingerprint() != proof.fingerprint() {
             return Err(GpuAdmitError::ProofMismatch {

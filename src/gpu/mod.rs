@@ -172,18 +172,23 @@
 //! let devices = DeviceSet::new(vec![profile], vec![MemoryOwnership::exclusive(gpu0)])?;
 //! let bounds = QueueBounds::new(64, Duration::from_secs(30), 4)?;
 //! let backend = Arc::new(SimBackend::new([SimDevice::new(0, 96 * GIB)]));
-//! let service = QueryService::new(backend, devices, bounds)?;
+//! // The issuer is handed out once, to the engine's lowering code: holding
+//! // the service is not enough to mint a proof.
+//! let (service, issuer) = QueryService::builder(backend, devices, bounds).build_with_issuer()?;
 //!
 //! // The engine lowers a plan into a proof; planning reserves nothing.
 //! let plan = PlanDescription::new(PlanFingerprint(42))
 //!     .require(Capability::new("hash_join"))
 //!     .phase(PhaseRequirement::new("build", 12 * GIB, "join"));
-//! let proof = service.issuer().lower(&plan)?;
+//! let proof = issuer.lower(&plan)?;
 //! let ticket = service.ticket(&proof)?;
 //!
 //! // Execution needs the device: admit, run, release.
 //! let handle = ticket.with_working_set_hint(16 * GIB).admit().await?;
 //! handle.authorize(&proof)?;
+//! // The handle's own copy of the proof is bound to its device and grant.
+//! let binding = handle.proof().and_then(|p| p.binding()).expect("bound");
+//! assert_eq!((binding.device, binding.grant), (gpu0, handle.grant_id()));
 //! assert_eq!(handle.grant_bytes(), 16 * GIB); // the hint, inside [12 GiB, max_new]
 //! let report = handle.release().await;
 //! assert_eq!(report.grant_bytes, 16 * GIB);
@@ -241,7 +246,7 @@ pub use profile::{
 };
 pub use proof::{
     AllocationOwner, Capability, CapabilityProof, CapabilitySet, IssuerId, LoweringError,
-    PhaseRequirement, PlanDescription, PlanFingerprint, ProofIssuer,
+    PhaseRequirement, PlanDescription, PlanFingerprint, ProofBinding, ProofIssuer,
 };
 pub use scheduler::{
     AdmissionCore, AdmissionSnapshot, CacheChange, CoreEvent, DeviceSummary, WaiterSnapshot,

@@ -88,7 +88,7 @@ use super::observe::{Observation, ObservationKind};
 use super::outcome::GpuAdmitError;
 use super::placement::compatible_devices;
 use super::profile::{DeviceSet, QueueBounds};
-use super::proof::{CapabilityProof, ProofIssuer};
+use super::proof::{CapabilityProof, IssuerId, ProofIssuer};
 use super::scheduler::{AdmissionCore, AdmissionSnapshot, CacheChange, CoreEvent, Withdrawn};
 use super::worker::DeviceWorker;
 use crate::error::ConfigError;
@@ -175,7 +175,6 @@ pub struct QueryServiceBuilder {
     backend: SharedBackend,
     devices: DeviceSet,
     bounds: QueueBounds,
-    issuer: Option<ProofIssuer>,
     preflight: Option<Box<PreflightHook>>,
     observer: Option<Box<ObserverHook>>,
 }
@@ -193,13 +192,6 @@ impl fmt::Debug for QueryServiceBuilder {
 }
 
 impl QueryServiceBuilder {
-    /// The engine-side proof issuer whose proofs the service accepts.
-    /// Default: a new issuer, reachable through [`QueryService::issuer`].
-    pub fn issuer(mut self, issuer: ProofIssuer) -> Self {
-        self.issuer = Some(issuer);
-        self
-    }
-
     /// An async device preflight, run for every compatible candidate device
     /// of every submission before it is queued (outside the service's
     /// lock). A failing preflight rejects the submission; a pending one
@@ -229,7 +221,26 @@ impl QueryServiceBuilder {
     /// that every profile's managed capacity plus backend reserve fit the
     /// device's total memory, then creates one ledger and one worker thread
     /// per device.
+    ///
+    /// The service accepts no plan proof: it admits resource-only tickets.
+    /// A service for an engine's plans is built with
+    /// [`build_with_issuer`](Self::build_with_issuer).
     pub fn build(self) -> Result<QueryService, ServiceError> {
+        // An issuer nobody holds: no proof can ever carry its id.
+        self.build_accepting(&ProofIssuer::new())
+    }
+
+    /// [`build`](Self::build), and the one [`ProofIssuer`] whose proofs the
+    /// service accepts, handed out once: the capability to mint proofs
+    /// belongs to the engine's lowering code, and nothing reachable from
+    /// the service (or a clone of it) can mint one.
+    pub fn build_with_issuer(self) -> Result<(QueryService, ProofIssuer), ServiceError> {
+        let issuer = ProofIssuer::new();
+        let service = self.build_accepting(&issuer)?;
+        Ok((service, issuer))
+    }
+
+    fn build_accepting(self, issuer: &ProofIssuer) -> Result<QueryService, ServiceError> {
         let boundaries = Boundaries::new();
         // Every backend call of the service, on whatever thread, goes
         // through the `gpu_backend` boundary from here on.
@@ -268,7 +279,7 @@ impl QueryServiceBuilder {
             inner: StdArc::new(Inner {
                 backend,
                 devices: self.devices,
-                issuer: self.issuer.unwrap_or_default(),
+                issuer: issuer.id(),
                 workers,
                 state: Mutex::new(State {
                     core,
@@ -285,6 +296,16 @@ impl QueryServiceBuilder {
 
 /// The process's GPU query service. Cheap to clone: clones share the queue,
 /// ledgers and workers. See the [module documentation](self).
+///
+/// Holding the service does not let anyone mint a proof: the issuer is
+/// handed out once by [`QueryServiceBuilder::build_with_issuer`] and is not
+/// reachable from here.
+///
+/// ```compile_fail
+/// fn mint(service: &admission::gpu::QueryService) {
+///     let _ = service.issuer();
+/// }
+/// ```
 #[derive(Clone)]
 pub struct QueryService {
     inner: StdArc<Inner>,
@@ -311,25 +332,20 @@ impl QueryService {
             backend,
             devices,
             bounds,
-            issuer: None,
             preflight: None,
             observer: None,
         }
     }
 
-    /// A service with a new proof issuer, no preflight and no observer.
+    /// A service with no preflight and no observer that accepts no plan
+    /// proof (resource-only tickets); see
+    /// [`QueryServiceBuilder::build_with_issuer`] for one that does.
     pub fn new(
         backend: SharedBackend,
         devices: DeviceSet,
         bounds: QueueBounds,
     ) -> Result<Self, ServiceError> {
         Self::builder(backend, devices, bounds).build()
-    }
-
-    /// The proof issuer whose proofs this service accepts: the engine
-    /// lowers plans through it.
-    pub fn issuer(&self) -> &ProofIssuer {
-        &self.inner.issuer
     }
 
     /// The installed devices.
@@ -341,7 +357,12 @@ impl QueryService {
     /// nothing; dropping it unused costs nothing. Refuses a proof from
     /// another issuer.
     pub fn ticket(&self, proof: &CapabilityProof) -> Result<AdmissionTicket, GpuAdmitError> {
-        self.inner.issuer.verify(proof)?;
+        if proof.issuer_id() != self.inner.issuer {
+            return Err(GpuAdmitError::ForeignProof {
+                expected: self.inner.issuer,
+                found: proof.issuer_id(),
+            });
+        }
         Ok(AdmissionTicket {
             inner: self.inner.clone(),
             proof: Some(proof.clone()),
@@ -483,7 +504,9 @@ struct State {
 pub(crate) struct Inner {
     backend: SharedBackend,
     devices: DeviceSet,
-    issuer: ProofIssuer,
+    /// The id of the one issuer whose proofs tickets accept; the issuer
+    /// itself went to the engine (`build_with_issuer`).
+    issuer: IssuerId,
     workers: BTreeMap<DeviceOrdinal, StdArc<DeviceWorker>>,
     state: Mutex<State>,
     preflight: Option<Box<PreflightHook>>,
