@@ -14,9 +14,9 @@ use admission::gpu::backend::{
     BackendError, BackendOp, DeviceFacts, DeviceOrdinal, DevicePtr, DomainId, FaultIsolation,
     GpuBackend, LaneId, ScopeId, SharedBackend, StreamId,
 };
+use admission::gpu::device_checks;
 use admission::gpu::envelope::{
     AdmissionEnvelope, AttemptBounds, BuildError, BuildStep, DeviceHealth, Disposition,
-    EnvelopeSpec,
 };
 use admission::gpu::worker::DeviceWorker;
 use admission::gpu::{
@@ -41,18 +41,21 @@ fn runtime() -> tokio::runtime::Runtime {
         .expect("runtime")
 }
 
-fn spec(grant_bytes: u64) -> EnvelopeSpec {
-    EnvelopeSpec {
-        device: DEVICE,
-        grant_bytes,
-        bounds: AttemptBounds {
-            max_streams: 4,
-            max_workers: 1,
-            max_lanes: 1,
-            source_work_allowance: 2,
-        },
-        report_sink: None,
-    }
+/// Builds an envelope for a `grant_bytes` grant through the feature-gated
+/// entry point: outside `gpu-tests`, an envelope exists only around a grant
+/// the ledger committed.
+async fn build(
+    backend: SharedBackend,
+    worker: Arc<DeviceWorker>,
+    grant_bytes: u64,
+) -> Result<AdmissionEnvelope, BuildError> {
+    let bounds = AttemptBounds {
+        max_streams: 4,
+        max_workers: 1,
+        max_lanes: 1,
+        source_work_allowance: 2,
+    };
+    device_checks::build_envelope(backend, worker, DEVICE, grant_bytes, bounds).await
 }
 
 fn free_bytes(backend: &dyn GpuBackend) -> u64 {
@@ -63,7 +66,7 @@ fn free_bytes(backend: &dyn GpuBackend) -> u64 {
 /// driver state (module loading, the first stream's implicit sync, the
 /// default pool) is in place before a baseline is taken.
 async fn warm_up(backend: &SharedBackend, worker: &Arc<DeviceWorker>) {
-    let envelope = AdmissionEnvelope::build(backend.clone(), worker.clone(), spec(64 * MIB))
+    let envelope = build(backend.clone(), worker.clone(), 64 * MIB)
         .await
         .expect("warm-up build");
     let ctx = envelope.execution_context().expect("context");
@@ -288,7 +291,7 @@ fn rollback_at_each_step_returns_device_memory_to_baseline() {
         blocking_sync: true,
     });
     let shared: SharedBackend = cuda.clone();
-    let worker = Arc::new(DeviceWorker::spawn(DEVICE));
+    let worker = device_checks::spawn_worker(DEVICE);
     runtime().block_on(async {
         warm_up(&shared, &worker).await;
         let baseline = free_bytes(&*cuda);
@@ -298,9 +301,7 @@ fn rollback_at_each_step_returns_device_memory_to_baseline() {
                 inner: cuda.clone(),
                 step,
             });
-            let error = AdmissionEnvelope::build(failing, worker.clone(), spec(256 * MIB))
-                .await
-                .unwrap_err();
+            let error = build(failing, worker.clone(), 256 * MIB).await.unwrap_err();
             let rollback_errors = match &error {
                 BuildError::Step { rollback, .. } => rollback.errors().count(),
                 other => panic!("{other:?}"),
@@ -330,7 +331,7 @@ fn sixty_four_concurrent_attempts_stay_within_their_grants() {
     const CHUNK: u64 = 8 * MIB;
     let cuda = backend(CudaOptions::default());
     let shared: SharedBackend = cuda.clone();
-    let worker = Arc::new(DeviceWorker::spawn(DEVICE));
+    let worker = device_checks::spawn_worker(DEVICE);
     runtime().block_on(async {
         warm_up(&shared, &worker).await;
         let baseline = free_bytes(&*cuda);
@@ -339,9 +340,7 @@ fn sixty_four_concurrent_attempts_stay_within_their_grants() {
         for _ in 0..ATTEMPTS {
             let (backend, worker) = (shared.clone(), worker.clone());
             tasks.push(tokio::spawn(async move {
-                let envelope = AdmissionEnvelope::build(backend, worker, spec(GRANT))
-                    .await
-                    .expect("build");
+                let envelope = build(backend, worker, GRANT).await.expect("build");
                 let ctx = envelope.execution_context().expect("context");
                 let mut held = 0;
                 while ctx.alloc(CHUNK).is_ok() {
@@ -405,9 +404,9 @@ const POISON_PTX: &str = r#"
 fn sticky_fault_is_a_device_fault() {
     let cuda = backend(CudaOptions::default());
     let shared: SharedBackend = cuda.clone();
-    let worker = Arc::new(DeviceWorker::spawn(DEVICE));
+    let worker = device_checks::spawn_worker(DEVICE);
     runtime().block_on(async {
-        let envelope = AdmissionEnvelope::build(shared.clone(), worker.clone(), spec(64 * MIB))
+        let envelope = build(shared.clone(), worker.clone(), 64 * MIB)
             .await
             .expect("build");
         let stream = cuda.stream(envelope.root_stream()).expect("root stream");
@@ -424,7 +423,7 @@ fn sticky_fault_is_a_device_fault() {
         };
         drop(stream);
         let report = envelope.teardown().await;
-        let next = AdmissionEnvelope::build(shared.clone(), worker.clone(), spec(MIB)).await;
+        let next = build(shared.clone(), worker.clone(), MIB).await;
         let check_err = cuda.context(DEVICE).unwrap().check_err();
         println!(
             "{}",

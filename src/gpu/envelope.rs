@@ -43,7 +43,7 @@
 //! job on the same FIFO worker, so forks always go before the root.
 //! Dropping an envelope without a teardown never blocks: when the last
 //! holder of its shared state drops, the same teardown is queued on the
-//! worker and its report goes to [`EnvelopeSpec::report_sink`] (and to
+//! worker and its report goes to the spec's report sink, if any (and to
 //! `tracing` when it is not clean). Releasing the lane, grant and slot in
 //! the ledger is the caller's, and comes after the teardown.
 //!
@@ -51,8 +51,10 @@
 //! resources are gone, whichever way the teardown ran: they are called
 //! once, with the report, right after either teardown (awaited or implicit)
 //! finished on the worker, or in place of a teardown that could not run at
-//! all (an abandoned report). There are two kinds, kept apart so that one
-//! can never displace the other:
+//! all (an abandoned report). Both are the query service's, set once when
+//! it publishes a handle; nothing outside the crate can add, replace or
+//! remove one, so nothing can come between a teardown and the return of
+//! its grant:
 //!
 //! * the **seal callback**, set with the release callback (crate-private):
 //!   called once between the synchronization and the first destruction,
@@ -61,12 +63,7 @@
 //! * the **release callback**, set once by the query service when it
 //!   publishes a handle (crate-private): it returns the grant to the
 //!   ledger, so a handle dropped without release still returns its grant,
-//!   after its resources, and without blocking in `Drop`; it always runs
-//!   first;
-//! * **hooks** ([`AdmissionEnvelope::on_teardown`]): user code, added (never
-//!   replacing anything), run after the release callback, each behind the
-//!   `gpu_teardown_hook` panic boundary. A hook that panics is skipped; the
-//!   grant is back already.
+//!   after its resources, and without blocking in `Drop`.
 //!
 //! The teardown job catches a panic of its own physical part (the crate's
 //! bug, since every backend call is behind the `gpu_backend` boundary in a
@@ -84,7 +81,6 @@ use crate::gpu::backend::{
 };
 use crate::gpu::domain::{AllocationDomain, LeakReport, SubReservation};
 use crate::gpu::worker::{DeviceWorker, JobError, Reply, WorkerGone};
-use crate::health::Boundary;
 use crate::sync::{AtomicBool, AtomicU64, Mutex, Ordering, StdArc};
 
 /// Per-attempt bounds on the physical resources an envelope may take, from
@@ -104,17 +100,19 @@ pub struct AttemptBounds {
 }
 
 /// What an envelope is built from: plain values the ledger committed.
+/// Crate-private: a spec carries grant bytes, which only a ledger commit
+/// may produce.
 #[derive(Clone, Debug)]
-pub struct EnvelopeSpec {
+pub(crate) struct EnvelopeSpec {
     /// The selected device.
-    pub device: DeviceOrdinal,
+    pub(crate) device: DeviceOrdinal,
     /// The immutable grant's bytes: the allocation domain's ceiling.
-    pub grant_bytes: u64,
+    pub(crate) grant_bytes: u64,
     /// The per-attempt resource bounds.
-    pub bounds: AttemptBounds,
+    pub(crate) bounds: AttemptBounds,
     /// Where reports of clean-ups nobody awaits go: a teardown run because
     /// the envelope was dropped, or the rollback of a cancelled build.
-    pub report_sink: Option<tokio_mpsc::UnboundedSender<TeardownReport>>,
+    pub(crate) report_sink: Option<tokio_mpsc::UnboundedSender<TeardownReport>>,
 }
 
 /// One of the five build steps, in build order.
@@ -633,17 +631,15 @@ fn deliver(sink: Option<&tokio_mpsc::UnboundedSender<TeardownReport>>, report: T
     }
 }
 
-/// Called once with the report of an envelope's teardown; see
-/// [`AdmissionEnvelope::on_teardown`].
-pub type TeardownCallback = Box<dyn FnOnce(&TeardownReport) + Send + 'static>;
+/// Called once with the report of an envelope's teardown (or of a build
+/// nobody received): the query service's seal and release paths.
+pub(crate) type TeardownCallback = Box<dyn FnOnce(&TeardownReport) + Send + 'static>;
 
-/// An envelope's teardown callbacks: the crate's seal and release path and
-/// the user's hooks, apart. See the [module documentation](self).
+/// An envelope's teardown callbacks: the query service's seal and release
+/// path. See the [module documentation](self).
 struct Callbacks {
     seal: Mutex<Option<TeardownCallback>>,
     release: Mutex<Option<TeardownCallback>>,
-    hooks: Mutex<Vec<TeardownCallback>>,
-    hook_boundary: StdArc<Boundary>,
 }
 
 impl Callbacks {
@@ -658,20 +654,13 @@ impl Callbacks {
 
     /// Runs the seal callback if nothing sealed yet (a teardown that
     /// panicked before its synchronization, or could not run), then the
-    /// release callback, then every hook behind its boundary, each at most
-    /// once over the envelope's life. No lock is held during a call, so
-    /// callbacks may take other locks.
+    /// release callback, each at most once over the envelope's life. No
+    /// lock is held during a call, so callbacks may take other locks.
     fn run(&self, report: &TeardownReport) {
         self.seal(report);
         let release = self.release.lock().take();
         if let Some(release) = release {
             release(report);
-        }
-        let hooks = std::mem::take(&mut *self.hooks.lock());
-        for hook in hooks {
-            // A panic is logged and counted by the boundary; the grant is
-            // already back, so skipping the hook is all there is to do.
-            let _ = self.hook_boundary.call(|| hook(report));
         }
     }
 }
@@ -788,6 +777,24 @@ impl Drop for CancelOnDrop {
 }
 
 /// The built resources of one attempt. See the [module documentation](self).
+///
+/// An envelope exists only around a grant the ledger committed, and its
+/// teardown always returns that grant: from outside the crate it can be
+/// neither built nor given a teardown callback.
+///
+/// ```compile_fail,E0624
+/// use admission::gpu::envelope::AdmissionEnvelope;
+/// // Building is crate-private: no grant bytes can skip the ledger.
+/// let _ = AdmissionEnvelope::build;
+/// ```
+///
+/// ```compile_fail,E0599
+/// fn hook(handle: &admission::gpu::QueryHandle) {
+///     // No callback can be added to, or replace, the one that returns the
+///     // grant.
+///     handle.envelope().on_teardown(|_| {});
+/// }
+/// ```
 #[derive(Debug)]
 pub struct AdmissionEnvelope {
     shared: StdArc<Shared>,
@@ -922,19 +929,20 @@ impl AdmissionEnvelope {
     /// Builds the envelope of an attempt whose slot and grant the ledger has
     /// committed: the five steps on `worker` (the device's worker), rolled
     /// back in reverse on failure or when this future is dropped.
-    pub async fn build(
+    /// Crate-private (the envelope's own tests and, with `gpu-tests`, the
+    /// device checks): anything else would build an envelope around bytes
+    /// no ledger granted.
+    #[cfg(any(test, feature = "gpu-tests"))]
+    pub(crate) async fn build(
         backend: SharedBackend,
         worker: StdArc<DeviceWorker>,
         spec: EnvelopeSpec,
     ) -> Result<Self, BuildError> {
-        let hook_boundary = StdArc::new(crate::gpu::guard::teardown_hook_boundary());
-        Self::build_with(backend, worker, spec, hook_boundary, None).await
+        Self::build_with(backend, worker, spec, None).await
     }
 
-    /// [`build`](Self::build), with the panic boundary the envelope's
-    /// teardown hooks run behind (the service shares one among its
-    /// envelopes) and the callback that learns of a rollback nobody
-    /// received (see [`Unreceived`]).
+    /// [`build`](Self::build), with the callback that learns of a rollback
+    /// nobody received (see [`Unreceived`]).
     ///
     /// Not an `async fn`: the checks run and the build job is queued when
     /// this is called, so even a future dropped before its first poll has a
@@ -944,7 +952,6 @@ impl AdmissionEnvelope {
         backend: SharedBackend,
         worker: StdArc<DeviceWorker>,
         spec: EnvelopeSpec,
-        hook_boundary: StdArc<Boundary>,
         on_unreceived: Option<TeardownCallback>,
     ) -> impl std::future::Future<Output = Result<Self, BuildError>> + Send + 'static {
         let (device, grant) = (spec.device, spec.grant_bytes);
@@ -966,9 +973,7 @@ impl AdmissionEnvelope {
             // nothing below awaits, so it cannot be lost again.
             let outcome = delivered.claim();
             match outcome {
-                Some(BuildOutcome::Built(p)) => {
-                    Self::assemble(backend, worker, spec, hook_boundary, p)
-                }
+                Some(BuildOutcome::Built(p)) => Self::assemble(backend, worker, spec, p),
                 Some(BuildOutcome::Failed {
                     step,
                     error,
@@ -1054,7 +1059,6 @@ impl AdmissionEnvelope {
         backend: SharedBackend,
         worker: StdArc<DeviceWorker>,
         spec: EnvelopeSpec,
-        hook_boundary: StdArc<Boundary>,
         p: Progress,
     ) -> Result<Self, BuildError> {
         let (Some(lane), Some(root), Some(domain), Some(scope)) =
@@ -1094,8 +1098,6 @@ impl AdmissionEnvelope {
                 callbacks: StdArc::new(Callbacks {
                     seal: Mutex::new(None),
                     release: Mutex::new(None),
-                    hooks: Mutex::new(Vec::new()),
-                    hook_boundary,
                 }),
             }),
         })
@@ -1111,26 +1113,11 @@ impl AdmissionEnvelope {
         self.shared.spec.grant_bytes
     }
 
-    /// Adds a hook called once with the report of this envelope's
-    /// teardown, on the worker right after the teardown finished, whether
-    /// it was awaited ([`teardown`](Self::teardown)) or queued because the
-    /// envelope was dropped; or, when the worker is gone and no teardown can
-    /// run, with an abandoned report on the thread that found out.
-    ///
-    /// Hooks are added, never replaced, and run in the order they were
-    /// added, after the query service's own release path (so the grant is
-    /// back before any hook runs), each behind a panic boundary: a hook that
-    /// panics is skipped. A hook must not block: it runs on the device's
-    /// worker thread. A hook added after the teardown ran is never called.
-    pub fn on_teardown(&self, hook: impl FnOnce(&TeardownReport) + Send + 'static) {
-        self.shared.callbacks.hooks.lock().push(Box::new(hook));
-    }
-
     /// Sets the crate's callbacks, once, when the service publishes a
     /// handle: `seal` runs on the worker after the teardown's
     /// synchronization and before anything is destroyed, with the
     /// disposition and health known then; `release` runs after the
-    /// destruction, before every hook, and is never displaced by one.
+    /// destruction.
     pub(crate) fn set_callbacks(
         &self,
         seal: impl FnOnce(&TeardownReport) + Send + 'static,
@@ -1324,3 +1311,7 @@ impl Drop for SourcePermit {
         self.shared.release_activity();
     }
 }
+
+#[cfg(all(test, not(loom)))]
+#[path = "envelope_tests.rs"]
+mod tests;

@@ -6,10 +6,9 @@
 //! A handle exists only after the ledger committed its slot and grant *and*
 //! all five envelope steps validated; nothing partial is ever visible. The
 //! grant itself is not in the handle: at publication it moves into the
-//! envelope's release callback (crate-private, beside a seal callback; a
-//! user's teardown hook is added after them and can never displace them),
-//! which runs on the device worker during the teardown, however that
-//! teardown came about:
+//! envelope's release callback (crate-private, beside a seal callback;
+//! nothing outside the crate can add or replace either), which runs on the
+//! device worker during the teardown, however that teardown came about:
 //!
 //! * [`QueryHandle::release`] waits until every execution context and
 //!   source permit is dropped, tears the envelope down, and returns the

@@ -108,10 +108,6 @@
 //!   While it keeps panicking every submission is rejected: the preflight is
 //!   the engine's own check, and skipping it could admit work it would
 //!   refuse.
-//! * **`gpu_teardown_hook`** fails open: hooks added with
-//!   [`AdmissionEnvelope::on_teardown`](envelope::AdmissionEnvelope::on_teardown)
-//!   run after the crate's own release callback, which returns the grant
-//!   and cannot be displaced; a panicking hook is skipped.
 //! * **`gpu_backend`** fails the operation, not the device: a panic in any
 //!   [`GpuBackend`](backend::GpuBackend) method is
 //!   [`BackendError::Panicked`](backend::BackendError::Panicked), a failed
@@ -227,6 +223,45 @@ pub mod handle;
 pub mod observe;
 pub mod scheduler;
 pub mod service;
+
+#[cfg(loom)]
+#[doc(hidden)]
+pub mod loom_models;
+
+/// Entry points for `tests/gpu_device.rs` only (feature `gpu-tests`, which
+/// exists for those checks on a real CUDA device): they build envelopes
+/// around bytes no ledger granted, which the crate's API otherwise never
+/// allows. Not part of the API.
+#[cfg(feature = "gpu-tests")]
+#[doc(hidden)]
+pub mod device_checks {
+    use super::backend::{DeviceOrdinal, SharedBackend};
+    use super::envelope::{AdmissionEnvelope, AttemptBounds, BuildError, EnvelopeSpec};
+    use super::worker::DeviceWorker;
+    use crate::sync::StdArc;
+
+    /// A worker thread for `device`, as the service starts one.
+    pub fn spawn_worker(device: DeviceOrdinal) -> StdArc<DeviceWorker> {
+        StdArc::new(DeviceWorker::spawn(device))
+    }
+
+    /// Builds an envelope of `grant_bytes` on `worker` without a ledger.
+    pub async fn build_envelope(
+        backend: SharedBackend,
+        worker: StdArc<DeviceWorker>,
+        device: DeviceOrdinal,
+        grant_bytes: u64,
+        bounds: AttemptBounds,
+    ) -> Result<AdmissionEnvelope, BuildError> {
+        let spec = EnvelopeSpec {
+            device,
+            grant_bytes,
+            bounds,
+            report_sink: None,
+        };
+        AdmissionEnvelope::build(backend, worker, spec).await
+    }
+}
 
 #[cfg(feature = "config")]
 pub use config::{parse_byte_size, parse_device_selection, GpuConfig, DEVICES_ENV};

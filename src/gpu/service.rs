@@ -46,9 +46,8 @@
 //!
 //! # Release without blocking in `Drop`
 //!
-//! A published handle sets its envelope's release callback (crate-private,
-//! run before and apart from any user hook added with
-//! [`AdmissionEnvelope::on_teardown`], which can never displace it).
+//! A published handle sets its envelope's seal and release callbacks
+//! (crate-private: nothing outside the crate can add or replace one).
 //! Whether the handle is released
 //! (the teardown is awaited) or dropped (the envelope queues its own
 //! teardown when the last execution context goes), the callback runs on the
@@ -308,7 +307,7 @@ impl QueryServiceBuilder {
 /// ```
 #[derive(Clone)]
 pub struct QueryService {
-    inner: StdArc<Inner>,
+    pub(crate) inner: StdArc<Inner>,
 }
 
 impl fmt::Debug for QueryService {
@@ -395,7 +394,7 @@ impl QueryService {
     /// The queue and devices now: depth, pending preflights, every waiter's
     /// sequence, age, overtakes and protection, a summary per device, and
     /// the health of every component that calls user code (observer,
-    /// preflight, teardown hooks, backend, device workers).
+    /// preflight, backend, device workers).
     pub fn admission_snapshot(&self) -> AdmissionSnapshot {
         let inner = &self.inner;
         let now = Instant::now();
@@ -455,6 +454,40 @@ impl QueryService {
     }
 }
 
+#[cfg(loom)]
+impl QueryService {
+    /// A service over a simulated backend with no device workers, for the
+    /// loom models of the admission path up to the grant: a worker's OS
+    /// thread is not something loom can schedule, so nothing here may
+    /// reach an envelope build.
+    pub(crate) fn for_model(devices: DeviceSet, bounds: QueueBounds) -> Self {
+        use super::backend::sim::{SimBackend, SimDevice};
+        let sim = SimBackend::new(
+            devices
+                .ordinals()
+                .into_iter()
+                .map(|d| SimDevice::new(d.0, u64::MAX)),
+        );
+        let core = AdmissionCore::new(&devices, bounds);
+        QueryService {
+            inner: StdArc::new(Inner {
+                backend: StdArc::new(sim),
+                devices,
+                issuer: ProofIssuer::new().id(),
+                workers: BTreeMap::new(),
+                state: Mutex::new(State {
+                    core,
+                    wakers: HashMap::new(),
+                }),
+                preflight: None,
+                observer: None,
+                boundaries: Boundaries::new(),
+                epoch: Instant::now(),
+            }),
+        }
+    }
+}
+
 /// A lazy admission ticket: a proof (or a resource-only minimum) and the
 /// service, nothing reserved. [`admit`](Self::admit) submits it.
 #[derive(Debug)]
@@ -496,8 +529,8 @@ impl AdmissionTicket {
     }
 }
 
-struct State {
-    core: AdmissionCore,
+pub(crate) struct State {
+    pub(crate) core: AdmissionCore,
     wakers: HashMap<u64, Waker>,
 }
 
@@ -508,7 +541,7 @@ pub(crate) struct Inner {
     /// itself went to the engine (`build_with_issuer`).
     issuer: IssuerId,
     workers: BTreeMap<DeviceOrdinal, StdArc<DeviceWorker>>,
-    state: Mutex<State>,
+    pub(crate) state: Mutex<State>,
     preflight: Option<Box<PreflightHook>>,
     observer: Option<Box<ObserverHook>>,
     boundaries: Boundaries,
@@ -540,6 +573,12 @@ impl Recorder {
 }
 
 impl Inner {
+    /// Wakers kept for waiting admit futures.
+    #[cfg(any(test, loom))]
+    pub(crate) fn live_wakers(&self) -> usize {
+        self.state.lock().wakers.len()
+    }
+
     fn worker_depth(&self, device: DeviceOrdinal) -> u64 {
         self.workers.get(&device).map_or(0, |w| w.depth())
     }
@@ -1022,7 +1061,6 @@ async fn admit(ticket: AdmissionTicket) -> Result<QueryHandle, GpuAdmitError> {
         inner.backend.clone(),
         worker.clone(),
         spec,
-        inner.boundaries.teardown_hook.clone(),
         Some(on_unreceived),
     )
     .await;
@@ -1173,7 +1211,7 @@ fn start_timer(deadline: Instant) -> Result<Pin<Box<Sleep>>, GpuAdmitError> {
 /// Waits for the waiter's outcome; at the deadline (or when a deadline
 /// cannot be kept), withdraws it unless the outcome arrived first (checked
 /// in the same transaction).
-async fn wait(
+pub(crate) async fn wait(
     inner: &StdArc<Inner>,
     waiter: WaiterId,
     deadline: Option<Instant>,
@@ -1426,7 +1464,7 @@ mod tests {
         for future in &mut cancelled {
             assert!(futures::poll!(future).is_pending());
         }
-        assert_eq!(service.inner.state.lock().wakers.len(), 8);
+        assert_eq!(service.inner.live_wakers(), 8);
         drop(cancelled);
         let expiring: Vec<_> = (0..8)
             .map(|_| tokio::spawn(service.admit_resources(GIB)))
@@ -1438,6 +1476,6 @@ mod tests {
         assert!(futures::poll!(&mut granted).is_pending());
         held.release().await;
         granted.await.unwrap().release().await;
-        assert!(service.inner.state.lock().wakers.is_empty());
+        assert_eq!(service.inner.live_wakers(), 0);
     }
 }

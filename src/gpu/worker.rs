@@ -154,7 +154,10 @@ impl fmt::Debug for DeviceWorker {
 impl DeviceWorker {
     /// Starts the worker thread of `device`. If the OS refuses a thread, the
     /// worker exists without one and every submission is [`WorkerGone`].
-    pub fn spawn(device: DeviceOrdinal) -> Self {
+    /// Crate-private (tests and, with `gpu-tests`, the device checks): a
+    /// device's worker is the service's, one per device.
+    #[cfg(any(test, feature = "gpu-tests"))]
+    pub(crate) fn spawn(device: DeviceOrdinal) -> Self {
         Self::spawn_with(device, StdArc::new(crate::gpu::guard::worker_boundary()))
     }
 

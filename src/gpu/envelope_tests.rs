@@ -6,15 +6,13 @@
 
 use std::sync::Arc;
 
-use admission::gpu::backend::sim::{SimBackend, SimDevice};
-use admission::gpu::backend::{
-    BackendError, BackendOp, DeviceOrdinal, FaultIsolation, SharedBackend,
-};
-use admission::gpu::envelope::{
+use crate::gpu::backend::sim::{SimBackend, SimDevice};
+use crate::gpu::backend::{BackendError, BackendOp, DeviceOrdinal, FaultIsolation, SharedBackend};
+use crate::gpu::envelope::{
     AdmissionEnvelope, AttemptBounds, BuildError, BuildStep, DeviceHealth, Disposition,
     EnvelopeError, EnvelopeSpec, TeardownReport,
 };
-use admission::gpu::worker::DeviceWorker;
+use crate::gpu::worker::DeviceWorker;
 use tokio::sync::mpsc;
 
 use BackendOp::*;
