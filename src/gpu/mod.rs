@@ -220,6 +220,7 @@ pub mod worker;
 // The query service: the one queue and its scheduler (a plain synchronous
 // core), the async glue around it, handles and observation records.
 pub mod handle;
+pub mod lazy;
 pub mod observe;
 pub mod scheduler;
 pub mod service;
@@ -266,6 +267,7 @@ pub mod device_checks {
 #[cfg(feature = "config")]
 pub use config::{parse_byte_size, parse_device_selection, GpuConfig, DEVICES_ENV};
 pub use handle::{AttemptReport, QueryHandle};
+pub use lazy::LazyAdmission;
 pub use ledger::{
     Decision, DeviceLedger, ForeignGrant, GrantId, GrantRequest, LaterReason, LedgerError,
     LedgerHealth, LedgerReport, MemoryGrant, NeverReason, ProtectionReport, ReleaseOutcome,

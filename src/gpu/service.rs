@@ -15,7 +15,9 @@
 //!
 //! Planning may hold a ticket without ever admitting (an explain does
 //! exactly that): a ticket is a proof and a service reference, nothing
-//! more. A resource-only handle ([`QueryService::admit_resources`]) has
+//! more. [`AdmissionTicket::lazy`] makes the rule structural: the first
+//! execution step through the returned [`LazyAdmission`](super::LazyAdmission)
+//! admits, and a path that never executes never admits. A resource-only handle ([`QueryService::admit_resources`]) has
 //! bytes and a device but no proof, so it cannot authorize a native plan.
 //!
 //! # One lock, never across an await
@@ -499,6 +501,24 @@ pub struct AdmissionTicket {
 }
 
 impl AdmissionTicket {
+    /// This ticket as a first-use trigger: the first execution step that
+    /// needs the device admits it ([`LazyAdmission`](super::LazyAdmission)),
+    /// and if none does, nothing is ever reserved.
+    pub fn lazy(self) -> super::lazy::LazyAdmission {
+        super::lazy::LazyAdmission::new(self)
+    }
+
+    /// Another ticket for the same request (a ticket reserves nothing, so a
+    /// copy costs nothing either).
+    pub(crate) fn duplicate(&self) -> Self {
+        AdmissionTicket {
+            inner: self.inner.clone(),
+            proof: self.proof.clone(),
+            request: self.request.clone(),
+            deadline: self.deadline,
+        }
+    }
+
     /// A deadline of the request's own; the effective deadline is the
     /// earlier of this and the queue's `max_wait` from submission.
     pub fn with_deadline(mut self, deadline: Instant) -> Self {
