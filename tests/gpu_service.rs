@@ -11,7 +11,7 @@ use admission::gpu::backend::{BackendError, BackendOp, FaultIsolation};
 use admission::gpu::envelope::{BuildStep, DeviceHealth, Disposition};
 use admission::gpu::{
     DeviceSet, GpuAdmitError, LedgerHealth, MemoryOwnership, ObservationKind, ProofIssuer,
-    QueryAdmissionOutcome, QueryService, ServiceError,
+    QueryAdmissionOutcome, QueryService, ReinstateError, ServiceError,
 };
 use futures::poll;
 use gpu_rig::*;
@@ -312,33 +312,120 @@ async fn an_envelope_failure_at_each_step_releases_the_grant_and_publishes_nothi
 }
 
 #[tokio::test]
-async fn a_device_fault_while_building_quarantines_the_device() {
+async fn a_fault_outside_a_stream_sync_while_building_closes_every_ledger() {
     let rig = Rig::new(
         vec![profile(0, 16, 2, &[]), profile(1, 16, 2, &[])],
         bounds(8, 4),
     );
+    // A sticky code on the first step proves nothing about its reach, even
+    // when the backend calls it device-local: only a synchronization does,
+    // and no stream exists yet whose synchronization could. (A fault on a
+    // later step is proven by the rollback's synchronization of the root
+    // stream, and quarantines: see the envelope's tests.)
     rig.sim.fail_nth(
-        BackendOp::OpenDomain,
+        BackendOp::OpenLane,
         1,
         BackendError::Fault {
-            op: BackendOp::OpenDomain,
+            op: BackendOp::OpenLane,
             code: 700,
             isolation: FaultIsolation::Device(dev(0)),
         },
     );
     let error = rig.service.admit_resources(GIB).await.unwrap_err();
     assert_eq!(error.outcome(), QueryAdmissionOutcome::DeviceFault);
+    for r in rig.reports() {
+        assert_eq!(r.health, LedgerHealth::Closed, "{r:?}");
+        assert_eq!((r.live_grant_count, r.active_attempts), (0, 0));
+    }
+    assert!(matches!(
+        rig.service.admit_resources(GIB).await,
+        Err(GpuAdmitError::NoHealthyDevice { .. })
+    ));
+}
+
+#[tokio::test]
+async fn a_fault_outside_a_stream_sync_at_release_closes_every_ledger() {
+    let rig = Rig::new(
+        vec![profile(0, 16, 2, &[]), profile(1, 16, 2, &[])],
+        bounds(8, 4),
+    );
+    let handle = rig.service.admit_resources(GIB).await.unwrap();
+    rig.sim.fail_nth(
+        BackendOp::CloseDomain,
+        1,
+        BackendError::Fault {
+            op: BackendOp::CloseDomain,
+            code: 700,
+            isolation: FaultIsolation::Device(handle.device()),
+        },
+    );
+    let report = handle.release().await;
+    assert!(report.ledger_released);
+    // Sealed before destruction: the synchronization was clean.
+    assert_eq!(report.disposition, Disposition::Clean);
+    assert_eq!(report.teardown.disposition, Disposition::DeviceFault);
+    for r in rig.reports() {
+        assert_eq!(r.health, LedgerHealth::Closed, "{r:?}");
+    }
+}
+
+#[tokio::test]
+async fn a_quarantined_device_is_reinstated_only_after_its_probe_passes() {
+    let rig = one_device(2);
+    let handle = rig.service.admit_resources(GIB).await.unwrap();
+    rig.sim.inject_sync_fault(dev(0), 700);
+    handle.release().await;
     assert_eq!(
         rig.report(0).health,
         LedgerHealth::Quarantined { code: 700 }
     );
-    // The next request goes to the healthy device.
+
+    // The device still faults: the probe fails and nothing changes.
+    let error = rig.service.reinstate(dev(0)).await.unwrap_err();
+    assert!(
+        matches!(error, ReinstateError::ProbeFailed { device, .. } if device == dev(0)),
+        "{error}"
+    );
+    assert_eq!(
+        rig.report(0).health,
+        LedgerHealth::Quarantined { code: 700 }
+    );
+    assert_eq!(
+        rig.service.reinstate(dev(5)).await,
+        Err(ReinstateError::NoSuchDevice { device: dev(5) })
+    );
+
+    // After the operator's reset the probe passes and grants flow again.
+    rig.sim.reset_device(dev(0));
+    rig.service.reinstate(dev(0)).await.unwrap();
+    assert_eq!(rig.report(0).health, LedgerHealth::Healthy);
+    assert!(rig
+        .observed
+        .lock()
+        .unwrap()
+        .iter()
+        .any(|o| o.kind == ObservationKind::Reinstated && o.device == Some(0)));
     let handle = rig.service.admit_resources(GIB).await.unwrap();
-    assert_eq!(handle.device(), dev(1));
+    assert_eq!(handle.device(), dev(0));
     handle.release().await;
-    for r in rig.reports() {
-        assert_eq!((r.live_grant_count, r.active_attempts), (0, 0));
-    }
+    assert_eq!(
+        rig.service.reinstate(dev(0)).await,
+        Err(ReinstateError::NotQuarantined {
+            device: dev(0),
+            health: LedgerHealth::Healthy
+        })
+    );
+
+    // A closed ledger is the whole backend's verdict: not reinstated.
+    rig.service.close();
+    assert!(matches!(
+        rig.service.reinstate(dev(0)).await,
+        Err(ReinstateError::NotQuarantined {
+            health: LedgerHealth::Closed,
+            ..
+        })
+    ));
+    rig.assert_idle();
 }
 
 #[tokio::test]

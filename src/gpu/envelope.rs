@@ -185,10 +185,33 @@ impl RollbackReport {
         self.steps.iter().filter_map(|s| s.error.as_ref())
     }
 
-    /// The isolation of the first device fault among them.
+    /// What the faults among them prove, by the seed's rule (see
+    /// [`proven_isolation`]).
     pub fn fault(&self) -> Option<FaultIsolation> {
-        self.errors().find_map(BackendError::fault_isolation)
+        proven_isolation(self.errors())
     }
+}
+
+/// The seed's rule for acting on device faults: only a fault that a
+/// **stream synchronization** reported proves where it lies, so only such a
+/// fault isolated to a device quarantines that device. Any other fault (a
+/// sticky code on a create, a close, a destroy) does not establish its
+/// reach, so its isolation is [`FaultIsolation::Unknown`] and every ledger
+/// closes. A synchronization fault wins over the others: once a context is
+/// poisoned, every later call repeats its code.
+pub fn proven_isolation<'a>(
+    errors: impl IntoIterator<Item = &'a BackendError>,
+) -> Option<FaultIsolation> {
+    let mut seen = None;
+    for error in errors {
+        if let BackendError::Fault { op, isolation, .. } = error {
+            if *op == BackendOp::Synchronize {
+                return Some(*isolation);
+            }
+            seen = Some(FaultIsolation::Unknown);
+        }
+    }
+    seen
 }
 
 /// Why an envelope could not be built. Whatever was built is rolled back
@@ -232,14 +255,16 @@ pub enum BuildError {
 }
 
 impl BuildError {
-    /// The isolation of a device fault seen while building or rolling back,
-    /// or [`FaultIsolation::Unknown`] when the clean-up was abandoned: the
-    /// caller quarantines the device or closes the backend's ledgers.
+    /// What the device faults seen while building or rolling back prove
+    /// ([`proven_isolation`]: a device only from a stream synchronization,
+    /// otherwise [`FaultIsolation::Unknown`]), or `Unknown` when the
+    /// clean-up was abandoned: the caller quarantines the device or closes
+    /// the backend's ledgers.
     pub fn fault(&self) -> Option<FaultIsolation> {
         match self {
             BuildError::Step {
                 error, rollback, ..
-            } => error.fault_isolation().or_else(|| rollback.fault()),
+            } => proven_isolation(rollback.errors().chain(std::iter::once(error))),
             BuildError::WorkerGone(_) => Some(FaultIsolation::Unknown),
             BuildError::Interrupted { device } => Some(FaultIsolation::Device(*device)),
             BuildError::InvalidBounds { .. } | BuildError::WrongWorker { .. } => None,
@@ -382,12 +407,20 @@ pub struct TeardownReport {
 }
 
 impl TeardownReport {
-    /// The isolation to act on: the fault's, or
-    /// [`FaultIsolation::Unknown`] when the clean-up was abandoned.
+    /// The isolation to act on: a synchronization fault's own, any other
+    /// fault's [`FaultIsolation::Unknown`] ([`proven_isolation`]), or
+    /// `Unknown` when the clean-up was abandoned.
     pub fn fault_isolation(&self) -> Option<FaultIsolation> {
         match self.health {
             DeviceHealth::Healthy => None,
-            DeviceHealth::Faulted { isolation, .. } => Some(isolation),
+            // Only a synchronization proves where a fault lies; see
+            // `proven_isolation`.
+            DeviceHealth::Faulted {
+                op: BackendOp::Synchronize,
+                isolation,
+                ..
+            } => Some(isolation),
+            DeviceHealth::Faulted { .. } => Some(FaultIsolation::Unknown),
             DeviceHealth::Unknown => Some(FaultIsolation::Unknown),
             DeviceHealth::Interrupted => Some(FaultIsolation::Device(self.device)),
         }

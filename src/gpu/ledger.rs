@@ -47,8 +47,9 @@
 //!
 //! * **Never** when waiting on this ledger cannot help: the ledger is
 //!   [closed](LedgerHealth::Closed) or [quarantined](LedgerHealth::Quarantined)
-//!   (neither ever reopens: recovery from a sticky device fault is a process
-//!   restart), the device lacks a required capability, or the required floor
+//!   (a closed ledger never reopens; a quarantined one only when the
+//!   operator reinstates it after a device reset and a passing health probe,
+//!   `QueryService::reinstate`), the device lacks a required capability, or the required floor
 //!   exceeds [`DeviceProfile::largest_possible_grant`], the grant an *empty*
 //!   ledger could issue. Cache, grants and protections all drain, so any floor
 //!   that fits an empty ledger is Later at worst.
@@ -889,6 +890,17 @@ impl DeviceLedger {
             self.health = LedgerHealth::Quarantined { code };
         }
         self.protection.take().map(|p| p.waiter)
+    }
+
+    /// Returns a quarantined ledger to service (the operator's reinstatement
+    /// after a device reset, once a health probe passed). Whether it was
+    /// quarantined; a closed ledger stays closed.
+    pub(crate) fn reinstate(&mut self) -> bool {
+        let quarantined = matches!(self.health, LedgerHealth::Quarantined { .. });
+        if quarantined {
+            self.health = LedgerHealth::Healthy;
+        }
+        quarantined
     }
 
     /// Closes the ledger: nothing new is issued, in-flight grants drain.

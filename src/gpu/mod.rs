@@ -116,8 +116,9 @@
 //!   [`GpuAdmitError::EnvelopeStepFailed`]; a teardown step that panics is
 //!   recorded in the report and the grant is still returned. The device
 //!   stays in service (a host-side panic is no evidence about device
-//!   memory; only [`BackendError::Fault`](backend::BackendError::Fault)
-//!   quarantines), so a backend that always panics fails each attempt fast
+//!   memory; only a [`BackendError::Fault`](backend::BackendError::Fault)
+//!   reported by a stream synchronization quarantines, and any other fault
+//!   closes every ledger: see [`envelope::proven_isolation`]), so a backend that always panics fails each attempt fast
 //!   with a typed error, and the health shows it failing; an operator can
 //!   [`quarantine`](QueryService::quarantine) the device.
 //! * **`gpu_device_worker`** is a backstop around every job of a device's
@@ -290,5 +291,5 @@ pub use scheduler::{
 };
 pub use service::{
     AdmissionTicket, PreflightFuture, PreflightRequest, QueryService, QueryServiceBuilder,
-    ServiceError,
+    ReinstateError, ServiceError,
 };

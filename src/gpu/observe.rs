@@ -56,6 +56,9 @@ pub enum ObservationKind {
     Quarantined,
     /// A ledger was closed (fault of unknown reach, or service close).
     LedgerClosed,
+    /// An operator reinstated a quarantined device after its health probe
+    /// passed.
+    Reinstated,
 }
 
 impl ObservationKind {
@@ -75,6 +78,7 @@ impl ObservationKind {
             ObservationKind::Released => "released",
             ObservationKind::Quarantined => "quarantined",
             ObservationKind::LedgerClosed => "ledger_closed",
+            ObservationKind::Reinstated => "reinstated",
         }
     }
 }

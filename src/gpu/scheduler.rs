@@ -468,6 +468,15 @@ impl AdmissionCore {
         events
     }
 
+    /// Returns a quarantined `device` to service; whether it was
+    /// quarantined. Call [`schedule`](Self::schedule) next: queued work may
+    /// now fit there.
+    pub(crate) fn reinstate(&mut self, device: DeviceOrdinal) -> bool {
+        self.index(device)
+            .and_then(|i| self.ledgers.get_mut(i))
+            .is_some_and(DeviceLedger::reinstate)
+    }
+
     /// Closes every ledger (a fault whose isolation cannot be established):
     /// nothing new is issued anywhere, in-flight grants drain. Queued
     /// waiters fail at the next [`schedule`](Self::schedule).

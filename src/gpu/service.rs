@@ -62,9 +62,15 @@
 //!
 //! # Faults
 //!
-//! A [`FaultIsolation::Device`] fault quarantines that ledger; an
-//! [`FaultIsolation::Unknown`] one (abandoned clean-up, a gone worker)
-//! closes every ledger. In-flight grants of a quarantined or closed ledger
+//! The seed's rule ([`proven_isolation`](super::envelope::proven_isolation)):
+//! a fault that a stream synchronization reported as
+//! [`FaultIsolation::Device`] quarantines that ledger; any other fault
+//! (a sticky code on a create, close or destroy, whose reach nothing
+//! proved), an abandoned clean-up or a gone worker is
+//! [`FaultIsolation::Unknown`] and closes every ledger. An operator may
+//! [`reinstate`](QueryService::reinstate) a quarantined device after a
+//! reset, once a health probe passes (beyond the seed, which requires a
+//! restart); a closed ledger stays closed. In-flight grants of a quarantined or closed ledger
 //! stay valid and drain normally; nothing new is issued there, a protection
 //! held there moves to another compatible healthy ledger, and a waiter
 //! left without any healthy compatible device fails with
@@ -78,13 +84,13 @@ use std::task::{Poll, Waker};
 
 use tokio::time::{Instant, Sleep};
 
-use super::backend::{BackendError, DeviceOrdinal, FaultIsolation, SharedBackend};
+use super::backend::{BackendError, BackendOp, DeviceOrdinal, FaultIsolation, SharedBackend};
 use super::envelope::{
     AdmissionEnvelope, AttemptBounds, BuildError, EnvelopeSpec, TeardownCallback, TeardownReport,
 };
 use super::guard::{Boundaries, GuardedBackend};
 use super::handle::{AttemptReport, QueryHandle};
-use super::ledger::{GrantRequest, LedgerError, LedgerReport, MemoryGrant, WaiterId};
+use super::ledger::{GrantRequest, LedgerError, LedgerHealth, LedgerReport, MemoryGrant, WaiterId};
 use super::observe::{Observation, ObservationKind};
 use super::outcome::GpuAdmitError;
 use super::placement::compatible_devices;
@@ -169,6 +175,90 @@ impl std::error::Error for ServiceError {
             ServiceError::DeviceNotInstalled { .. } => None,
         }
     }
+}
+
+/// Why [`QueryService::reinstate`] left a device out of service.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ReinstateError {
+    /// The ordinal is not one of the service's devices.
+    NoSuchDevice {
+        /// The ordinal.
+        device: DeviceOrdinal,
+    },
+    /// The device is not quarantined: healthy already, or closed (a fault
+    /// of unknown reach or the service's close, which only a restart
+    /// undoes).
+    NotQuarantined {
+        /// The device.
+        device: DeviceOrdinal,
+        /// Its ledger's health.
+        health: LedgerHealth,
+    },
+    /// The health probe failed; the device stays quarantined.
+    ProbeFailed {
+        /// The device.
+        device: DeviceOrdinal,
+        /// The probe's failing operation.
+        op: BackendOp,
+        /// Its error.
+        error: BackendError,
+    },
+    /// The device's worker thread is gone, so no probe could run.
+    WorkerGone {
+        /// The device.
+        device: DeviceOrdinal,
+    },
+}
+
+impl fmt::Display for ReinstateError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ReinstateError::NoSuchDevice { device } => {
+                write!(f, "{device} is not a device of this service")
+            }
+            ReinstateError::NotQuarantined { device, health } => {
+                write!(f, "{device} is not quarantined (its ledger is {health:?})")
+            }
+            ReinstateError::ProbeFailed { device, op, error } => write!(
+                f,
+                "the health probe of {device} failed at `{op}`: {error}; it stays quarantined"
+            ),
+            ReinstateError::WorkerGone { device } => {
+                write!(
+                    f,
+                    "the worker thread of {device} is gone; no probe could run"
+                )
+            }
+        }
+    }
+}
+
+impl std::error::Error for ReinstateError {}
+
+/// The health probe of a quarantined device, on its worker: a lane, a root
+/// stream, a synchronization of it, and their release. The
+/// synchronization is what proved the fault, so it is what must pass now.
+fn probe(backend: &SharedBackend, device: DeviceOrdinal) -> Result<(), (BackendOp, BackendError)> {
+    let lane = backend
+        .open_lane(device)
+        .map_err(|e| (BackendOp::OpenLane, e))?;
+    let checked = backend
+        .create_root_stream(lane)
+        .map_err(|e| (BackendOp::CreateRootStream, e))
+        .and_then(|stream| {
+            let synced = backend
+                .synchronize(stream)
+                .map_err(|e| (BackendOp::Synchronize, e));
+            let destroyed = backend
+                .destroy_stream(stream)
+                .map_err(|e| (BackendOp::DestroyStream, e));
+            synced.and(destroyed)
+        });
+    let closed = backend
+        .close_lane(lane)
+        .map_err(|e| (BackendOp::CloseLane, e));
+    checked.and(closed)
 }
 
 /// Builds a [`QueryService`]; see [`QueryService::builder`].
@@ -417,6 +507,60 @@ impl QueryService {
     /// there is retargeted, waiters left without a healthy device fail.
     pub fn quarantine(&self, device: DeviceOrdinal, code: u32) {
         self.inner.transact(|core, _| core.quarantine(device, code));
+    }
+
+    /// Returns a quarantined `device` to service after the operator reset
+    /// it: a health probe (lane, root stream, synchronization, release) runs
+    /// on the device's worker, and only if every step passes does the
+    /// ledger issue grants again; queued work is rescheduled. A closed
+    /// ledger (a fault of unknown reach, or [`close`](Self::close)) is not
+    /// reinstated: its verdict covers the whole backend.
+    ///
+    /// Beyond the seed, which ends a quarantine only with a process
+    /// restart.
+    pub async fn reinstate(&self, device: DeviceOrdinal) -> Result<(), ReinstateError> {
+        let inner = &self.inner;
+        let health = inner
+            .state
+            .lock()
+            .core
+            .ledger(device)
+            .map(|ledger| ledger.health())
+            .ok_or(ReinstateError::NoSuchDevice { device })?;
+        if !matches!(health, LedgerHealth::Quarantined { .. }) {
+            return Err(ReinstateError::NotQuarantined { device, health });
+        }
+        let worker = inner
+            .workers
+            .get(&device)
+            .ok_or(ReinstateError::WorkerGone { device })?;
+        let backend = inner.backend.clone();
+        let probed = worker
+            .submit(move || probe(&backend, device))
+            .await
+            .map_err(|_| ReinstateError::WorkerGone { device })?;
+        if let Err((op, error)) = probed {
+            return Err(ReinstateError::ProbeFailed { device, op, error });
+        }
+        let reinstated = inner.transact(|core, recorder| {
+            let reinstated = core.reinstate(device);
+            if reinstated {
+                recorder.push(ObservationKind::Reinstated).device = Some(device.0);
+            }
+            Evented(reinstated, Vec::new())
+        });
+        if reinstated.0 {
+            Ok(())
+        } else {
+            // Closed meanwhile (a fault of unknown reach, or close).
+            let health = inner
+                .state
+                .lock()
+                .core
+                .ledger(device)
+                .map_or(LedgerHealth::Closed, |ledger| ledger.health());
+            Err(ReinstateError::NotQuarantined { device, health })
+        }
     }
 
     /// Charges, evicts, pins or unpins resident cache bytes on `device`'s
