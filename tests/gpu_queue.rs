@@ -153,6 +153,44 @@ async fn with_a_budget_of_zero_a_blocked_waiter_protects_instead_of_being_overta
     rig.assert_idle();
 }
 
+/// Two identical devices, one attempt of 4 GiB on each: spare bytes, load
+/// and worker depth tie. Device 0's attempt runs an execution context (a
+/// forked stream), so device 0 has fewer streams available, and the next
+/// admission goes to device 1. Derived from open slots alone, the two would
+/// tie and the lower ordinal would win.
+#[tokio::test]
+async fn ranking_reads_the_devices_live_stream_use() {
+    let rig = Rig::new(
+        vec![profile(0, 16, 3, &[]), profile(1, 16, 3, &[])],
+        bounds(8, 4),
+    );
+    let hinted = |gib| {
+        rig.service
+            .resource_ticket(0)
+            .with_working_set_hint(gib * GIB)
+            .admit()
+    };
+    let a = hinted(4).await.unwrap();
+    let b = hinted(4).await.unwrap();
+    assert_eq!((a.device(), b.device()), (dev(0), dev(1)));
+    let context = a.execution_context().unwrap();
+    rig.service.settle().await;
+    let next = hinted(4).await.unwrap();
+    assert_eq!(next.device(), dev(1), "fewer streams in use on device 1");
+
+    // Once the fork is gone, the devices tie again: the lower ordinal wins
+    // between two devices with equal spare bytes (device 0 has one attempt
+    // fewer now, so it wins on load as well).
+    drop(context);
+    rig.service.settle().await;
+    let last = hinted(4).await.unwrap();
+    assert_eq!(last.device(), dev(0));
+    for h in [a, b, next, last] {
+        h.release().await;
+    }
+    rig.assert_idle();
+}
+
 #[tokio::test]
 async fn a_protection_moves_when_its_device_is_quarantined() {
     let rig = Rig::new(

@@ -877,6 +877,7 @@ impl Shared {
         let domain = self.domain.clone();
         let deferred = self.deferred.clone();
         let callbacks = self.callbacks.clone();
+        let streams = self.worker.stream_counter();
         let (device, grant, lane, root, scope) = (
             self.spec.device,
             self.spec.grant_bytes,
@@ -915,7 +916,16 @@ impl Shared {
                     joined: true,
                     scope: Some(scope),
                 };
+                let before = steps.len();
                 undo(&backend, progress, false, &mut steps);
+                let root_destroyed = steps
+                    .get(before..)
+                    .unwrap_or_default()
+                    .iter()
+                    .any(|s| s.op == BackendOp::DestroyStream && s.error.is_none());
+                if root_destroyed {
+                    streams.closed();
+                }
                 errors.extend(std::mem::take(&mut *deferred.lock()));
                 TeardownReport::finish(
                     device,
@@ -1113,6 +1123,8 @@ impl AdmissionEnvelope {
             spec.device,
             spec.grant_bytes,
         ));
+        // The root stream is live from here until the teardown destroys it.
+        worker.stream_counter().opened();
         Ok(Self {
             shared: StdArc::new(Shared {
                 backend,
@@ -1201,6 +1213,7 @@ impl AdmissionEnvelope {
             .map_err(|()| EnvelopeError::StreamBound { max_streams })?;
         match shared.backend.fork_stream(shared.root) {
             Ok(stream) => {
+                shared.worker.stream_counter().opened();
                 shared.active.fetch_add(1, Ordering::AcqRel);
                 Ok(ExecutionContext {
                     shared: shared.clone(),
@@ -1318,11 +1331,14 @@ impl Drop for ExecutionContext {
         let backend = self.shared.backend.clone();
         let deferred = self.shared.deferred.clone();
         let stream = self.stream;
-        let queued = self.shared.worker.submit_detached(move || {
-            if let Err(error) = backend.destroy_stream(stream) {
-                deferred.lock().push(error);
-            }
-        });
+        let streams = self.shared.worker.stream_counter();
+        let queued =
+            self.shared
+                .worker
+                .submit_detached(move || match backend.destroy_stream(stream) {
+                    Ok(()) => streams.closed(),
+                    Err(error) => deferred.lock().push(error),
+                });
         if let Err(gone) = queued {
             tracing::error!(target: "admission", %gone, %stream, "cannot destroy an execution stream");
         }

@@ -270,6 +270,10 @@ pub struct AdmissionCore {
     queued: BTreeMap<u64, Waiter>,
     outcomes: BTreeMap<u64, Outcome>,
     closed: bool,
+    /// Streams each device's envelopes hold now, as the service last read
+    /// them from the device workers (`None` until read): the live input to
+    /// ranking by stream availability.
+    live_streams: Vec<Option<u64>>,
 }
 
 impl AdmissionCore {
@@ -286,6 +290,7 @@ impl AdmissionCore {
             queued: BTreeMap::new(),
             outcomes: BTreeMap::new(),
             closed: false,
+            live_streams: vec![None; devices.len()],
         }
     }
 
@@ -466,6 +471,19 @@ impl AdmissionCore {
         }
         self.retarget(holder, device, &mut events);
         events
+    }
+
+    /// Records the streams `device`'s envelopes hold now (roots and forks),
+    /// read by the service from the device's worker before each scheduling
+    /// pass; ranking then uses it instead of a figure derived from open
+    /// slots.
+    pub(crate) fn observe_streams(&mut self, device: DeviceOrdinal, in_use: u64) {
+        if let Some(slot) = self
+            .index(device)
+            .and_then(|i| self.live_streams.get_mut(i))
+        {
+            *slot = Some(in_use);
+        }
     }
 
     /// Returns a quarantined `device` to service; whether it was
@@ -776,12 +794,27 @@ impl AdmissionCore {
     ) -> DeviceLoad {
         let profile = ledger.profile();
         let report = ledger.report();
-        let open_slots = report
-            .max_active_attempts
-            .saturating_sub(report.active_attempts);
+        let capacity = u64::from(report.max_active_attempts)
+            .saturating_mul(u64::from(profile.streams_per_attempt()));
+        let live = self
+            .index(profile.ordinal())
+            .and_then(|i| self.live_streams.get(i).copied().flatten());
+        let available = match live {
+            // What the device's envelopes hold now (roots and forks), out
+            // of what its attempts may hold together.
+            Some(in_use) => capacity.saturating_sub(in_use),
+            // No live reading (the core driven on its own, by tests and
+            // benchmarks): what the open slots could take.
+            None => u64::from(
+                report
+                    .max_active_attempts
+                    .saturating_sub(report.active_attempts),
+            )
+            .saturating_mul(u64::from(profile.streams_per_attempt())),
+        };
         DeviceLoad {
             worker_depth: u32::try_from(worker_depth(profile.ordinal())).unwrap_or(u32::MAX),
-            available_streams: open_slots.saturating_mul(profile.streams_per_attempt()),
+            available_streams: u32::try_from(available).unwrap_or(u32::MAX),
         }
     }
 

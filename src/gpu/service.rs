@@ -763,6 +763,11 @@ impl Inner {
             let mut state = self.state.lock();
             let state = &mut *state;
             let result = f(&mut state.core, &mut recorder);
+            // Ranking reads each device's live stream count, not a figure
+            // derived from open slots.
+            for (device, worker) in &self.workers {
+                state.core.observe_streams(*device, worker.streams_in_use());
+            }
             let depth = |d| self.worker_depth(d);
             let mut events = result.events().to_vec();
             events.extend(state.core.schedule(&depth));
