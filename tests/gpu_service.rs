@@ -617,6 +617,67 @@ async fn observations_are_written_as_jsonl() {
 /// pinned) cache holds a waiter back, and evicting it admits the waiter at
 /// once, through the service's own transaction.
 #[tokio::test]
+async fn an_evictor_is_asked_for_exactly_the_bytes_the_oldest_waiter_lacks() {
+    use admission::gpu::{CacheChange, EvictionRequest};
+
+    let with_cache = admission::gpu::DeviceProfile::builder(dev(0))
+        .managed_capacity(16 * GIB)
+        .max_active_attempts(2)
+        .streams_per_attempt(2)
+        .cache_cap(14 * GIB)
+        .build()
+        .unwrap();
+    let asked: Arc<std::sync::Mutex<Vec<(u32, u64)>>> = Arc::default();
+    let log = asked.clone();
+    let rig = Rig::with(vec![with_cache], bounds(16, 4), move |builder| {
+        builder.evictor(dev(0), move |request: &EvictionRequest| {
+            log.lock().unwrap().push((request.device.0, request.bytes));
+        })
+    });
+    let asked = || asked.lock().unwrap().clone();
+    // 16 GiB, floor 2 GiB: 13 GiB of cache leave 16 - 13 - 2 (one open
+    // slot's floor) = 1 GiB; a 3 GiB floor lacks exactly 2 GiB.
+    rig.service
+        .change_cache(dev(0), CacheChange::Charge(13 * GIB))
+        .unwrap();
+    let mut older = Box::pin(rig.service.admit_resources(3 * GIB));
+    assert!(poll!(older.as_mut()).is_pending());
+    assert_eq!(asked(), [(0, 2 * GIB)]);
+
+    // A younger waiter's transaction asks nothing more: the older one is
+    // still the oldest, and its 2 GiB are asked for already.
+    let mut younger = Box::pin(rig.service.admit_resources(3 * GIB));
+    assert!(poll!(younger.as_mut()).is_pending());
+    assert_eq!(asked(), [(0, 2 * GIB)]);
+
+    // The owner evicts what it was asked for and says so: the older waiter
+    // is admitted by that change's own pass, and the younger, now the
+    // oldest, lacks 3 - (16 - 3 - 11) = 1 GiB.
+    rig.service
+        .change_cache(dev(0), CacheChange::Evict(2 * GIB))
+        .unwrap();
+    let older = older.await.unwrap();
+    assert_eq!(older.grant_bytes(), 3 * GIB);
+    assert_eq!(asked(), [(0, 2 * GIB), (0, GIB)]);
+    rig.service
+        .change_cache(dev(0), CacheChange::Evict(GIB))
+        .unwrap();
+    let younger = younger.await.unwrap();
+    assert!(rig
+        .observed
+        .lock()
+        .unwrap()
+        .iter()
+        .any(|o| o.kind == ObservationKind::EvictionRequested && o.grant_bytes == Some(2 * GIB)));
+    older.release().await;
+    younger.release().await;
+    rig.service
+        .change_cache(dev(0), CacheChange::Evict(10 * GIB))
+        .unwrap();
+    rig.assert_idle();
+}
+
+#[tokio::test]
 async fn evicting_cache_admits_the_waiter_it_held_back() {
     use admission::gpu::{CacheChange, LedgerError};
 

@@ -3,8 +3,8 @@
 //!
 //! # Implementation notes
 //!
-//! The service calls three kinds of code it does not own: the observer, the
-//! preflight hook, and the [`GpuBackend`] itself. Each gets one
+//! The service calls four kinds of code it does not own: the observer, the
+//! preflight hook, cache evictors, and the [`GpuBackend`] itself. Each gets one
 //! [`Boundary`] per service, so a snapshot shows one [`ComponentHealth`]
 //! per component however many devices, envelopes or threads call it:
 //!
@@ -12,6 +12,7 @@
 //! |---------------------|-----------------------------------|-----------------------------------------|
 //! | `gpu_observer`      | any thread, after the lock        | the record is dropped                   |
 //! | `gpu_preflight`     | the admit future (call and poll)  | that candidate's preflight failed       |
+//! | `gpu_evictor`       | any thread, after the lock        | that eviction request is skipped        |
 //! | `gpu_backend`       | worker and execution threads      | the operation failed ([`BackendError::Panicked`]) |
 //! | `gpu_device_worker` | the device worker, around a job   | the job's result is lost, typed         |
 //!
@@ -39,6 +40,7 @@ use crate::sync::StdArc;
 pub(crate) struct Boundaries {
     pub(crate) observer: Boundary,
     pub(crate) preflight: Boundary,
+    pub(crate) evictor: Boundary,
     pub(crate) backend: StdArc<Boundary>,
     pub(crate) worker: StdArc<Boundary>,
 }
@@ -54,6 +56,10 @@ impl Boundaries {
                 "gpu_preflight",
                 "fails that candidate's preflight, so the submission is rejected, never queued unchecked (fails closed)",
             ),
+            evictor: Boundary::new(
+                "gpu_evictor",
+                "skips that eviction request; the waiter waits as without an evictor (fails open)",
+            ),
             backend: StdArc::new(backend_boundary()),
             worker: StdArc::new(worker_boundary()),
         }
@@ -64,6 +70,7 @@ impl Boundaries {
         vec![
             self.observer.health(),
             self.preflight.health(),
+            self.evictor.health(),
             self.backend.health(),
             self.worker.health(),
         ]

@@ -38,8 +38,10 @@
 //! without one the grant is `max_new`. Cache charges are bounded by the cache
 //! cap and by the bytes nobody has claimed, but not by the open-slot
 //! headroom: that headroom is a promise to future attempts, and evictable
-//! cache is exactly what the service evicts when an attempt needs it back
-//! (the attempt sees the pressure as a smaller `max_new`).
+//! cache is what an attempt can get back (it sees the pressure as a smaller
+//! `max_new`): when the oldest runnable waiter lacks only evictable bytes,
+//! the service asks the cache owner's registered evictor for exactly those
+//! bytes (`QueryServiceBuilder::evictor`).
 //!
 //! # Decisions: Admit, Later, Never
 //!

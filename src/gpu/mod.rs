@@ -290,6 +290,6 @@ pub use scheduler::{
     AdmissionCore, AdmissionSnapshot, CacheChange, CoreEvent, DeviceSummary, WaiterSnapshot,
 };
 pub use service::{
-    AdmissionTicket, PreflightFuture, PreflightRequest, QueryService, QueryServiceBuilder,
-    ReinstateError, ServiceError,
+    AdmissionTicket, EvictionRequest, PreflightFuture, PreflightRequest, QueryService,
+    QueryServiceBuilder, ReinstateError, ServiceError,
 };

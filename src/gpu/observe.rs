@@ -59,6 +59,8 @@ pub enum ObservationKind {
     /// An operator reinstated a quarantined device after its health probe
     /// passed.
     Reinstated,
+    /// A device's evictor was asked for bytes (in `grant_bytes`).
+    EvictionRequested,
 }
 
 impl ObservationKind {
@@ -79,6 +81,7 @@ impl ObservationKind {
             ObservationKind::Quarantined => "quarantined",
             ObservationKind::LedgerClosed => "ledger_closed",
             ObservationKind::Reinstated => "reinstated",
+            ObservationKind::EvictionRequested => "eviction_requested",
         }
     }
 }

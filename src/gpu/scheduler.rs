@@ -66,8 +66,8 @@ use tokio::time::Instant;
 
 use super::backend::DeviceOrdinal;
 use super::ledger::{
-    Decision, DeviceLedger, ForeignGrant, GrantId, GrantRequest, LedgerError, LedgerHealth,
-    LedgerReport, MemoryGrant, ReleaseOutcome, WaiterId,
+    Decision, DeviceLedger, ForeignGrant, GrantId, GrantRequest, LaterReason, LedgerError,
+    LedgerHealth, LedgerReport, MemoryGrant, ReleaseOutcome, WaiterId,
 };
 use super::outcome::GpuAdmitError;
 use crate::health::ComponentHealth;
@@ -145,6 +145,15 @@ pub enum CoreEvent {
     LedgerClosed {
         /// The device.
         device: DeviceOrdinal,
+    },
+    /// The oldest runnable waiter is blocked on `device` only by evictable
+    /// cache: its registered evictor is asked for exactly these bytes (on
+    /// top of what it was asked for already and has not evicted yet).
+    EvictionRequested {
+        /// The device.
+        device: DeviceOrdinal,
+        /// The bytes to evict.
+        bytes: u64,
     },
 }
 
@@ -274,6 +283,9 @@ pub struct AdmissionCore {
     /// them from the device workers (`None` until read): the live input to
     /// ranking by stream availability.
     live_streams: Vec<Option<u64>>,
+    /// Per device: whether a cache owner registered an evictor, and the
+    /// bytes it was asked for and has not evicted yet.
+    evictors: Vec<Option<u64>>,
 }
 
 impl AdmissionCore {
@@ -291,6 +303,7 @@ impl AdmissionCore {
             outcomes: BTreeMap::new(),
             closed: false,
             live_streams: vec![None; devices.len()],
+            evictors: vec![None; devices.len()],
         }
     }
 
@@ -450,7 +463,15 @@ impl AdmissionCore {
             .ok_or(LedgerError::NoSuchDevice { device })?;
         match change {
             CacheChange::Charge(bytes) => ledger.charge_cache(bytes),
-            CacheChange::Evict(bytes) => ledger.evict_cache(bytes),
+            CacheChange::Evict(bytes) => {
+                ledger.evict_cache(bytes)?;
+                // Evicted bytes settle what the evictor was asked for.
+                if let Some(Some(asked)) = self.index(device).and_then(|i| self.evictors.get_mut(i))
+                {
+                    *asked = asked.saturating_sub(bytes);
+                }
+                Ok(())
+            }
             CacheChange::Pin(bytes) => ledger.pin_cache(bytes),
             CacheChange::Unpin(bytes) => ledger.unpin_cache(bytes),
         }
@@ -471,6 +492,66 @@ impl AdmissionCore {
         }
         self.retarget(holder, device, &mut events);
         events
+    }
+
+    /// Marks `device` as having an evictor: when the oldest runnable waiter
+    /// is blocked there only by evictable cache, scheduling asks for the
+    /// bytes it needs ([`CoreEvent::EvictionRequested`]).
+    pub(crate) fn enable_eviction(&mut self, device: DeviceOrdinal) {
+        if let Some(slot) = self.index(device).and_then(|i| self.evictors.get_mut(i)) {
+            slot.get_or_insert(0);
+        }
+    }
+
+    /// After one pass: if the oldest runnable waiter is still queued and
+    /// some candidate device with an evictor has a slot for it and lacks
+    /// only bytes that evictable cache holds, asks that device (the one
+    /// needing the fewest bytes, then the lowest ordinal) for exactly the
+    /// missing bytes, less what it was asked for already.
+    fn request_eviction(&mut self, events: &mut Vec<CoreEvent>) {
+        let barrier = self.pending.keys().next().copied().unwrap_or(u64::MAX);
+        let Some((_, w)) = self.queued.range(..barrier).next() else {
+            return;
+        };
+        let mut best: Option<(u64, DeviceOrdinal, usize)> = None;
+        for device in &w.candidates {
+            let Some(i) = self.index(*device) else {
+                continue;
+            };
+            let (Some(ledger), Some(Some(_))) = (self.ledgers.get(i), self.evictors.get(i)) else {
+                continue;
+            };
+            let Decision::Later {
+                reason:
+                    LaterReason::InsufficientBytes {
+                        required_floor,
+                        max_new,
+                    },
+            } = ledger.decide(&w.request)
+            else {
+                continue;
+            };
+            let needed = required_floor.saturating_sub(max_new);
+            if needed <= ledger.report().cache_evictable_bytes
+                && best.is_none_or(|(b, d, _)| (needed, *device) < (b, d))
+            {
+                best = Some((needed, *device, i));
+            }
+        }
+        let Some((needed, device, i)) = best else {
+            return;
+        };
+        let Some(Some(asked)) = self.evictors.get_mut(i) else {
+            return;
+        };
+        let more = needed.saturating_sub(*asked);
+        if more > 0 {
+            *asked = asked.saturating_add(more);
+            events.push(CoreEvent::EvictionRequested {
+                device,
+                bytes: more,
+            });
+        }
     }
 
     /// Records the streams `device`'s envelopes hold now (roots and forks),
@@ -557,6 +638,7 @@ impl AdmissionCore {
                 .iter()
                 .any(|e| matches!(e, CoreEvent::ProtectionDropped { .. }));
             if !dropped {
+                self.request_eviction(&mut events);
                 return events;
             }
         }

@@ -108,6 +108,21 @@ pub type PreflightFuture = Pin<Box<dyn Future<Output = Result<(), String>> + Sen
 
 type PreflightHook = dyn Fn(&PreflightRequest) -> PreflightFuture + Send + Sync + 'static;
 type ObserverHook = dyn Fn(&Observation) + Send + Sync + 'static;
+type EvictorHook = dyn Fn(&EvictionRequest) + Send + Sync + 'static;
+
+/// What a cache owner's evictor is asked: evict `bytes` of evictable cache
+/// on `device`, and report them with
+/// [`QueryService::change_cache`]`(device, CacheChange::Evict(bytes))`
+/// once they are gone; that change reschedules the queue.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct EvictionRequest {
+    /// The device.
+    pub device: DeviceOrdinal,
+    /// Exactly the bytes the oldest runnable waiter lacks there (less what
+    /// was asked for already and not evicted yet).
+    pub bytes: u64,
+}
 
 /// What a preflight hook is asked about: one submission on one candidate
 /// device.
@@ -268,6 +283,7 @@ pub struct QueryServiceBuilder {
     bounds: QueueBounds,
     preflight: Option<Box<PreflightHook>>,
     observer: Option<Box<ObserverHook>>,
+    evictors: BTreeMap<DeviceOrdinal, Box<EvictorHook>>,
 }
 
 impl fmt::Debug for QueryServiceBuilder {
@@ -294,6 +310,23 @@ impl QueryServiceBuilder {
         F: Fn(&PreflightRequest) -> PreflightFuture + Send + Sync + 'static,
     {
         self.preflight = Some(Box::new(preflight));
+        self
+    }
+
+    /// The evictor of `device`'s resident cache: when the oldest runnable
+    /// waiter is blocked there only by evictable cache bytes, the scheduler
+    /// asks it for exactly the bytes missing ([`EvictionRequest`]), after
+    /// the transaction, outside the lock, on whatever thread ran it (a
+    /// tokio task or the device's worker): it must not block. The evictor
+    /// reports what it evicted with [`QueryService::change_cache`], which
+    /// reschedules. It is not asked again for bytes it was asked for and
+    /// has not evicted yet. A panic is caught (`gpu_evictor` health) and the
+    /// waiter waits as without an evictor.
+    pub fn evictor<F>(mut self, device: DeviceOrdinal, evictor: F) -> Self
+    where
+        F: Fn(&EvictionRequest) + Send + Sync + 'static,
+    {
+        self.evictors.insert(device, Box::new(evictor));
         self
     }
 
@@ -365,7 +398,10 @@ impl QueryServiceBuilder {
                 (d, StdArc::new(worker))
             })
             .collect();
-        let core = AdmissionCore::new(&self.devices, self.bounds);
+        let mut core = AdmissionCore::new(&self.devices, self.bounds);
+        for device in self.evictors.keys() {
+            core.enable_eviction(*device);
+        }
         Ok(QueryService {
             inner: StdArc::new(Inner {
                 backend,
@@ -378,6 +414,7 @@ impl QueryServiceBuilder {
                 }),
                 preflight: self.preflight,
                 observer: self.observer,
+                evictors: self.evictors,
                 boundaries,
                 epoch: Instant::now(),
             }),
@@ -425,6 +462,7 @@ impl QueryService {
             bounds,
             preflight: None,
             observer: None,
+            evictors: BTreeMap::new(),
         }
     }
 
@@ -627,6 +665,7 @@ impl QueryService {
                 }),
                 preflight: None,
                 observer: None,
+                evictors: BTreeMap::new(),
                 boundaries: Boundaries::new(),
                 epoch: Instant::now(),
             }),
@@ -708,6 +747,7 @@ pub(crate) struct Inner {
     pub(crate) state: Mutex<State>,
     preflight: Option<Box<PreflightHook>>,
     observer: Option<Box<ObserverHook>>,
+    evictors: BTreeMap<DeviceOrdinal, Box<EvictorHook>>,
     boundaries: Boundaries,
     epoch: Instant,
 }
@@ -759,6 +799,7 @@ impl Inner {
             records: Vec::new(),
         };
         let mut wake = Vec::new();
+        let mut evictions = Vec::new();
         let result = {
             let mut state = self.state.lock();
             let state = &mut *state;
@@ -773,6 +814,12 @@ impl Inner {
             events.extend(state.core.schedule(&depth));
             for event in &events {
                 record_event(&mut recorder, event);
+                if let CoreEvent::EvictionRequested { device, bytes } = event {
+                    evictions.push(EvictionRequest {
+                        device: *device,
+                        bytes: *bytes,
+                    });
+                }
                 if let Some(waiter) = event.resolves() {
                     if let Some(waker) = state.wakers.remove(&waiter.get()) {
                         wake.push(waker);
@@ -790,6 +837,13 @@ impl Inner {
             waker.wake();
         }
         self.deliver(recorder.records);
+        // Last, and outside the lock: an evictor may report its eviction
+        // at once, which is a transaction of its own.
+        for request in evictions {
+            if let Some(evictor) = self.evictors.get(&request.device) {
+                let _ = self.boundaries.evictor.call(|| evictor(&request));
+            }
+        }
         result
     }
 
@@ -1016,6 +1070,11 @@ fn record_event(recorder: &mut Recorder, event: &CoreEvent) {
         CoreEvent::LedgerClosed { device } => {
             let r = recorder.push(ObservationKind::LedgerClosed);
             r.device = Some(device.0);
+        }
+        CoreEvent::EvictionRequested { device, bytes } => {
+            let r = recorder.push(ObservationKind::EvictionRequested);
+            r.device = Some(device.0);
+            r.grant_bytes = Some(*bytes);
         }
     }
 }
