@@ -46,8 +46,6 @@ use super::envelope::{
 use super::ledger::{GrantId, MemoryGrant, WaiterId};
 use super::outcome::GpuAdmitError;
 use super::proof::{CapabilityProof, PlanFingerprint};
-use super::service::Inner;
-use crate::sync::{Mutex, StdArc};
 
 /// The sealed record of one attempt, from admission to release.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -172,56 +170,25 @@ impl fmt::Debug for QueryHandle {
 }
 
 impl QueryHandle {
-    /// Publishes a handle over a validated envelope; the grant moves into
-    /// the envelope's release callback.
-    pub(crate) fn publish(
-        inner: StdArc<Inner>,
+    /// A handle over a validated envelope whose callbacks are armed
+    /// already (`release::publish`): `report` answers once the release
+    /// callback returned the grant.
+    pub(crate) fn new_published(
         envelope: AdmissionEnvelope,
-        grant: MemoryGrant,
-        waiter: WaiterId,
+        report: oneshot::Receiver<AttemptReport>,
         proof: Option<CapabilityProof>,
-        waited: Duration,
+        sealing: &Sealing,
+        published_at: std::time::Instant,
     ) -> Self {
-        // The admitted proof names its device and grant from here on.
-        let proof = proof.map(|p| p.bound_to(grant.device(), grant.id()));
-        let (tx, rx) = oneshot::channel();
-        let (id, bytes, floor) = (grant.id(), grant.bytes(), grant.required_floor());
-        let sealing = Sealing {
-            waiter,
-            device: grant.device(),
-            grant: id,
-            grant_bytes: bytes,
-            required_floor: floor,
-            plan: proof.as_ref().map(CapabilityProof::fingerprint),
-            waited,
-        };
-        let published_at = std::time::Instant::now();
-        let sealed = StdArc::new(Mutex::new(None));
-        let (seal_inner, seal_slot) = (inner.clone(), sealed.clone());
-        envelope.set_callbacks(
-            move |before_destruction| {
-                let report = sealing.seal(published_at.elapsed(), before_destruction);
-                seal_inner.observe_sealed(&report);
-                *seal_slot.lock() = Some(report);
-            },
-            move |teardown| {
-                // Sealed already: `Callbacks::run` seals first when the
-                // teardown never reached its synchronization.
-                let sealed = sealed.lock().take();
-                let report = inner.finish_attempt(grant, sealed, teardown);
-                // Nobody awaits the report of a dropped handle.
-                let _ = tx.send(report);
-            },
-        );
         QueryHandle {
             envelope,
-            report: rx,
+            report,
             proof,
-            waiter,
-            grant: id,
-            grant_bytes: bytes,
-            required_floor: floor,
-            waited,
+            waiter: sealing.waiter,
+            grant: sealing.grant,
+            grant_bytes: sealing.grant_bytes,
+            required_floor: sealing.required_floor,
+            waited: sealing.waited,
             published_at,
         }
     }

@@ -223,6 +223,7 @@ pub mod worker;
 pub mod handle;
 pub mod lazy;
 pub mod observe;
+mod release;
 pub mod scheduler;
 pub mod service;
 

@@ -53,12 +53,15 @@
 //! Whether the handle is released
 //! (the teardown is awaited) or dropped (the envelope queues its own
 //! teardown when the last execution context goes), the callback runs on the
-//! device worker: the [`AttemptReport`] is sealed after the root stream's
+//! device worker: the [`AttemptReport`](super::AttemptReport) is sealed after the root stream's
 //! synchronization and before any resource is destroyed; after the
 //! destruction (the lane last) one transaction quarantines the device on a
 //! proven stream-sync fault (or closes every ledger when the fault's reach
 //! is unknown), releases the grant and reschedules. `Drop` only queues
-//! work. The order is the seed's; see the table in [`super::handle`].
+//! work. The order is the seed's; see the table in [`super::handle`]. Every
+//! path that returns a grant (a parked one on cancel, an unpublished one
+//! after a failed or unreceived build, a published one after its teardown)
+//! is in `release.rs`, under a table of who releases when.
 //!
 //! # Faults
 //!
@@ -89,7 +92,7 @@ use super::envelope::{
     AdmissionEnvelope, AttemptBounds, BuildError, EnvelopeSpec, TeardownCallback, TeardownReport,
 };
 use super::guard::{Boundaries, GuardedBackend};
-use super::handle::{AttemptReport, QueryHandle};
+use super::handle::QueryHandle;
 use super::ledger::{GrantRequest, LedgerError, LedgerHealth, LedgerReport, MemoryGrant, WaiterId};
 use super::observe::{Observation, ObservationKind};
 use super::outcome::GpuAdmitError;
@@ -877,7 +880,7 @@ impl Inner {
 
     /// Delivers one record of something that happened outside a
     /// transaction, with the queue's depth read now.
-    fn observe_outside_transaction(
+    pub(crate) fn observe_outside_transaction(
         &self,
         kind: ObservationKind,
         fill: impl FnOnce(&mut Observation),
@@ -891,104 +894,6 @@ impl Inner {
             record.pending_preflights = state.core.pending_preflights();
         }
         self.deliver(vec![record]);
-    }
-
-    /// Applies a fault's isolation: quarantine the device, or close every
-    /// ledger when its reach is unknown.
-    fn isolate(core: &mut AdmissionCore, isolation: FaultIsolation, code: u32) -> Vec<CoreEvent> {
-        match isolation {
-            FaultIsolation::Device(device) => core.quarantine(device, code),
-            FaultIsolation::Unknown => core.close_ledgers(),
-        }
-    }
-
-    /// The attempt's report is sealed: its disposition and health are
-    /// fixed, nothing is destroyed yet.
-    pub(crate) fn observe_sealed(&self, report: &AttemptReport) {
-        self.observe_outside_transaction(ObservationKind::Sealed, |record| {
-            record.waiter = Some(report.waiter.get());
-            record.device = Some(report.device.0);
-            record.grant_bytes = Some(report.grant_bytes);
-            record.detail = Some(format!("{:?}", report.disposition));
-        });
-    }
-
-    /// The end of an attempt, on the device worker after its report was
-    /// sealed and its resources destroyed: isolate a fault, then release
-    /// the grant (queued work is woken after that transaction commits).
-    /// `sealed` is `None` only if the seal callback itself was lost.
-    pub(crate) fn finish_attempt(
-        &self,
-        grant: MemoryGrant,
-        sealed: Option<AttemptReport>,
-        teardown: &TeardownReport,
-    ) -> AttemptReport {
-        let mut report = sealed.unwrap_or_else(|| {
-            tracing::error!(target: "admission", device = %teardown.device, "a GPU attempt report was not sealed before destruction");
-            AttemptReport::unsealed(&grant, teardown)
-        });
-        // The destruction's own record; the sealed disposition and health
-        // stay what the synchronization showed.
-        report.teardown = teardown.clone();
-        let waiter = report.waiter;
-        let released = self.transact(|core, recorder| {
-            // Recorded here rather than returned, so that the records read
-            // in transaction order: the quarantine, then the release.
-            if let Some(isolation) = teardown.fault_isolation() {
-                for event in Self::isolate(core, isolation, fault_code(teardown)) {
-                    record_event(recorder, &event);
-                }
-            }
-            let released = core.release(grant);
-            let record = recorder.push(ObservationKind::Released);
-            record.waiter = Some(waiter.get());
-            record.device = Some(teardown.device.0);
-            record.grant_bytes = Some(teardown.grant_bytes);
-            record.detail = Some(format!("{:?}", teardown.disposition));
-            if let Err(foreign) = &released {
-                tracing::error!(target: "admission", %foreign, "cannot release a GPU grant");
-            }
-            Evented(released.is_ok(), Vec::new())
-        });
-        report.ledger_released = released.0;
-        report
-    }
-
-    /// Releases a grant whose envelope was never published: rolled back
-    /// already (`fault` from the build), or about to be (a cancelled build).
-    fn release_unpublished(
-        &self,
-        grant: MemoryGrant,
-        waiter: WaiterId,
-        isolation: Option<(FaultIsolation, u32)>,
-        error: Option<&GpuAdmitError>,
-    ) {
-        self.transact(|core, recorder| {
-            if let Some((isolation, code)) = isolation {
-                for event in Self::isolate(core, isolation, code) {
-                    record_event(recorder, &event);
-                }
-            }
-            let device = grant.device();
-            let bytes = grant.bytes();
-            if let Err(foreign) = core.release(grant) {
-                tracing::error!(target: "admission", %foreign, "cannot release a GPU grant");
-            }
-            let kind = if error.is_some() {
-                ObservationKind::EnvelopeFailed
-            } else {
-                ObservationKind::Removed
-            };
-            let record = recorder.push(kind);
-            record.waiter = Some(waiter.get());
-            record.device = Some(device.0);
-            record.grant_bytes = Some(bytes);
-            match error {
-                Some(error) => set_error(record, error),
-                None => set_error(record, &GpuAdmitError::Cancelled),
-            }
-            Evented((), Vec::new())
-        });
     }
 }
 
@@ -1013,20 +918,13 @@ impl<T> EventSource for Evented<T> {
     }
 }
 
-fn fault_code(report: &TeardownReport) -> u32 {
-    match report.health {
-        super::envelope::DeviceHealth::Faulted { code, .. } => code,
-        _ => 0,
-    }
-}
-
-fn set_error(record: &mut Observation, error: &GpuAdmitError) {
+pub(crate) fn set_error(record: &mut Observation, error: &GpuAdmitError) {
     record.reason = Some(error.reason());
     record.outcome = Some(error.outcome().name());
     record.detail = Some(error.to_string());
 }
 
-fn record_event(recorder: &mut Recorder, event: &CoreEvent) {
+pub(crate) fn record_event(recorder: &mut Recorder, event: &CoreEvent) {
     match event {
         CoreEvent::Admitted {
             waiter,
@@ -1279,7 +1177,7 @@ async fn admit(ticket: AdmissionTicket) -> Result<QueryHandle, GpuAdmitError> {
             if let Some(grant) = grant {
                 let isolation = report
                     .fault_isolation()
-                    .map(|isolation| (isolation, fault_code(report)));
+                    .map(|isolation| (isolation, super::release::fault_code(report)));
                 inner.release_unpublished(grant, waiter, isolation, None);
             }
         })
@@ -1297,7 +1195,7 @@ async fn admit(ticket: AdmissionTicket) -> Result<QueryHandle, GpuAdmitError> {
     match (built, grant) {
         (Ok(envelope), Some(grant)) => {
             let handle =
-                QueryHandle::publish(inner.clone(), envelope, grant, waiter, proof, waited);
+                super::release::publish(inner.clone(), envelope, grant, waiter, proof, waited);
             inner.observe_published(waiter, device, grant_bytes);
             Ok(handle)
         }
