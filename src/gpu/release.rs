@@ -29,7 +29,7 @@ use super::observe::ObservationKind;
 use super::outcome::GpuAdmitError;
 use super::proof::CapabilityProof;
 use super::scheduler::{AdmissionCore, CoreEvent};
-use super::service::{record_event, set_error, Evented, Inner};
+use super::service::{record_event, set_error, Inner};
 use crate::sync::{Mutex, StdArc};
 
 /// Publishes a handle over a validated envelope: binds the proof to its
@@ -133,9 +133,9 @@ impl Inner {
             if let Err(foreign) = &released {
                 tracing::error!(target: "admission", %foreign, "cannot release a GPU grant");
             }
-            Evented(released.is_ok(), Vec::new())
+            released.is_ok()
         });
-        report.ledger_released = released.0;
+        report.ledger_released = released;
         report
     }
 
@@ -172,7 +172,6 @@ impl Inner {
                 Some(error) => set_error(record, error),
                 None => set_error(record, &GpuAdmitError::Cancelled),
             }
-            Evented((), Vec::new())
         });
     }
 }

@@ -547,7 +547,8 @@ impl QueryService {
     /// nothing new is issued there, in-flight grants drain, a protection
     /// there is retargeted, waiters left without a healthy device fail.
     pub fn quarantine(&self, device: DeviceOrdinal, code: u32) {
-        self.inner.transact(|core, _| core.quarantine(device, code));
+        self.inner
+            .transact(|core, recorder| recorder.caused(core.quarantine(device, code)));
     }
 
     /// Returns a quarantined `device` to service after the operator reset
@@ -588,9 +589,9 @@ impl QueryService {
             if reinstated {
                 recorder.push(ObservationKind::Reinstated).device = Some(device.0);
             }
-            Evented(reinstated, Vec::new())
+            reinstated
         });
-        if reinstated.0 {
+        if reinstated {
             Ok(())
         } else {
             // Closed meanwhile (a fault of unknown reach, or close).
@@ -613,15 +614,15 @@ impl QueryService {
         change: CacheChange,
     ) -> Result<(), LedgerError> {
         self.inner
-            .transact(|core, _| Evented(core.change_cache(device, change), Vec::new()))
-            .0
+            .transact(|core, _| core.change_cache(device, change))
     }
 
     /// Closes the service: new submissions and every queued waiter fail
     /// with [`GpuAdmitError::Closed`], every ledger closes. In-flight
     /// handles keep working and release normally.
     pub fn close(&self) {
-        self.inner.transact(|core, _| core.close());
+        self.inner
+            .transact(|core, recorder| recorder.caused(core.close()));
     }
 
     /// Waits until every job queued on the device workers so far has run:
@@ -768,9 +769,18 @@ impl fmt::Debug for Inner {
 pub(crate) struct Recorder {
     epoch: Instant,
     records: Vec<Observation>,
+    /// Core events the closure caused before the scheduling pass (a close,
+    /// a quarantine): recorded and woken like the pass's own.
+    events: Vec<CoreEvent>,
 }
 
 impl Recorder {
+    /// Events the transaction's closure caused, to be recorded and woken
+    /// with the scheduling pass's.
+    pub(crate) fn caused(&mut self, events: Vec<CoreEvent>) {
+        self.events.extend(events);
+    }
+
     pub(crate) fn push(&mut self, kind: ObservationKind) -> &mut Observation {
         let elapsed = Instant::now().saturating_duration_since(self.epoch);
         self.records.push(Observation::new(kind, elapsed));
@@ -793,13 +803,11 @@ impl Inner {
     /// One transaction: `f` over the core, then a scheduling pass; wakers
     /// of resolved waiters are woken and observations delivered after the
     /// lock is released.
-    pub(crate) fn transact<R>(&self, f: impl FnOnce(&mut AdmissionCore, &mut Recorder) -> R) -> R
-    where
-        R: EventSource,
-    {
+    pub(crate) fn transact<R>(&self, f: impl FnOnce(&mut AdmissionCore, &mut Recorder) -> R) -> R {
         let mut recorder = Recorder {
             epoch: self.epoch,
             records: Vec::new(),
+            events: Vec::new(),
         };
         let mut wake = Vec::new();
         let mut evictions = Vec::new();
@@ -813,7 +821,7 @@ impl Inner {
                 state.core.observe_streams(*device, worker.streams_in_use());
             }
             let depth = |d| self.worker_depth(d);
-            let mut events = result.events().to_vec();
+            let mut events = std::mem::take(&mut recorder.events);
             events.extend(state.core.schedule(&depth));
             for event in &events {
                 record_event(&mut recorder, event);
@@ -894,27 +902,6 @@ impl Inner {
             record.pending_preflights = state.core.pending_preflights();
         }
         self.deliver(vec![record]);
-    }
-}
-
-/// The result of a transaction's closure, and the core events it caused
-/// before the scheduling pass.
-pub(crate) trait EventSource {
-    fn events(&self) -> &[CoreEvent];
-}
-
-impl EventSource for Vec<CoreEvent> {
-    fn events(&self) -> &[CoreEvent] {
-        self
-    }
-}
-
-/// A value with the core events that came with it.
-pub(crate) struct Evented<T>(pub(crate) T, pub(crate) Vec<CoreEvent>);
-
-impl<T> EventSource for Evented<T> {
-    fn events(&self) -> &[CoreEvent] {
-        &self.1
     }
 }
 
@@ -999,19 +986,17 @@ impl AdmitGuard {
     fn fail(&mut self, error: GpuAdmitError, rejected: bool) -> GpuAdmitError {
         let waiter = self.waiter;
         self.stage = Stage::Done;
-        let withdrawn = self.inner.transact(|core, recorder| {
+        self.inner.transact(|core, recorder| {
             let withdrawn = core.cancel(waiter);
             if !rejected && withdrawn.is_some() {
                 let r = recorder.push(ObservationKind::Removed);
                 r.waiter = Some(waiter.get());
                 set_error(r, &error);
             }
-            Evented(withdrawn, Vec::new())
         });
         if rejected {
             self.inner.observe_rejection(Some(waiter), &error);
         }
-        drop(withdrawn);
         error
     }
 }
@@ -1030,7 +1015,6 @@ impl Drop for AdmitGuard {
                             set_error(r, &GpuAdmitError::Cancelled);
                         }
                     }
-                    Evented((), Vec::new())
                 });
                 self.inner.state.lock().wakers.remove(&waiter.get());
             }
@@ -1069,9 +1053,9 @@ async fn admit(ticket: AdmissionTicket) -> Result<QueryHandle, GpuAdmitError> {
             let r = recorder.push(ObservationKind::Submitted);
             r.waiter = Some(waiter.get());
         }
-        Evented(reserved, Vec::new())
+        reserved
     });
-    let waiter = match reserved.0 {
+    let waiter = match reserved {
         Ok(waiter) => waiter,
         Err(error) => {
             inner.observe_rejection(None, &error);
@@ -1123,9 +1107,9 @@ async fn admit(ticket: AdmissionTicket) -> Result<QueryHandle, GpuAdmitError> {
             let r = recorder.push(ObservationKind::Queued);
             r.waiter = Some(waiter.get());
         }
-        Evented(resolved, Vec::new())
+        resolved
     });
-    if let Err(error) = resolved.0 {
+    if let Err(error) = resolved {
         return Err(guard.fail(error, true));
     }
 
@@ -1371,10 +1355,10 @@ pub(crate) async fn wait(
                     Err(error.clone())
                 }
             };
-            Evented(outcome, Vec::new())
+            outcome
         });
         inner.state.lock().wakers.remove(&waiter.get());
-        Poll::Ready(outcome.0)
+        Poll::Ready(outcome)
     })
     .await
 }

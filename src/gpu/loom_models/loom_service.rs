@@ -13,7 +13,7 @@ use loom::thread;
 
 use super::model;
 use crate::gpu::backend::DeviceOrdinal;
-use crate::gpu::service::{wait, Evented, QueryService};
+use crate::gpu::service::{wait, QueryService};
 use crate::gpu::{
     DeviceProfile, DeviceSet, GrantRequest, MemoryGrant, MemoryOwnership, QueueBounds, WaiterId,
 };
@@ -39,17 +39,10 @@ fn service() -> QueryService {
 fn hold_the_slot(service: &QueryService) -> MemoryGrant {
     let inner = &service.inner;
     let waiter = inner
-        .transact(|core, _| Evented(core.reserve(tokio::time::Instant::now()), Vec::new()))
-        .0
+        .transact(|core, _| core.reserve(tokio::time::Instant::now()))
         .expect("room");
     inner
-        .transact(|core, _| {
-            Evented(
-                core.resolve(waiter, GrantRequest::resource_only(GIB), vec![D0]),
-                Vec::new(),
-            )
-        })
-        .0
+        .transact(|core, _| core.resolve(waiter, GrantRequest::resource_only(GIB), vec![D0]))
         .expect("healthy");
     inner
         .state
@@ -64,17 +57,10 @@ fn hold_the_slot(service: &QueryService) -> MemoryGrant {
 fn queue_behind(service: &QueryService) -> WaiterId {
     let inner = &service.inner;
     let waiter = inner
-        .transact(|core, _| Evented(core.reserve(tokio::time::Instant::now()), Vec::new()))
-        .0
+        .transact(|core, _| core.reserve(tokio::time::Instant::now()))
         .expect("room");
     inner
-        .transact(|core, _| {
-            Evented(
-                core.resolve(waiter, GrantRequest::resource_only(GIB), vec![D0]),
-                Vec::new(),
-            )
-        })
-        .0
+        .transact(|core, _| core.resolve(waiter, GrantRequest::resource_only(GIB), vec![D0]))
         .expect("healthy");
     waiter
 }
@@ -82,8 +68,7 @@ fn queue_behind(service: &QueryService) -> WaiterId {
 fn release(service: &QueryService, grant: MemoryGrant) {
     service
         .inner
-        .transact(|core, _| Evented(core.release(grant), Vec::new()))
-        .0
+        .transact(|core, _| core.release(grant))
         .expect("issued here");
 }
 
