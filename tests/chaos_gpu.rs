@@ -194,36 +194,6 @@ async fn an_observer_panicking_on_every_record_never_changes_an_outcome() {
     );
 }
 
-#[tokio::test]
-async fn a_user_teardown_hook_cannot_displace_the_grant_return() {
-    let rig = one_device(2);
-    let handle = rig.service.admit_resources(GIB).await.unwrap();
-    let ran = Arc::new(AtomicBool::new(false));
-    let hook_ran = ran.clone();
-    handle
-        .envelope()
-        .on_teardown(move |_| hook_ran.store(true, Ordering::SeqCst));
-    let report = handle.release().await;
-    assert!(report.ledger_released, "{report:?}");
-    assert!(ran.load(Ordering::SeqCst), "the user hook ran too");
-    rig.service.settle().await;
-    rig.assert_idle();
-}
-
-#[tokio::test]
-async fn a_dropped_handle_returns_its_grant_despite_a_user_hook() {
-    let rig = one_device(2);
-    let handle = rig.service.admit_resources(GIB).await.unwrap();
-    handle.envelope().on_teardown(|_| {});
-    handle
-        .envelope()
-        .on_teardown(|_| panic!("second hook panics"));
-    drop(handle);
-    rig.service.settle().await;
-    rig.assert_idle();
-    assert_eq!(panics_of(&rig.service, "gpu_teardown_hook"), 1);
-}
-
 #[test]
 fn a_wait_on_a_runtime_without_timers_is_a_typed_error() {
     let runtime = tokio::runtime::Builder::new_current_thread()
@@ -340,20 +310,6 @@ async fn a_preflight_panicking_when_called_is_a_failed_preflight() {
 #[tokio::test]
 async fn a_preflight_future_panicking_when_polled_is_a_failed_preflight() {
     a_panicking_preflight_is_a_failed_preflight(true).await;
-}
-
-#[tokio::test]
-async fn a_panicking_teardown_hook_still_returns_the_grant() {
-    let rig = one_device(2);
-    let handle = rig.service.admit_resources(GIB).await.unwrap();
-    handle
-        .envelope()
-        .on_teardown(|_| panic!("teardown hook panics"));
-    let report = handle.release().await;
-    assert!(report.ledger_released, "{report:?}");
-    still_admits(&rig).await;
-    assert_eq!(panics_of(&rig.service, "gpu_teardown_hook"), 1);
-    assert_eq!(panics_of(&rig.service, "gpu_device_worker"), 0);
 }
 
 /// A backend that delegates to a simulator, panicking on `op` while set.

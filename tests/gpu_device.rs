@@ -14,11 +14,14 @@ use admission::gpu::backend::{
     BackendError, BackendOp, DeviceFacts, DeviceOrdinal, DevicePtr, DomainId, FaultIsolation,
     GpuBackend, LaneId, ScopeId, SharedBackend, StreamId,
 };
+use admission::gpu::device_checks;
 use admission::gpu::envelope::{
     AdmissionEnvelope, AttemptBounds, BuildError, BuildStep, DeviceHealth, Disposition,
-    EnvelopeSpec,
 };
 use admission::gpu::worker::DeviceWorker;
+use admission::gpu::{
+    DeviceProfile, DeviceSet, MemoryOwnership, QueryService, QueueBounds, ServiceError,
+};
 use cudarc::driver::result;
 use serde_json::json;
 
@@ -38,18 +41,21 @@ fn runtime() -> tokio::runtime::Runtime {
         .expect("runtime")
 }
 
-fn spec(grant_bytes: u64) -> EnvelopeSpec {
-    EnvelopeSpec {
-        device: DEVICE,
-        grant_bytes,
-        bounds: AttemptBounds {
-            max_streams: 4,
-            max_workers: 1,
-            max_lanes: 1,
-            source_work_allowance: 2,
-        },
-        report_sink: None,
-    }
+/// Builds an envelope for a `grant_bytes` grant through the feature-gated
+/// entry point: outside `gpu-tests`, an envelope exists only around a grant
+/// the ledger committed.
+async fn build(
+    backend: SharedBackend,
+    worker: Arc<DeviceWorker>,
+    grant_bytes: u64,
+) -> Result<AdmissionEnvelope, BuildError> {
+    let bounds = AttemptBounds {
+        max_streams: 4,
+        max_workers: 1,
+        max_lanes: 1,
+        source_work_allowance: 2,
+    };
+    device_checks::build_envelope(backend, worker, DEVICE, grant_bytes, bounds).await
 }
 
 fn free_bytes(backend: &dyn GpuBackend) -> u64 {
@@ -60,7 +66,7 @@ fn free_bytes(backend: &dyn GpuBackend) -> u64 {
 /// driver state (module loading, the first stream's implicit sync, the
 /// default pool) is in place before a baseline is taken.
 async fn warm_up(backend: &SharedBackend, worker: &Arc<DeviceWorker>) {
-    let envelope = AdmissionEnvelope::build(backend.clone(), worker.clone(), spec(64 * MIB))
+    let envelope = build(backend.clone(), worker.clone(), 64 * MIB)
         .await
         .expect("warm-up build");
     let ctx = envelope.execution_context().expect("context");
@@ -95,6 +101,50 @@ fn probe_reports_the_device_and_the_backend_reserve() {
         })
     );
     assert!(count >= 1);
+}
+
+/// At start-up the service compares each profile with the CUDA device's
+/// total memory: a profile whose managed capacity plus backend reserve
+/// exceed it is refused naming `backend_reserve`; one that fits (sized from
+/// the memory the context left free) is accepted.
+#[test]
+fn start_up_refuses_a_profile_whose_reserve_does_not_fit_the_device() {
+    let cuda = backend(CudaOptions::default());
+    let (free, total) = cuda.memory_info(DEVICE).expect("memory_info");
+    let service = |capacity: u64, reserve: u64| {
+        let profile = DeviceProfile::builder(DEVICE)
+            .managed_capacity(capacity)
+            .max_active_attempts(1)
+            .backend_reserve(reserve)
+            .build()
+            .expect("a valid profile");
+        let devices = DeviceSet::new(vec![profile], vec![MemoryOwnership::exclusive(DEVICE)])
+            .expect("one profile, one ownership");
+        let bounds = QueueBounds::new(4, std::time::Duration::from_secs(5), 1).expect("bounds");
+        let shared: SharedBackend = cuda.clone();
+        QueryService::new(shared, devices, bounds)
+    };
+    let too_big = service(total, 64 * MIB).expect_err("capacity + reserve > total");
+    let field = match &too_big {
+        ServiceError::ProfileExceedsDevice(error) => error.field(),
+        other => panic!("unexpected error: {other}"),
+    };
+    let reserve = total - free;
+    let fits = service(free, reserve);
+    println!(
+        "{}",
+        json!({
+            "test": "backend_reserve_check",
+            "total_bytes": total,
+            "refused_field": field,
+            "refused": too_big.to_string(),
+            "accepted_capacity": free,
+            "accepted_reserve": reserve,
+            "accepted": fits.is_ok(),
+        })
+    );
+    assert_eq!(field, "backend_reserve");
+    fits.expect("capacity + reserve == total fits");
 }
 
 #[test]
@@ -241,7 +291,7 @@ fn rollback_at_each_step_returns_device_memory_to_baseline() {
         blocking_sync: true,
     });
     let shared: SharedBackend = cuda.clone();
-    let worker = Arc::new(DeviceWorker::spawn(DEVICE));
+    let worker = device_checks::spawn_worker(DEVICE);
     runtime().block_on(async {
         warm_up(&shared, &worker).await;
         let baseline = free_bytes(&*cuda);
@@ -251,9 +301,7 @@ fn rollback_at_each_step_returns_device_memory_to_baseline() {
                 inner: cuda.clone(),
                 step,
             });
-            let error = AdmissionEnvelope::build(failing, worker.clone(), spec(256 * MIB))
-                .await
-                .unwrap_err();
+            let error = build(failing, worker.clone(), 256 * MIB).await.unwrap_err();
             let rollback_errors = match &error {
                 BuildError::Step { rollback, .. } => rollback.errors().count(),
                 other => panic!("{other:?}"),
@@ -283,7 +331,7 @@ fn sixty_four_concurrent_attempts_stay_within_their_grants() {
     const CHUNK: u64 = 8 * MIB;
     let cuda = backend(CudaOptions::default());
     let shared: SharedBackend = cuda.clone();
-    let worker = Arc::new(DeviceWorker::spawn(DEVICE));
+    let worker = device_checks::spawn_worker(DEVICE);
     runtime().block_on(async {
         warm_up(&shared, &worker).await;
         let baseline = free_bytes(&*cuda);
@@ -292,9 +340,7 @@ fn sixty_four_concurrent_attempts_stay_within_their_grants() {
         for _ in 0..ATTEMPTS {
             let (backend, worker) = (shared.clone(), worker.clone());
             tasks.push(tokio::spawn(async move {
-                let envelope = AdmissionEnvelope::build(backend, worker, spec(GRANT))
-                    .await
-                    .expect("build");
+                let envelope = build(backend, worker, GRANT).await.expect("build");
                 let ctx = envelope.execution_context().expect("context");
                 let mut held = 0;
                 while ctx.alloc(CHUNK).is_ok() {
@@ -358,9 +404,9 @@ const POISON_PTX: &str = r#"
 fn sticky_fault_is_a_device_fault() {
     let cuda = backend(CudaOptions::default());
     let shared: SharedBackend = cuda.clone();
-    let worker = Arc::new(DeviceWorker::spawn(DEVICE));
+    let worker = device_checks::spawn_worker(DEVICE);
     runtime().block_on(async {
-        let envelope = AdmissionEnvelope::build(shared.clone(), worker.clone(), spec(64 * MIB))
+        let envelope = build(shared.clone(), worker.clone(), 64 * MIB)
             .await
             .expect("build");
         let stream = cuda.stream(envelope.root_stream()).expect("root stream");
@@ -377,7 +423,7 @@ fn sticky_fault_is_a_device_fault() {
         };
         drop(stream);
         let report = envelope.teardown().await;
-        let next = AdmissionEnvelope::build(shared.clone(), worker.clone(), spec(MIB)).await;
+        let next = build(shared.clone(), worker.clone(), MIB).await;
         let check_err = cuda.context(DEVICE).unwrap().check_err();
         println!(
             "{}",

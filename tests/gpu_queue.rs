@@ -103,9 +103,9 @@ async fn the_oldest_runnable_waiter_goes_first_on_a_freed_device() {
 }
 
 /// One 16 GiB device with three slots (2 GiB floor): a 10 GiB attempt
-/// runs, so a 5 GiB floor must wait while 2 GiB requests still fit.
+/// runs, so a 5 GiB floor must wait while 2 GiB requests would still fit.
 #[tokio::test]
-async fn an_overtaken_waiter_protects_a_slot_that_younger_work_cannot_take() {
+async fn with_a_budget_of_zero_a_blocked_waiter_protects_instead_of_being_overtaken() {
     let rig = Rig::new(vec![profile(0, 16, 3, &[])], bounds(8, 0));
     let big = rig
         .service
@@ -117,19 +117,20 @@ async fn an_overtaken_waiter_protects_a_slot_that_younger_work_cannot_take() {
     let mut old = Box::pin(rig.service.admit_resources(5 * GIB));
     assert!(poll!(&mut old).is_pending());
 
-    // A younger 2 GiB request is admitted past the blocked one: with a
-    // budget of 0 the older waiter protects a slot and bytes at once.
-    let young = rig
-        .service
-        .resource_ticket(0)
-        .with_working_set_hint(2 * GIB)
-        .admit()
-        .await
-        .unwrap();
+    // A younger 2 GiB request would fit (a slot and 4 GiB are free), but
+    // with a budget of 0 the older waiter protects a slot and bytes
+    // instead of being passed, and the younger one waits behind it.
+    let mut young = Box::pin(
+        rig.service
+            .resource_ticket(0)
+            .with_working_set_hint(2 * GIB)
+            .admit(),
+    );
+    assert!(poll!(&mut young).is_pending());
     let snapshot = rig.service.admission_snapshot();
     let old_waiter = &snapshot.waiters[0];
     assert_eq!(old_waiter.waiter, WaiterId::new(2));
-    assert_eq!(old_waiter.overtakes, 1);
+    assert_eq!(old_waiter.overtakes, 0);
     assert_eq!(old_waiter.protected_on, Some(dev(0)));
     let protection = rig.report(0).protection.expect("protected");
     assert_eq!(protection.waiter, WaiterId::new(2));
@@ -137,28 +138,54 @@ async fn an_overtaken_waiter_protects_a_slot_that_younger_work_cannot_take() {
     assert_eq!(protection.accumulated_bytes, 4 * GIB);
     assert!(rig.kinds_of(2).contains(&ObservationKind::Protected));
 
-    // Without the protection this request would fit (a slot and 4 GiB are
-    // free); the protected slot is not its to take.
-    let mut younger = Box::pin(
-        rig.service
-            .resource_ticket(0)
-            .with_working_set_hint(2 * GIB)
-            .admit(),
-    );
-    assert!(poll!(&mut younger).is_pending());
-
-    // The next release completes the protection: the protected waiter gets
-    // the next grant on the device, consuming the protection.
+    // The release completes the protection: the protected waiter gets the
+    // next grant on the device, consuming the protection, then the younger.
     big.release().await;
     let old = old.await.unwrap();
     assert_eq!(old.device(), dev(0));
     assert!(old.grant_bytes() >= 5 * GIB);
-    let order = rig.admitted_order();
-    assert_eq!(&order[..3], [1, 3, 2]);
-    let younger = younger.await.unwrap();
-    assert_eq!(rig.admitted_order(), [1, 3, 2, 4]);
+    let young = young.await.unwrap();
+    assert_eq!(rig.admitted_order(), [1, 2, 3]);
     assert!(rig.report(0).protection.is_none());
-    for h in [old, young, younger] {
+    for h in [old, young] {
+        h.release().await;
+    }
+    rig.assert_idle();
+}
+
+/// Two identical devices, one attempt of 4 GiB on each: spare bytes, load
+/// and worker depth tie. Device 0's attempt runs an execution context (a
+/// forked stream), so device 0 has fewer streams available, and the next
+/// admission goes to device 1. Derived from open slots alone, the two would
+/// tie and the lower ordinal would win.
+#[tokio::test]
+async fn ranking_reads_the_devices_live_stream_use() {
+    let rig = Rig::new(
+        vec![profile(0, 16, 3, &[]), profile(1, 16, 3, &[])],
+        bounds(8, 4),
+    );
+    let hinted = |gib| {
+        rig.service
+            .resource_ticket(0)
+            .with_working_set_hint(gib * GIB)
+            .admit()
+    };
+    let a = hinted(4).await.unwrap();
+    let b = hinted(4).await.unwrap();
+    assert_eq!((a.device(), b.device()), (dev(0), dev(1)));
+    let context = a.execution_context().unwrap();
+    rig.service.settle().await;
+    let next = hinted(4).await.unwrap();
+    assert_eq!(next.device(), dev(1), "fewer streams in use on device 1");
+
+    // Once the fork is gone, the devices tie again: the lower ordinal wins
+    // between two devices with equal spare bytes (device 0 has one attempt
+    // fewer now, so it wins on load as well).
+    drop(context);
+    rig.service.settle().await;
+    let last = hinted(4).await.unwrap();
+    assert_eq!(last.device(), dev(0));
+    for h in [a, b, next, last] {
         h.release().await;
     }
     rig.assert_idle();
@@ -182,35 +209,38 @@ async fn a_protection_moves_when_its_device_is_quarantined() {
     let mut old = Box::pin(rig.service.admit_resources(5 * GIB));
     assert!(poll!(&mut old).is_pending());
     let young = hinted(2).await.unwrap();
-    assert_eq!(young.device(), dev(0));
-    // Protected where it completes soonest: the device with fewer attempts.
-    let protection = rig.report(1).protection.expect("protected on 1");
+    // The old waiter protects before the younger one is placed (a budget of
+    // 0): where it completes soonest, both devices running one attempt, so
+    // the lower ordinal. The younger one may not pass it there and goes to
+    // the other device.
+    let protection = rig.report(0).protection.expect("protected on 0");
     assert_eq!(protection.waiter, WaiterId::new(3));
+    assert_eq!(young.device(), dev(1));
 
-    // A proven stream-sync fault at the release of device 1's attempt
-    // quarantines it; the protection moves to device 0.
-    rig.sim.inject_sync_fault(dev(1), 700);
-    let report = h1.release().await;
+    // A proven stream-sync fault at the release of device 0's attempt
+    // quarantines it; the protection moves to device 1.
+    rig.sim.inject_sync_fault(dev(0), 700);
+    let report = h0.release().await;
     assert!(report.ledger_released);
     assert_eq!(
-        rig.report(1).health,
+        rig.report(0).health,
         LedgerHealth::Quarantined { code: 700 }
     );
-    assert!(rig.report(1).protection.is_none());
+    assert!(rig.report(0).protection.is_none());
     assert_eq!(
-        rig.report(0).protection.map(|p| p.waiter),
+        rig.report(1).protection.map(|p| p.waiter),
         Some(WaiterId::new(3))
     );
     assert_eq!(
         rig.service.admission_snapshot().waiters[0].protected_on,
-        Some(dev(0))
+        Some(dev(1))
     );
     assert!(poll!(&mut old).is_pending());
 
-    h0.release().await;
+    h1.release().await;
     let old = old.await.unwrap();
-    assert_eq!(old.device(), dev(0));
-    assert!(rig.report(0).protection.is_none());
+    assert_eq!(old.device(), dev(1));
+    assert!(rig.report(1).protection.is_none());
     old.release().await;
     young.release().await;
     for r in rig.reports() {
@@ -507,16 +537,19 @@ proptest! {
             assert_within_capacity(&core);
             prop_assert!(core.depth() <= core.bounds().max_pending());
             // Work-conserving: after a pass, no queued waiter is admissible
-            // on any of its devices.
+            // on any of its devices, except one where an older waiter holds
+            // a protection (younger work may not pass it there).
+            let mut fenced = Vec::new();
             for w in core.snapshot(now, &no_depth).waiters {
                 let request = GrantRequest::resource_only(w.phase_floor).for_waiter(w.waiter);
-                for d in &w.candidates {
+                for d in w.candidates.iter().filter(|d| !fenced.contains(*d)) {
                     let decision = core.ledger(*d).unwrap().decide(&request);
                     prop_assert!(
                         !matches!(decision, Decision::Admit { .. }),
                         "{:?} is admissible on {} after a pass", w.waiter, d
                     );
                 }
+                fenced.extend(w.protected_on);
             }
         }
         // Everybody leaves: cancel the waiters (releasing untaken grants),

@@ -11,7 +11,7 @@ use admission::gpu::backend::{BackendError, BackendOp, FaultIsolation};
 use admission::gpu::envelope::{BuildStep, DeviceHealth, Disposition};
 use admission::gpu::{
     DeviceSet, GpuAdmitError, LedgerHealth, MemoryOwnership, ObservationKind, ProofIssuer,
-    QueryAdmissionOutcome, QueryService, ServiceError,
+    QueryAdmissionOutcome, QueryService, ReinstateError, ServiceError,
 };
 use futures::poll;
 use gpu_rig::*;
@@ -118,6 +118,7 @@ async fn a_proof_ticket_admits_one_device_one_grant_and_release_returns_everythi
             ObservationKind::Queued,
             ObservationKind::Admitted,
             ObservationKind::Published,
+            ObservationKind::Sealed,
             ObservationKind::Released,
         ]
     );
@@ -153,9 +154,70 @@ async fn a_resource_only_handle_cannot_authorize_a_plan_and_a_handle_authorizes_
 }
 
 #[tokio::test]
+async fn the_admitted_proof_is_bound_to_its_device_and_grant() {
+    let rig = one_device(3);
+    let proof = rig.proof(1, GIB, &[]);
+    assert_eq!(
+        proof.binding(),
+        None,
+        "the issuer's proof names no admission"
+    );
+    let first = rig.service.ticket(&proof).unwrap().admit().await.unwrap();
+    let second = rig.service.ticket(&proof).unwrap().admit().await.unwrap();
+    let bound = first.proof().expect("a plan handle").clone();
+    let binding = bound.binding().expect("bound at publication");
+    assert_eq!(
+        (binding.device, binding.grant),
+        (first.device(), first.grant_id())
+    );
+    first.authorize(&bound).unwrap();
+    // The same plan, admitted twice: the first admission's proof does not
+    // authorize the second handle, whose grant is another.
+    assert_eq!(
+        second.authorize(&bound),
+        Err(GpuAdmitError::ProofBoundElsewhere {
+            device: binding.device,
+            grant: binding.grant,
+        })
+    );
+    assert_eq!(
+        second.authorize(&bound).unwrap_err().outcome(),
+        QueryAdmissionOutcome::Capability
+    );
+    second.authorize(&proof).unwrap();
+    first.release().await;
+    second.release().await;
+    rig.assert_idle();
+}
+
+#[tokio::test]
+async fn a_service_built_without_handing_out_its_issuer_accepts_no_proof() {
+    let sim = Arc::new(SimBackend::new([SimDevice::new(0, 64 * GIB)]));
+    let devices = DeviceSet::new(
+        vec![profile(0, 16, 2, &[])],
+        vec![MemoryOwnership::exclusive(dev(0))],
+    )
+    .unwrap();
+    let service = QueryService::new(sim, devices, bounds(4, 1)).unwrap();
+    // Whoever holds the service holds no issuer: a proof from any issuer,
+    // including one made in the same process, is foreign to it.
+    let proof = ProofIssuer::new()
+        .lower(&admission::gpu::PlanDescription::new(
+            admission::gpu::PlanFingerprint(7),
+        ))
+        .unwrap();
+    assert!(matches!(
+        service.ticket(&proof),
+        Err(GpuAdmitError::ForeignProof { .. })
+    ));
+    // Resource-only admission still works.
+    service.admit_resources(GIB).await.unwrap().release().await;
+}
+
+#[tokio::test]
 async fn a_composed_proof_is_one_ticket_one_device_one_grant() {
     let rig = one_device(3);
-    let issuer = rig.service.issuer();
+    let issuer = &rig.issuer;
     let producer = rig.proof(1, 2 * GIB, &[]);
     let consumer = rig.proof(2, 3 * GIB, &["hash_join"]);
     let composed = issuer
@@ -250,33 +312,120 @@ async fn an_envelope_failure_at_each_step_releases_the_grant_and_publishes_nothi
 }
 
 #[tokio::test]
-async fn a_device_fault_while_building_quarantines_the_device() {
+async fn a_fault_outside_a_stream_sync_while_building_closes_every_ledger() {
     let rig = Rig::new(
         vec![profile(0, 16, 2, &[]), profile(1, 16, 2, &[])],
         bounds(8, 4),
     );
+    // A sticky code on the first step proves nothing about its reach, even
+    // when the backend calls it device-local: only a synchronization does,
+    // and no stream exists yet whose synchronization could. (A fault on a
+    // later step is proven by the rollback's synchronization of the root
+    // stream, and quarantines: see the envelope's tests.)
     rig.sim.fail_nth(
-        BackendOp::OpenDomain,
+        BackendOp::OpenLane,
         1,
         BackendError::Fault {
-            op: BackendOp::OpenDomain,
+            op: BackendOp::OpenLane,
             code: 700,
             isolation: FaultIsolation::Device(dev(0)),
         },
     );
     let error = rig.service.admit_resources(GIB).await.unwrap_err();
     assert_eq!(error.outcome(), QueryAdmissionOutcome::DeviceFault);
+    for r in rig.reports() {
+        assert_eq!(r.health, LedgerHealth::Closed, "{r:?}");
+        assert_eq!((r.live_grant_count, r.active_attempts), (0, 0));
+    }
+    assert!(matches!(
+        rig.service.admit_resources(GIB).await,
+        Err(GpuAdmitError::NoHealthyDevice { .. })
+    ));
+}
+
+#[tokio::test]
+async fn a_fault_outside_a_stream_sync_at_release_closes_every_ledger() {
+    let rig = Rig::new(
+        vec![profile(0, 16, 2, &[]), profile(1, 16, 2, &[])],
+        bounds(8, 4),
+    );
+    let handle = rig.service.admit_resources(GIB).await.unwrap();
+    rig.sim.fail_nth(
+        BackendOp::CloseDomain,
+        1,
+        BackendError::Fault {
+            op: BackendOp::CloseDomain,
+            code: 700,
+            isolation: FaultIsolation::Device(handle.device()),
+        },
+    );
+    let report = handle.release().await;
+    assert!(report.ledger_released);
+    // Sealed before destruction: the synchronization was clean.
+    assert_eq!(report.disposition, Disposition::Clean);
+    assert_eq!(report.teardown.disposition, Disposition::DeviceFault);
+    for r in rig.reports() {
+        assert_eq!(r.health, LedgerHealth::Closed, "{r:?}");
+    }
+}
+
+#[tokio::test]
+async fn a_quarantined_device_is_reinstated_only_after_its_probe_passes() {
+    let rig = one_device(2);
+    let handle = rig.service.admit_resources(GIB).await.unwrap();
+    rig.sim.inject_sync_fault(dev(0), 700);
+    handle.release().await;
     assert_eq!(
         rig.report(0).health,
         LedgerHealth::Quarantined { code: 700 }
     );
-    // The next request goes to the healthy device.
+
+    // The device still faults: the probe fails and nothing changes.
+    let error = rig.service.reinstate(dev(0)).await.unwrap_err();
+    assert!(
+        matches!(error, ReinstateError::ProbeFailed { device, .. } if device == dev(0)),
+        "{error}"
+    );
+    assert_eq!(
+        rig.report(0).health,
+        LedgerHealth::Quarantined { code: 700 }
+    );
+    assert_eq!(
+        rig.service.reinstate(dev(5)).await,
+        Err(ReinstateError::NoSuchDevice { device: dev(5) })
+    );
+
+    // After the operator's reset the probe passes and grants flow again.
+    rig.sim.reset_device(dev(0));
+    rig.service.reinstate(dev(0)).await.unwrap();
+    assert_eq!(rig.report(0).health, LedgerHealth::Healthy);
+    assert!(rig
+        .observed
+        .lock()
+        .unwrap()
+        .iter()
+        .any(|o| o.kind == ObservationKind::Reinstated && o.device == Some(0)));
     let handle = rig.service.admit_resources(GIB).await.unwrap();
-    assert_eq!(handle.device(), dev(1));
+    assert_eq!(handle.device(), dev(0));
     handle.release().await;
-    for r in rig.reports() {
-        assert_eq!((r.live_grant_count, r.active_attempts), (0, 0));
-    }
+    assert_eq!(
+        rig.service.reinstate(dev(0)).await,
+        Err(ReinstateError::NotQuarantined {
+            device: dev(0),
+            health: LedgerHealth::Healthy
+        })
+    );
+
+    // A closed ledger is the whole backend's verdict: not reinstated.
+    rig.service.close();
+    assert!(matches!(
+        rig.service.reinstate(dev(0)).await,
+        Err(ReinstateError::NotQuarantined {
+            health: LedgerHealth::Closed,
+            ..
+        })
+    ));
+    rig.assert_idle();
 }
 
 #[tokio::test]
@@ -450,7 +599,14 @@ async fn observations_are_written_as_jsonl() {
     let kinds: Vec<&str> = lines.iter().map(|l| l["kind"].as_str().unwrap()).collect();
     assert_eq!(
         kinds,
-        ["submitted", "queued", "admitted", "published", "released"]
+        [
+            "submitted",
+            "queued",
+            "admitted",
+            "published",
+            "sealed",
+            "released"
+        ]
     );
     assert_eq!(lines[2]["device"], 0);
     assert_eq!(lines[2]["grant_bytes"], grant);
@@ -460,6 +616,67 @@ async fn observations_are_written_as_jsonl() {
 /// Resident cache sits in the same arithmetic as grants: charged (or
 /// pinned) cache holds a waiter back, and evicting it admits the waiter at
 /// once, through the service's own transaction.
+#[tokio::test]
+async fn an_evictor_is_asked_for_exactly_the_bytes_the_oldest_waiter_lacks() {
+    use admission::gpu::{CacheChange, EvictionRequest};
+
+    let with_cache = admission::gpu::DeviceProfile::builder(dev(0))
+        .managed_capacity(16 * GIB)
+        .max_active_attempts(2)
+        .streams_per_attempt(2)
+        .cache_cap(14 * GIB)
+        .build()
+        .unwrap();
+    let asked: Arc<std::sync::Mutex<Vec<(u32, u64)>>> = Arc::default();
+    let log = asked.clone();
+    let rig = Rig::with(vec![with_cache], bounds(16, 4), move |builder| {
+        builder.evictor(dev(0), move |request: &EvictionRequest| {
+            log.lock().unwrap().push((request.device.0, request.bytes));
+        })
+    });
+    let asked = || asked.lock().unwrap().clone();
+    // 16 GiB, floor 2 GiB: 13 GiB of cache leave 16 - 13 - 2 (one open
+    // slot's floor) = 1 GiB; a 3 GiB floor lacks exactly 2 GiB.
+    rig.service
+        .change_cache(dev(0), CacheChange::Charge(13 * GIB))
+        .unwrap();
+    let mut older = Box::pin(rig.service.admit_resources(3 * GIB));
+    assert!(poll!(older.as_mut()).is_pending());
+    assert_eq!(asked(), [(0, 2 * GIB)]);
+
+    // A younger waiter's transaction asks nothing more: the older one is
+    // still the oldest, and its 2 GiB are asked for already.
+    let mut younger = Box::pin(rig.service.admit_resources(3 * GIB));
+    assert!(poll!(younger.as_mut()).is_pending());
+    assert_eq!(asked(), [(0, 2 * GIB)]);
+
+    // The owner evicts what it was asked for and says so: the older waiter
+    // is admitted by that change's own pass, and the younger, now the
+    // oldest, lacks 3 - (16 - 3 - 11) = 1 GiB.
+    rig.service
+        .change_cache(dev(0), CacheChange::Evict(2 * GIB))
+        .unwrap();
+    let older = older.await.unwrap();
+    assert_eq!(older.grant_bytes(), 3 * GIB);
+    assert_eq!(asked(), [(0, 2 * GIB), (0, GIB)]);
+    rig.service
+        .change_cache(dev(0), CacheChange::Evict(GIB))
+        .unwrap();
+    let younger = younger.await.unwrap();
+    assert!(rig
+        .observed
+        .lock()
+        .unwrap()
+        .iter()
+        .any(|o| o.kind == ObservationKind::EvictionRequested && o.grant_bytes == Some(2 * GIB)));
+    older.release().await;
+    younger.release().await;
+    rig.service
+        .change_cache(dev(0), CacheChange::Evict(10 * GIB))
+        .unwrap();
+    rig.assert_idle();
+}
+
 #[tokio::test]
 async fn evicting_cache_admits_the_waiter_it_held_back() {
     use admission::gpu::{CacheChange, LedgerError};

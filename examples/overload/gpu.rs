@@ -445,21 +445,18 @@ fn service(
     let max_wait = settings.deadline[SMALL].max(settings.deadline[LARGE]);
     let bounds = QueueBounds::new(settings.max_pending, max_wait, budget)
         .map_err(|error| refused("queue bounds", &error))?;
-    let service = QueryService::builder(sim, devices, bounds)
+    let (service, issuer) = QueryService::builder(sim, devices, bounds)
         .observer(move |o: &Observation| {
             if let Ok(mut log) = observed.lock() {
                 log.push(o.clone());
             }
         })
-        .build()
+        .build_with_issuer()
         .map_err(|error| refused("query service", &error))?;
     let proof = |fingerprint, floor| {
         let plan = PlanDescription::new(PlanFingerprint(fingerprint))
             .phase(PhaseRequirement::new("scan", floor, "scan"));
-        service
-            .issuer()
-            .lower(&plan)
-            .map_err(|error| refused("plan", &error))
+        issuer.lower(&plan).map_err(|error| refused("plan", &error))
     };
     let proofs = [
         proof(1, settings.attempt_floor())?,

@@ -81,10 +81,16 @@ impl fmt::Debug for AllocationDomain {
 
 impl AllocationDomain {
     /// Wraps a domain the backend opened ([`GpuBackend::open_domain`]) with
-    /// a software ceiling of `ceiling` bytes (the grant).
+    /// a software ceiling of `ceiling` bytes (the grant). Crate-private: the
+    /// ceiling must be a committed grant, which only the envelope build has.
     ///
     /// [`GpuBackend::open_domain`]: crate::gpu::backend::GpuBackend::open_domain
-    pub fn new(backend: SharedBackend, id: DomainId, device: DeviceOrdinal, ceiling: u64) -> Self {
+    pub(crate) fn new(
+        backend: SharedBackend,
+        id: DomainId,
+        device: DeviceOrdinal,
+        ceiling: u64,
+    ) -> Self {
         Self {
             backend,
             id,

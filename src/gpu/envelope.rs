@@ -37,12 +37,13 @@
 //! **Teardown** ([`AdmissionEnvelope::teardown`]) waits until every context
 //! and permit has been dropped (contexts are then idle), and then, on the
 //! worker: synchronizes the root (a failure there is a device fault),
-//! frees allocations still outstanding (reported as leaks), and undoes the
-//! five steps in reverse. A dropped context destroys its forked stream by a
+//! hands what that showed to the seal callback (below), then frees
+//! allocations still outstanding (reported as leaks) and undoes the five
+//! steps in reverse, the lane last. A dropped context destroys its forked stream by a
 //! job on the same FIFO worker, so forks always go before the root.
 //! Dropping an envelope without a teardown never blocks: when the last
 //! holder of its shared state drops, the same teardown is queued on the
-//! worker and its report goes to [`EnvelopeSpec::report_sink`] (and to
+//! worker and its report goes to the spec's report sink, if any (and to
 //! `tracing` when it is not clean). Releasing the lane, grant and slot in
 //! the ledger is the caller's, and comes after the teardown.
 //!
@@ -50,18 +51,19 @@
 //! resources are gone, whichever way the teardown ran: they are called
 //! once, with the report, right after either teardown (awaited or implicit)
 //! finished on the worker, or in place of a teardown that could not run at
-//! all (an abandoned report). There are two kinds, kept apart so that one
-//! can never displace the other:
+//! all (an abandoned report). Both are the query service's, set once when
+//! it publishes a handle; nothing outside the crate can add, replace or
+//! remove one, so nothing can come between a teardown and the return of
+//! its grant:
 //!
+//! * the **seal callback**, set with the release callback (crate-private):
+//!   called once between the synchronization and the first destruction,
+//!   so the service seals the attempt report before any resource goes (or,
+//!   when the teardown never got that far, first thing in the callbacks);
 //! * the **release callback**, set once by the query service when it
 //!   publishes a handle (crate-private): it returns the grant to the
 //!   ledger, so a handle dropped without release still returns its grant,
-//!   after its resources, and without blocking in `Drop`; it always runs
-//!   first;
-//! * **hooks** ([`AdmissionEnvelope::on_teardown`]): user code, added (never
-//!   replacing anything), run after the release callback, each behind the
-//!   `gpu_teardown_hook` panic boundary. A hook that panics is skipped; the
-//!   grant is back already.
+//!   after its resources, and without blocking in `Drop`.
 //!
 //! The teardown job catches a panic of its own physical part (the crate's
 //! bug, since every backend call is behind the `gpu_backend` boundary in a
@@ -71,7 +73,7 @@
 
 use std::fmt;
 
-use tokio::sync::{mpsc as tokio_mpsc, Notify};
+use tokio::sync::{mpsc as tokio_mpsc, oneshot, Notify};
 
 use crate::gpu::backend::{
     BackendError, BackendOp, DeviceOrdinal, DevicePtr, DomainId, FaultIsolation, LaneId, ScopeId,
@@ -79,7 +81,6 @@ use crate::gpu::backend::{
 };
 use crate::gpu::domain::{AllocationDomain, LeakReport, SubReservation};
 use crate::gpu::worker::{DeviceWorker, JobError, Reply, WorkerGone};
-use crate::health::Boundary;
 use crate::sync::{AtomicBool, AtomicU64, Mutex, Ordering, StdArc};
 
 /// Per-attempt bounds on the physical resources an envelope may take, from
@@ -99,17 +100,19 @@ pub struct AttemptBounds {
 }
 
 /// What an envelope is built from: plain values the ledger committed.
+/// Crate-private: a spec carries grant bytes, which only a ledger commit
+/// may produce.
 #[derive(Clone, Debug)]
-pub struct EnvelopeSpec {
+pub(crate) struct EnvelopeSpec {
     /// The selected device.
-    pub device: DeviceOrdinal,
+    pub(crate) device: DeviceOrdinal,
     /// The immutable grant's bytes: the allocation domain's ceiling.
-    pub grant_bytes: u64,
+    pub(crate) grant_bytes: u64,
     /// The per-attempt resource bounds.
-    pub bounds: AttemptBounds,
+    pub(crate) bounds: AttemptBounds,
     /// Where reports of clean-ups nobody awaits go: a teardown run because
     /// the envelope was dropped, or the rollback of a cancelled build.
-    pub report_sink: Option<tokio_mpsc::UnboundedSender<TeardownReport>>,
+    pub(crate) report_sink: Option<tokio_mpsc::UnboundedSender<TeardownReport>>,
 }
 
 /// One of the five build steps, in build order.
@@ -182,10 +185,33 @@ impl RollbackReport {
         self.steps.iter().filter_map(|s| s.error.as_ref())
     }
 
-    /// The isolation of the first device fault among them.
+    /// What the faults among them prove, by the seed's rule (see
+    /// [`proven_isolation`]).
     pub fn fault(&self) -> Option<FaultIsolation> {
-        self.errors().find_map(BackendError::fault_isolation)
+        proven_isolation(self.errors())
     }
+}
+
+/// The seed's rule for acting on device faults: only a fault that a
+/// **stream synchronization** reported proves where it lies, so only such a
+/// fault isolated to a device quarantines that device. Any other fault (a
+/// sticky code on a create, a close, a destroy) does not establish its
+/// reach, so its isolation is [`FaultIsolation::Unknown`] and every ledger
+/// closes. A synchronization fault wins over the others: once a context is
+/// poisoned, every later call repeats its code.
+pub fn proven_isolation<'a>(
+    errors: impl IntoIterator<Item = &'a BackendError>,
+) -> Option<FaultIsolation> {
+    let mut seen = None;
+    for error in errors {
+        if let BackendError::Fault { op, isolation, .. } = error {
+            if *op == BackendOp::Synchronize {
+                return Some(*isolation);
+            }
+            seen = Some(FaultIsolation::Unknown);
+        }
+    }
+    seen
 }
 
 /// Why an envelope could not be built. Whatever was built is rolled back
@@ -229,14 +255,16 @@ pub enum BuildError {
 }
 
 impl BuildError {
-    /// The isolation of a device fault seen while building or rolling back,
-    /// or [`FaultIsolation::Unknown`] when the clean-up was abandoned: the
-    /// caller quarantines the device or closes the backend's ledgers.
+    /// What the device faults seen while building or rolling back prove
+    /// ([`proven_isolation`]: a device only from a stream synchronization,
+    /// otherwise [`FaultIsolation::Unknown`]), or `Unknown` when the
+    /// clean-up was abandoned: the caller quarantines the device or closes
+    /// the backend's ledgers.
     pub fn fault(&self) -> Option<FaultIsolation> {
         match self {
             BuildError::Step {
                 error, rollback, ..
-            } => error.fault_isolation().or_else(|| rollback.fault()),
+            } => proven_isolation(rollback.errors().chain(std::iter::once(error))),
             BuildError::WorkerGone(_) => Some(FaultIsolation::Unknown),
             BuildError::Interrupted { device } => Some(FaultIsolation::Device(*device)),
             BuildError::InvalidBounds { .. } | BuildError::WrongWorker { .. } => None,
@@ -379,12 +407,20 @@ pub struct TeardownReport {
 }
 
 impl TeardownReport {
-    /// The isolation to act on: the fault's, or
-    /// [`FaultIsolation::Unknown`] when the clean-up was abandoned.
+    /// The isolation to act on: a synchronization fault's own, any other
+    /// fault's [`FaultIsolation::Unknown`] ([`proven_isolation`]), or
+    /// `Unknown` when the clean-up was abandoned.
     pub fn fault_isolation(&self) -> Option<FaultIsolation> {
         match self.health {
             DeviceHealth::Healthy => None,
-            DeviceHealth::Faulted { isolation, .. } => Some(isolation),
+            // Only a synchronization proves where a fault lies; see
+            // `proven_isolation`.
+            DeviceHealth::Faulted {
+                op: BackendOp::Synchronize,
+                isolation,
+                ..
+            } => Some(isolation),
+            DeviceHealth::Faulted { .. } => Some(FaultIsolation::Unknown),
             DeviceHealth::Unknown => Some(FaultIsolation::Unknown),
             DeviceHealth::Interrupted => Some(FaultIsolation::Device(self.device)),
         }
@@ -628,32 +664,138 @@ fn deliver(sink: Option<&tokio_mpsc::UnboundedSender<TeardownReport>>, report: T
     }
 }
 
-/// Called once with the report of an envelope's teardown; see
-/// [`AdmissionEnvelope::on_teardown`].
-pub type TeardownCallback = Box<dyn FnOnce(&TeardownReport) + Send + 'static>;
+/// Called once with the report of an envelope's teardown (or of a build
+/// nobody received): the query service's seal and release paths.
+pub(crate) type TeardownCallback = Box<dyn FnOnce(&TeardownReport) + Send + 'static>;
 
-/// An envelope's teardown callbacks: the crate's release path and the
-/// user's hooks, apart. See the [module documentation](self).
+/// An envelope's teardown callbacks: the query service's seal and release
+/// path. See the [module documentation](self).
 struct Callbacks {
+    seal: Mutex<Option<TeardownCallback>>,
     release: Mutex<Option<TeardownCallback>>,
-    hooks: Mutex<Vec<TeardownCallback>>,
-    hook_boundary: StdArc<Boundary>,
 }
 
 impl Callbacks {
-    /// Runs the release callback, then every hook behind its boundary, each
-    /// at most once over the envelope's life. No lock is held during a
-    /// call, so callbacks may take other locks.
+    /// Runs the seal callback with the facts known before destruction (the
+    /// synchronization's), at most once over the envelope's life.
+    fn seal(&self, report: &TeardownReport) {
+        let seal = self.seal.lock().take();
+        if let Some(seal) = seal {
+            seal(report);
+        }
+    }
+
+    /// Runs the seal callback if nothing sealed yet (a teardown that
+    /// panicked before its synchronization, or could not run), then the
+    /// release callback, each at most once over the envelope's life. No
+    /// lock is held during a call, so callbacks may take other locks.
     fn run(&self, report: &TeardownReport) {
+        self.seal(report);
         let release = self.release.lock().take();
         if let Some(release) = release {
             release(report);
         }
-        let hooks = std::mem::take(&mut *self.hooks.lock());
-        for hook in hooks {
-            // A panic is logged and counted by the boundary; the grant is
-            // already back, so skipping the hook is all there is to do.
-            let _ = self.hook_boundary.call(|| hook(report));
+    }
+}
+
+/// The duty to tell the caller how a build it never received ended: the
+/// query service's callback that returns the grant, called exactly once
+/// with the rollback's report, after the rollback, unless the caller
+/// received the outcome (and answers for it) and [disarmed](Self::disarm)
+/// it. Dropped undischarged (the job was dropped unrun, the worker is gone)
+/// it reports an abandoned clean-up, whose reach is unknown.
+pub(crate) struct Unreceived {
+    callback: Option<TeardownCallback>,
+    device: DeviceOrdinal,
+    grant_bytes: u64,
+}
+
+impl Unreceived {
+    fn discharge(mut self, report: &TeardownReport) {
+        if let Some(callback) = self.callback.take() {
+            callback(report);
+        }
+    }
+
+    fn disarm(mut self) {
+        self.callback = None;
+    }
+}
+
+impl Drop for Unreceived {
+    fn drop(&mut self) {
+        if let Some(callback) = self.callback.take() {
+            callback(&TeardownReport::abandoned(
+                self.device,
+                self.grant_bytes,
+                true,
+            ));
+        }
+    }
+}
+
+/// A build's outcome on its way to the build future, owning what it built
+/// until the future [claims](Self::claim) it. The worker sends it once the
+/// five steps are done; the future may be dropped at any moment after that
+/// and before it is polled again, and the value then dies unreceived inside
+/// the channel. Its `Drop` is what rolls that envelope back (on the worker,
+/// where clean-up may block) and only then discharges the duty, so the
+/// grant returns after the physical resources, never before.
+struct Delivered {
+    outcome: Option<BuildOutcome>,
+    duty: Option<Unreceived>,
+    backend: SharedBackend,
+    worker: StdArc<DeviceWorker>,
+    sink: Option<tokio_mpsc::UnboundedSender<TeardownReport>>,
+    device: DeviceOrdinal,
+    grant_bytes: u64,
+}
+
+impl Delivered {
+    /// Takes the outcome: the receiver answers for it from now on.
+    fn claim(&mut self) -> Option<BuildOutcome> {
+        if let Some(duty) = self.duty.take() {
+            duty.disarm();
+        }
+        self.outcome.take()
+    }
+}
+
+impl Drop for Delivered {
+    fn drop(&mut self) {
+        let Some(outcome) = self.outcome.take() else {
+            return;
+        };
+        let duty = self.duty.take();
+        let (backend, sink) = (self.backend.clone(), self.sink.clone());
+        let (device, grant) = (self.device, self.grant_bytes);
+        let roll_back = move || {
+            let rollback = match outcome {
+                BuildOutcome::Built(progress) => {
+                    let mut rollback = RollbackReport::default();
+                    undo(&backend, progress, true, &mut rollback.steps);
+                    rollback
+                }
+                BuildOutcome::Failed { rollback, .. } | BuildOutcome::Cancelled(rollback) => {
+                    rollback
+                }
+            };
+            let mut report =
+                TeardownReport::finish(device, grant, true, rollback.steps, Vec::new(), None);
+            if report.disposition == Disposition::Clean {
+                report.disposition = Disposition::Cancelled;
+            }
+            if let Some(duty) = duty {
+                duty.discharge(&report);
+            }
+            deliver(sink.as_ref(), report);
+        };
+        if self.worker.is_current() {
+            roll_back();
+        } else if self.worker.submit_detached(roll_back).is_err() {
+            // The job was dropped unrun with the duty in it: the abandoned
+            // report went to the callback already.
+            tracing::error!(target: "admission", %device, "cannot roll back an unreceived GPU envelope: the worker is gone");
         }
     }
 }
@@ -668,6 +810,24 @@ impl Drop for CancelOnDrop {
 }
 
 /// The built resources of one attempt. See the [module documentation](self).
+///
+/// An envelope exists only around a grant the ledger committed, and its
+/// teardown always returns that grant: from outside the crate it can be
+/// neither built nor given a teardown callback.
+///
+/// ```compile_fail,E0624
+/// use admission::gpu::envelope::AdmissionEnvelope;
+/// // Building is crate-private: no grant bytes can skip the ledger.
+/// let _ = AdmissionEnvelope::build;
+/// ```
+///
+/// ```compile_fail,E0599
+/// fn hook(handle: &admission::gpu::QueryHandle) {
+///     // No callback can be added to, or replace, the one that returns the
+///     // grant.
+///     handle.envelope().on_teardown(|_| {});
+/// }
+/// ```
 #[derive(Debug)]
 pub struct AdmissionEnvelope {
     shared: StdArc<Shared>,
@@ -717,6 +877,7 @@ impl Shared {
         let domain = self.domain.clone();
         let deferred = self.deferred.clone();
         let callbacks = self.callbacks.clone();
+        let streams = self.worker.stream_counter();
         let (device, grant, lane, root, scope) = (
             self.spec.device,
             self.spec.grant_bytes,
@@ -726,12 +887,27 @@ impl Shared {
         );
         move || {
             let physical = || {
+                // The seed's release order: the contexts are idle (awaited
+                // before this job was queued); the synchronization decides
+                // disposition and health; the report is sealed on those;
+                // only then are the resources destroyed, the lane last, and
+                // the grant returned by the release callback after that.
                 let mut steps = Vec::new();
                 record(
                     &mut steps,
                     BackendOp::Synchronize,
                     backend.synchronize(root),
                 );
+                let mut errors = std::mem::take(&mut *deferred.lock());
+                let sealed = TeardownReport::finish(
+                    device,
+                    grant,
+                    implicit,
+                    steps.clone(),
+                    errors.clone(),
+                    Some((&domain, LeakReport::default())),
+                );
+                callbacks.seal(&sealed);
                 let leaked = domain.free_outstanding(root);
                 let progress = Progress {
                     lane: Some(lane),
@@ -740,8 +916,17 @@ impl Shared {
                     joined: true,
                     scope: Some(scope),
                 };
+                let before = steps.len();
                 undo(&backend, progress, false, &mut steps);
-                let errors = std::mem::take(&mut *deferred.lock());
+                let root_destroyed = steps
+                    .get(before..)
+                    .unwrap_or_default()
+                    .iter()
+                    .any(|s| s.op == BackendOp::DestroyStream && s.error.is_none());
+                if root_destroyed {
+                    streams.closed();
+                }
+                errors.extend(std::mem::take(&mut *deferred.lock()));
                 TeardownReport::finish(
                     device,
                     grant,
@@ -787,146 +972,180 @@ impl AdmissionEnvelope {
     /// Builds the envelope of an attempt whose slot and grant the ledger has
     /// committed: the five steps on `worker` (the device's worker), rolled
     /// back in reverse on failure or when this future is dropped.
-    pub async fn build(
+    /// Crate-private (the envelope's own tests and, with `gpu-tests`, the
+    /// device checks): anything else would build an envelope around bytes
+    /// no ledger granted.
+    #[cfg(any(test, feature = "gpu-tests"))]
+    pub(crate) async fn build(
         backend: SharedBackend,
         worker: StdArc<DeviceWorker>,
         spec: EnvelopeSpec,
     ) -> Result<Self, BuildError> {
-        let hook_boundary = StdArc::new(crate::gpu::guard::teardown_hook_boundary());
-        Self::build_with(backend, worker, spec, hook_boundary).await
+        Self::build_with(backend, worker, spec, None).await
     }
 
-    /// [`build`](Self::build), with the panic boundary the envelope's
-    /// teardown hooks run behind (the service shares one among its
-    /// envelopes).
-    pub(crate) async fn build_with(
+    /// [`build`](Self::build), with the callback that learns of a rollback
+    /// nobody received (see [`Unreceived`]).
+    ///
+    /// Not an `async fn`: the checks run and the build job is queued when
+    /// this is called, so even a future dropped before its first poll has a
+    /// job on the worker that sees the cancellation and answers for the
+    /// callback.
+    pub(crate) fn build_with(
         backend: SharedBackend,
         worker: StdArc<DeviceWorker>,
         spec: EnvelopeSpec,
-        hook_boundary: StdArc<Boundary>,
-    ) -> Result<Self, BuildError> {
+        on_unreceived: Option<TeardownCallback>,
+    ) -> impl std::future::Future<Output = Result<Self, BuildError>> + Send + 'static {
+        let (device, grant) = (spec.device, spec.grant_bytes);
+        let duty = Unreceived {
+            callback: on_unreceived,
+            device,
+            grant_bytes: grant,
+        };
+        let started = Self::start_build(&backend, &worker, &spec, duty);
+        async move {
+            let (rx, _cancel_on_drop) = started?;
+            let mut delivered = match rx.await {
+                Ok(Some(delivered)) => delivered,
+                // The job unwound: the worker caught the panic and goes on.
+                Ok(None) => return Err(BuildError::Interrupted { device }),
+                Err(_) => return Err(BuildError::WorkerGone(WorkerGone { device })),
+            };
+            // Received: from here the caller answers for the outcome, and
+            // nothing below awaits, so it cannot be lost again.
+            let outcome = delivered.claim();
+            match outcome {
+                Some(BuildOutcome::Built(p)) => Self::assemble(backend, worker, spec, p),
+                Some(BuildOutcome::Failed {
+                    step,
+                    error,
+                    rollback,
+                }) => Err(BuildError::Step {
+                    step,
+                    error,
+                    rollback,
+                }),
+                // Only reachable if this future was dropped, which it was
+                // not; `None` only once claimed, and it was claimed here.
+                Some(BuildOutcome::Cancelled(rollback)) => Err(BuildError::Step {
+                    step: BuildStep::AttemptLane,
+                    error: BackendError::UnknownHandle {
+                        op: BackendOp::OpenLane,
+                        id: 0,
+                    },
+                    rollback,
+                }),
+                None => Err(BuildError::Interrupted { device }),
+            }
+        }
+    }
+
+    /// Validates the spec and queues the build job; what the future then
+    /// awaits, and the flag its drop raises.
+    #[allow(clippy::type_complexity)]
+    fn start_build(
+        backend: &SharedBackend,
+        worker: &StdArc<DeviceWorker>,
+        spec: &EnvelopeSpec,
+        duty: Unreceived,
+    ) -> Result<(oneshot::Receiver<Option<Delivered>>, CancelOnDrop), BuildError> {
         for (field, value) in [
             ("max_streams", spec.bounds.max_streams),
             ("max_workers", spec.bounds.max_workers),
             ("max_lanes", spec.bounds.max_lanes),
         ] {
             if value == 0 {
+                // The caller hears of it, so the duty is its own again.
+                duty.disarm();
                 return Err(BuildError::InvalidBounds { field, value });
             }
         }
         if worker.device() != spec.device {
+            duty.disarm();
             return Err(BuildError::WrongWorker {
                 worker: worker.device(),
                 device: spec.device,
             });
         }
         let cancelled = StdArc::new(AtomicBool::new(false));
-        let _cancel_on_drop = CancelOnDrop(cancelled.clone());
+        let cancel_on_drop = CancelOnDrop(cancelled.clone());
         let (reply, rx) = Reply::channel();
         let job_backend = backend.clone();
+        let job_worker = worker.clone();
         let (device, grant) = (spec.device, spec.grant_bytes);
         let sink = spec.report_sink.clone();
         worker
             .submit_detached(move || {
                 let outcome = build_on_worker(&job_backend, device, grant, &cancelled);
-                let unreceived = match reply.send(outcome) {
-                    Ok(()) | Err(None) => return,
-                    Err(Some(outcome)) => outcome,
+                let delivered = Delivered {
+                    outcome: Some(outcome),
+                    duty: Some(duty),
+                    backend: job_backend,
+                    worker: job_worker,
+                    sink,
+                    device,
+                    grant_bytes: grant,
                 };
-                // The caller is gone: nothing may stay built.
-                let rollback = match unreceived {
-                    BuildOutcome::Built(progress) => {
-                        let mut rollback = RollbackReport::default();
-                        undo(&job_backend, progress, true, &mut rollback.steps);
-                        rollback
-                    }
-                    BuildOutcome::Failed { rollback, .. } | BuildOutcome::Cancelled(rollback) => {
-                        rollback
-                    }
-                };
-                let mut report =
-                    TeardownReport::finish(device, grant, true, rollback.steps, Vec::new(), None);
-                if report.disposition == Disposition::Clean {
-                    report.disposition = Disposition::Cancelled;
-                }
-                deliver(sink.as_ref(), report);
+                // A refused send hands the value back: dropping it here, on
+                // the worker, rolls it back in place.
+                let _ = reply.send(delivered);
             })
+            // A refused job was dropped unrun, and its duty with it, which
+            // reported the abandoned build to the callback already.
             .map_err(BuildError::WorkerGone)?;
-        let outcome = match rx.await {
-            Ok(Some(outcome)) => outcome,
-            // The job unwound: the worker caught the panic and goes on.
-            Ok(None) => {
-                return Err(BuildError::Interrupted {
-                    device: spec.device,
-                })
-            }
-            Err(_) => {
-                return Err(BuildError::WorkerGone(WorkerGone {
-                    device: spec.device,
-                }))
-            }
-        };
-        match outcome {
-            BuildOutcome::Built(p) => match (p.lane, p.root, p.domain, p.scope) {
-                (Some(lane), Some(root), Some(domain), Some(scope)) => {
-                    let domain = StdArc::new(AllocationDomain::new(
-                        backend.clone(),
-                        domain,
-                        spec.device,
-                        spec.grant_bytes,
-                    ));
-                    Ok(Self {
-                        shared: StdArc::new(Shared {
-                            backend,
-                            worker,
-                            spec,
-                            lane,
-                            root,
-                            scope,
-                            domain,
-                            forks: AtomicU64::new(0),
-                            source_reads: AtomicU64::new(0),
-                            active: AtomicU64::new(0),
-                            idle: Notify::new(),
-                            torn_down: AtomicBool::new(false),
-                            deferred: StdArc::new(Mutex::new(Vec::new())),
-                            callbacks: StdArc::new(Callbacks {
-                                release: Mutex::new(None),
-                                hooks: Mutex::new(Vec::new()),
-                                hook_boundary,
-                            }),
-                        }),
-                    })
-                }
-                // `build_on_worker` returns `Built` only with every step done.
-                _ => Err(BuildError::Step {
-                    step: BuildStep::WorkerScope,
-                    error: BackendError::UnknownHandle {
-                        op: BackendOp::OpenWorkerScope,
-                        id: 0,
-                    },
-                    rollback: RollbackReport::default(),
-                }),
-            },
-            BuildOutcome::Failed {
-                step,
-                error,
-                rollback,
-            } => Err(BuildError::Step {
-                step,
-                error,
-                rollback,
-            }),
-            // Only reachable if this future was dropped, which it was not.
-            BuildOutcome::Cancelled(rollback) => Err(BuildError::Step {
-                step: BuildStep::AttemptLane,
+        Ok((rx, cancel_on_drop))
+    }
+
+    /// The envelope around the five built resources.
+    fn assemble(
+        backend: SharedBackend,
+        worker: StdArc<DeviceWorker>,
+        spec: EnvelopeSpec,
+        p: Progress,
+    ) -> Result<Self, BuildError> {
+        let (Some(lane), Some(root), Some(domain), Some(scope)) =
+            (p.lane, p.root, p.domain, p.scope)
+        else {
+            // `build_on_worker` returns `Built` only with every step done.
+            return Err(BuildError::Step {
+                step: BuildStep::WorkerScope,
                 error: BackendError::UnknownHandle {
-                    op: BackendOp::OpenLane,
+                    op: BackendOp::OpenWorkerScope,
                     id: 0,
                 },
-                rollback,
+                rollback: RollbackReport::default(),
+            });
+        };
+        let domain = StdArc::new(AllocationDomain::new(
+            backend.clone(),
+            domain,
+            spec.device,
+            spec.grant_bytes,
+        ));
+        // The root stream is live from here until the teardown destroys it.
+        worker.stream_counter().opened();
+        Ok(Self {
+            shared: StdArc::new(Shared {
+                backend,
+                worker,
+                spec,
+                lane,
+                root,
+                scope,
+                domain,
+                forks: AtomicU64::new(0),
+                source_reads: AtomicU64::new(0),
+                active: AtomicU64::new(0),
+                idle: Notify::new(),
+                torn_down: AtomicBool::new(false),
+                deferred: StdArc::new(Mutex::new(Vec::new())),
+                callbacks: StdArc::new(Callbacks {
+                    seal: Mutex::new(None),
+                    release: Mutex::new(None),
+                }),
             }),
-        }
+        })
     }
 
     /// The device.
@@ -939,26 +1158,19 @@ impl AdmissionEnvelope {
         self.shared.spec.grant_bytes
     }
 
-    /// Adds a hook called once with the report of this envelope's
-    /// teardown, on the worker right after the teardown finished, whether
-    /// it was awaited ([`teardown`](Self::teardown)) or queued because the
-    /// envelope was dropped; or, when the worker is gone and no teardown can
-    /// run, with an abandoned report on the thread that found out.
-    ///
-    /// Hooks are added, never replaced, and run in the order they were
-    /// added, after the query service's own release path (so the grant is
-    /// back before any hook runs), each behind a panic boundary: a hook that
-    /// panics is skipped. A hook must not block: it runs on the device's
-    /// worker thread. A hook added after the teardown ran is never called.
-    pub fn on_teardown(&self, hook: impl FnOnce(&TeardownReport) + Send + 'static) {
-        self.shared.callbacks.hooks.lock().push(Box::new(hook));
-    }
-
-    /// Sets the crate's release callback: runs before every hook, and is
-    /// never displaced by one. Set once, when the service publishes a
-    /// handle.
-    pub(crate) fn set_release(&self, release: impl FnOnce(&TeardownReport) + Send + 'static) {
-        *self.shared.callbacks.release.lock() = Some(Box::new(release));
+    /// Sets the crate's callbacks, once, when the service publishes a
+    /// handle: `seal` runs on the worker after the teardown's
+    /// synchronization and before anything is destroyed, with the
+    /// disposition and health known then; `release` runs after the
+    /// destruction.
+    pub(crate) fn set_callbacks(
+        &self,
+        seal: impl FnOnce(&TeardownReport) + Send + 'static,
+        release: impl FnOnce(&TeardownReport) + Send + 'static,
+    ) {
+        let callbacks = &self.shared.callbacks;
+        *callbacks.seal.lock() = Some(Box::new(seal));
+        *callbacks.release.lock() = Some(Box::new(release));
     }
 
     /// The per-attempt bounds.
@@ -1001,6 +1213,7 @@ impl AdmissionEnvelope {
             .map_err(|()| EnvelopeError::StreamBound { max_streams })?;
         match shared.backend.fork_stream(shared.root) {
             Ok(stream) => {
+                shared.worker.stream_counter().opened();
                 shared.active.fetch_add(1, Ordering::AcqRel);
                 Ok(ExecutionContext {
                     shared: shared.clone(),
@@ -1118,11 +1331,14 @@ impl Drop for ExecutionContext {
         let backend = self.shared.backend.clone();
         let deferred = self.shared.deferred.clone();
         let stream = self.stream;
-        let queued = self.shared.worker.submit_detached(move || {
-            if let Err(error) = backend.destroy_stream(stream) {
-                deferred.lock().push(error);
-            }
-        });
+        let streams = self.shared.worker.stream_counter();
+        let queued =
+            self.shared
+                .worker
+                .submit_detached(move || match backend.destroy_stream(stream) {
+                    Ok(()) => streams.closed(),
+                    Err(error) => deferred.lock().push(error),
+                });
         if let Err(gone) = queued {
             tracing::error!(target: "admission", %gone, %stream, "cannot destroy an execution stream");
         }
@@ -1144,3 +1360,7 @@ impl Drop for SourcePermit {
         self.shared.release_activity();
     }
 }
+
+#[cfg(all(test, not(loom)))]
+#[path = "envelope_tests.rs"]
+mod tests;

@@ -4,16 +4,15 @@
 //! # Implementation notes
 //!
 //! The service calls four kinds of code it does not own: the observer, the
-//! preflight hook, teardown hooks registered on an envelope, and the
-//! [`GpuBackend`] itself. Each gets one [`Boundary`] per service, so a
-//! snapshot shows one [`ComponentHealth`] per component however many
-//! devices, envelopes or threads call it:
+//! preflight hook, cache evictors, and the [`GpuBackend`] itself. Each gets one
+//! [`Boundary`] per service, so a snapshot shows one [`ComponentHealth`]
+//! per component however many devices, envelopes or threads call it:
 //!
 //! | component           | called from                       | on a panic                              |
 //! |---------------------|-----------------------------------|-----------------------------------------|
 //! | `gpu_observer`      | any thread, after the lock        | the record is dropped                   |
 //! | `gpu_preflight`     | the admit future (call and poll)  | that candidate's preflight failed       |
-//! | `gpu_teardown_hook` | the device worker, after release  | the hook is skipped                     |
+//! | `gpu_evictor`       | any thread, after the lock        | that eviction request is skipped        |
 //! | `gpu_backend`       | worker and execution threads      | the operation failed ([`BackendError::Panicked`]) |
 //! | `gpu_device_worker` | the device worker, around a job   | the job's result is lost, typed         |
 //!
@@ -41,7 +40,7 @@ use crate::sync::StdArc;
 pub(crate) struct Boundaries {
     pub(crate) observer: Boundary,
     pub(crate) preflight: Boundary,
-    pub(crate) teardown_hook: StdArc<Boundary>,
+    pub(crate) evictor: Boundary,
     pub(crate) backend: StdArc<Boundary>,
     pub(crate) worker: StdArc<Boundary>,
 }
@@ -57,7 +56,10 @@ impl Boundaries {
                 "gpu_preflight",
                 "fails that candidate's preflight, so the submission is rejected, never queued unchecked (fails closed)",
             ),
-            teardown_hook: StdArc::new(teardown_hook_boundary()),
+            evictor: Boundary::new(
+                "gpu_evictor",
+                "skips that eviction request; the waiter waits as without an evictor (fails open)",
+            ),
             backend: StdArc::new(backend_boundary()),
             worker: StdArc::new(worker_boundary()),
         }
@@ -68,20 +70,11 @@ impl Boundaries {
         vec![
             self.observer.health(),
             self.preflight.health(),
-            self.teardown_hook.health(),
+            self.evictor.health(),
             self.backend.health(),
             self.worker.health(),
         ]
     }
-}
-
-/// The boundary of an envelope's teardown hooks, when no service shares
-/// one with it.
-pub(crate) fn teardown_hook_boundary() -> Boundary {
-    Boundary::new(
-        "gpu_teardown_hook",
-        "skips the hook; the grant was already returned (fails open)",
-    )
 }
 
 /// The boundary of a [`GuardedBackend`].

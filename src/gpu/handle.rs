@@ -6,21 +6,32 @@
 //! A handle exists only after the ledger committed its slot and grant *and*
 //! all five envelope steps validated; nothing partial is ever visible. The
 //! grant itself is not in the handle: at publication it moves into the
-//! envelope's release callback (crate-private: a user's teardown hook is
-//! added beside it and can never displace it), which runs on the device
-//! worker right after the physical teardown, however that teardown came
-//! about:
+//! envelope's release callback (crate-private, beside a seal callback;
+//! nothing outside the crate can add or replace either), which runs on the
+//! device worker during the teardown, however that teardown came about:
 //!
 //! * [`QueryHandle::release`] waits until every execution context and
 //!   source permit is dropped, tears the envelope down, and returns the
-//!   report once the callback has sealed it and released the grant;
+//!   report once the callback has released the grant;
 //! * dropping the handle drops the envelope, which queues the same teardown
 //!   when its last execution context goes, and the callback releases the
 //!   grant then. `Drop` never blocks.
 //!
-//! Either way the order is the same: physical resources destroyed, report
-//! sealed, fault isolated (quarantine or close), grant released, queued
-//! work woken.
+//! Either way the order is the seed's:
+//!
+//! | step | what                                                   | where                         |
+//! |------|--------------------------------------------------------|-------------------------------|
+//! | 1    | execution contexts and source permits idle             | `AdmissionEnvelope::teardown` (awaited) or the last holder's drop |
+//! | 2    | disposition and health: the root stream synchronized   | the teardown job, on the worker |
+//! | 3    | the [`AttemptReport`] sealed on them                   | the seal callback             |
+//! | 4    | physical resources destroyed (leaks freed, scope, membership, domain, root stream) | the teardown job |
+//! | 5    | the lane closed, then the grant released (and the fault isolated) in one ledger transaction | the teardown job, then the release callback |
+//! | 6    | queued work woken, after that transaction committed    | `transact`                    |
+//!
+//! The sealed disposition and health are what the synchronization showed;
+//! [`AttemptReport::teardown`] then records what destruction did, and a
+//! fault only destruction revealed is still isolated before the grant
+//! returns.
 
 use std::fmt;
 use std::time::Duration;
@@ -35,8 +46,6 @@ use super::envelope::{
 use super::ledger::{GrantId, MemoryGrant, WaiterId};
 use super::outcome::GpuAdmitError;
 use super::proof::{CapabilityProof, PlanFingerprint};
-use super::service::Inner;
-use crate::sync::StdArc;
 
 /// The sealed record of one attempt, from admission to release.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -57,42 +66,78 @@ pub struct AttemptReport {
     /// How long admission waited, from submission to grant.
     pub waited: Duration,
     /// How long the attempt held its grant, from the handle's publication
-    /// until its teardown finished. Wall-clock time (`std::time`): the
-    /// teardown ends on the device worker thread, where a paused tokio
-    /// clock does not apply.
+    /// until its report was sealed (its contexts idle, its root stream
+    /// synchronized). Wall-clock time (`std::time`): the seal happens on
+    /// the device worker thread, where a paused tokio clock does not apply.
     pub held: Duration,
-    /// How the teardown ended.
+    /// How the attempt ended, sealed before its resources were destroyed:
+    /// from the root stream's synchronization and the errors its execution
+    /// contexts deferred.
     pub disposition: Disposition,
-    /// The device's health as the teardown saw it.
+    /// The device's health as that synchronization showed it.
     pub health: DeviceHealth,
-    /// The teardown itself.
+    /// The teardown's record, attached after the seal: every clean-up call
+    /// and its error, the leaks freed. Its own `disposition` and `health`
+    /// also count what destruction revealed.
     pub teardown: TeardownReport,
     /// Whether the grant went back to its ledger (false only on an
     /// accounting bug, which is logged).
     pub ledger_released: bool,
 }
 
-impl AttemptReport {
+/// What an attempt's report is sealed from, fixed at publication.
+pub(crate) struct Sealing {
+    pub(crate) waiter: WaiterId,
+    pub(crate) device: DeviceOrdinal,
+    pub(crate) grant: GrantId,
+    pub(crate) grant_bytes: u64,
+    pub(crate) required_floor: u64,
+    pub(crate) plan: Option<PlanFingerprint>,
+    pub(crate) waited: Duration,
+}
+
+impl Sealing {
+    /// The sealed report, from the teardown's facts before destruction.
+    /// `teardown` and `ledger_released` are filled in after the destruction
+    /// and the ledger's release.
     pub(crate) fn seal(
-        grant: &MemoryGrant,
-        waiter: WaiterId,
-        proof: Option<&CapabilityProof>,
-        waited: Duration,
+        &self,
         held: Duration,
-        teardown: TeardownReport,
-    ) -> Self {
+        before_destruction: &TeardownReport,
+    ) -> AttemptReport {
         AttemptReport {
-            waiter,
+            waiter: self.waiter,
+            device: self.device,
+            grant: self.grant,
+            grant_bytes: self.grant_bytes,
+            required_floor: self.required_floor,
+            plan: self.plan,
+            waited: self.waited,
+            held,
+            disposition: before_destruction.disposition,
+            health: before_destruction.health,
+            teardown: before_destruction.clone(),
+            ledger_released: false,
+        }
+    }
+}
+
+impl AttemptReport {
+    /// A report made at the release when the seal was lost (a bug, logged
+    /// by the caller): the waiter and timings are unknown there.
+    pub(crate) fn unsealed(grant: &MemoryGrant, teardown: &TeardownReport) -> Self {
+        AttemptReport {
+            waiter: WaiterId::new(0),
             device: grant.device(),
             grant: grant.id(),
             grant_bytes: grant.bytes(),
             required_floor: grant.required_floor(),
-            plan: proof.map(CapabilityProof::fingerprint),
-            waited,
-            held,
+            plan: None,
+            waited: Duration::ZERO,
+            held: Duration::ZERO,
             disposition: teardown.disposition,
             health: teardown.health,
-            teardown,
+            teardown: teardown.clone(),
             ledger_released: false,
         }
     }
@@ -125,41 +170,25 @@ impl fmt::Debug for QueryHandle {
 }
 
 impl QueryHandle {
-    /// Publishes a handle over a validated envelope; the grant moves into
-    /// the envelope's release callback.
-    pub(crate) fn publish(
-        inner: StdArc<Inner>,
+    /// A handle over a validated envelope whose callbacks are armed
+    /// already (`release::publish`): `report` answers once the release
+    /// callback returned the grant.
+    pub(crate) fn new_published(
         envelope: AdmissionEnvelope,
-        grant: MemoryGrant,
-        waiter: WaiterId,
+        report: oneshot::Receiver<AttemptReport>,
         proof: Option<CapabilityProof>,
-        waited: Duration,
+        sealing: &Sealing,
+        published_at: std::time::Instant,
     ) -> Self {
-        let (tx, rx) = oneshot::channel();
-        let (id, bytes, floor) = (grant.id(), grant.bytes(), grant.required_floor());
-        let callback_proof = proof.clone();
-        let published_at = std::time::Instant::now();
-        envelope.set_release(move |teardown| {
-            let held = published_at.elapsed();
-            let report = inner.finish_attempt(
-                grant,
-                waiter,
-                callback_proof.as_ref(),
-                (waited, held),
-                teardown,
-            );
-            // Nobody awaits the report of a dropped handle.
-            let _ = tx.send(report);
-        });
         QueryHandle {
             envelope,
-            report: rx,
+            report,
             proof,
-            waiter,
-            grant: id,
-            grant_bytes: bytes,
-            required_floor: floor,
-            waited,
+            waiter: sealing.waiter,
+            grant: sealing.grant,
+            grant_bytes: sealing.grant_bytes,
+            required_floor: sealing.required_floor,
+            waited: sealing.waited,
             published_at,
         }
     }
@@ -207,7 +236,9 @@ impl QueryHandle {
 
     /// Checks that this handle authorizes the native plan `proof` proves:
     /// the handle must have been admitted for that exact proof (same issuer,
-    /// same fingerprint). A resource-only handle authorizes nothing.
+    /// same fingerprint), and a proof already bound to an admission must be
+    /// bound to this one (same device, same grant). A resource-only handle
+    /// authorizes nothing.
     pub fn authorize(&self, proof: &CapabilityProof) -> Result<(), GpuAdmitError> {
         let Some(admitted) = &self.proof else {
             return Err(GpuAdmitError::ResourceOnlyHandle);
@@ -217,6 +248,14 @@ impl QueryHandle {
                 expected: admitted.issuer_id(),
                 found: proof.issuer_id(),
             });
+        }
+        if let Some(binding) = proof.binding() {
+            if (binding.device, binding.grant) != (self.device(), self.grant) {
+                return Err(GpuAdmitError::ProofBoundElsewhere {
+                    device: binding.device,
+                    grant: binding.grant,
+                });
+            }
         }
         if admitted.fingerprint() != proof.fingerprint() {
             return Err(GpuAdmitError::ProofMismatch {

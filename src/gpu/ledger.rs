@@ -38,8 +38,10 @@
 //! without one the grant is `max_new`. Cache charges are bounded by the cache
 //! cap and by the bytes nobody has claimed, but not by the open-slot
 //! headroom: that headroom is a promise to future attempts, and evictable
-//! cache is exactly what the service evicts when an attempt needs it back
-//! (the attempt sees the pressure as a smaller `max_new`).
+//! cache is what an attempt can get back (it sees the pressure as a smaller
+//! `max_new`): when the oldest runnable waiter lacks only evictable bytes,
+//! the service asks the cache owner's registered evictor for exactly those
+//! bytes (`QueryServiceBuilder::evictor`).
 //!
 //! # Decisions: Admit, Later, Never
 //!
@@ -47,8 +49,9 @@
 //!
 //! * **Never** when waiting on this ledger cannot help: the ledger is
 //!   [closed](LedgerHealth::Closed) or [quarantined](LedgerHealth::Quarantined)
-//!   (neither ever reopens: recovery from a sticky device fault is a process
-//!   restart), the device lacks a required capability, or the required floor
+//!   (a closed ledger never reopens; a quarantined one only when the
+//!   operator reinstates it after a device reset and a passing health probe,
+//!   `QueryService::reinstate`), the device lacks a required capability, or the required floor
 //!   exceeds [`DeviceProfile::largest_possible_grant`], the grant an *empty*
 //!   ledger could issue. Cache, grants and protections all drain, so any floor
 //!   that fits an empty ledger is Later at worst.
@@ -58,7 +61,7 @@
 //!
 //! # Protection
 //!
-//! A waiter overtaken more often than its budget [protects](DeviceLedger::protect)
+//! A waiter whose overtake budget is spent [protects](DeviceLedger::protect)
 //! one future slot and bytes up to its floor on one ledger; one protection
 //! per ledger at a time. Accumulation is precise:
 //!
@@ -889,6 +892,17 @@ impl DeviceLedger {
             self.health = LedgerHealth::Quarantined { code };
         }
         self.protection.take().map(|p| p.waiter)
+    }
+
+    /// Returns a quarantined ledger to service (the operator's reinstatement
+    /// after a device reset, once a health probe passed). Whether it was
+    /// quarantined; a closed ledger stays closed.
+    pub(crate) fn reinstate(&mut self) -> bool {
+        let quarantined = matches!(self.health, LedgerHealth::Quarantined { .. });
+        if quarantined {
+            self.health = LedgerHealth::Healthy;
+        }
+        quarantined
     }
 
     /// Closes the ledger: nothing new is issued, in-flight grants drain.

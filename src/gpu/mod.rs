@@ -54,9 +54,9 @@
 //! that younger work cannot pass. The scheduler admits the oldest runnable
 //! waiter, ranking its compatible devices by spare bytes after admission,
 //! then load, then stream availability, then ordinal, and a waiter blocked
-//! on its own devices does not idle another device. A waiter overtaken more
-//! than its budget protects one future slot and released bytes up to its
-//! floor on one compatible ledger; its grant consumes the protection, and
+//! on its own devices does not idle another device. A waiter whose overtake
+//! budget is spent (budget B allows B overtakes, 0 none) protects one
+//! future slot and released bytes up to its floor on one compatible ledger; its grant consumes the protection, and
 //! the protection moves if that device is quarantined or closed. Cancel,
 //! deadline, close and the loss of every compatible device remove a waiter
 //! with a structured [`GpuAdmitError`], which [`QueryAdmissionOutcome`]
@@ -71,9 +71,10 @@
 //! [`QueryHandle`] exists only once all five validated; any failure or
 //! cancellation undoes the steps in exact reverse order (the stream's
 //! clean-up awaited first) and returns the grant. Release waits for the
-//! handle's execution contexts to go idle, tears the envelope down, seals
-//! the [`AttemptReport`], and only then returns the grant to the ledger and
-//! wakes queued work. A stream-synchronization fault proven to be
+//! handle's execution contexts to go idle, synchronizes the root stream,
+//! seals the [`AttemptReport`] on what that showed, destroys the resources
+//! (the lane last), and only then returns the grant to the ledger and wakes
+//! queued work. A stream-synchronization fault proven to be
 //! device-local quarantines that device; one whose reach is unknown closes
 //! every ledger. Grants in flight stay valid and drain; nothing new is
 //! issued there.
@@ -107,10 +108,6 @@
 //!   While it keeps panicking every submission is rejected: the preflight is
 //!   the engine's own check, and skipping it could admit work it would
 //!   refuse.
-//! * **`gpu_teardown_hook`** fails open: hooks added with
-//!   [`AdmissionEnvelope::on_teardown`](envelope::AdmissionEnvelope::on_teardown)
-//!   run after the crate's own release callback, which returns the grant
-//!   and cannot be displaced; a panicking hook is skipped.
 //! * **`gpu_backend`** fails the operation, not the device: a panic in any
 //!   [`GpuBackend`](backend::GpuBackend) method is
 //!   [`BackendError::Panicked`](backend::BackendError::Panicked), a failed
@@ -119,8 +116,9 @@
 //!   [`GpuAdmitError::EnvelopeStepFailed`]; a teardown step that panics is
 //!   recorded in the report and the grant is still returned. The device
 //!   stays in service (a host-side panic is no evidence about device
-//!   memory; only [`BackendError::Fault`](backend::BackendError::Fault)
-//!   quarantines), so a backend that always panics fails each attempt fast
+//!   memory; only a [`BackendError::Fault`](backend::BackendError::Fault)
+//!   reported by a stream synchronization quarantines, and any other fault
+//!   closes every ledger: see [`envelope::proven_isolation`]), so a backend that always panics fails each attempt fast
 //!   with a typed error, and the health shows it failing; an operator can
 //!   [`quarantine`](QueryService::quarantine) the device.
 //! * **`gpu_device_worker`** is a backstop around every job of a device's
@@ -171,18 +169,23 @@
 //! let devices = DeviceSet::new(vec![profile], vec![MemoryOwnership::exclusive(gpu0)])?;
 //! let bounds = QueueBounds::new(64, Duration::from_secs(30), 4)?;
 //! let backend = Arc::new(SimBackend::new([SimDevice::new(0, 96 * GIB)]));
-//! let service = QueryService::new(backend, devices, bounds)?;
+//! // The issuer is handed out once, to the engine's lowering code: holding
+//! // the service is not enough to mint a proof.
+//! let (service, issuer) = QueryService::builder(backend, devices, bounds).build_with_issuer()?;
 //!
 //! // The engine lowers a plan into a proof; planning reserves nothing.
 //! let plan = PlanDescription::new(PlanFingerprint(42))
 //!     .require(Capability::new("hash_join"))
 //!     .phase(PhaseRequirement::new("build", 12 * GIB, "join"));
-//! let proof = service.issuer().lower(&plan)?;
+//! let proof = issuer.lower(&plan)?;
 //! let ticket = service.ticket(&proof)?;
 //!
 //! // Execution needs the device: admit, run, release.
 //! let handle = ticket.with_working_set_hint(16 * GIB).admit().await?;
 //! handle.authorize(&proof)?;
+//! // The handle's own copy of the proof is bound to its device and grant.
+//! let binding = handle.proof().and_then(|p| p.binding()).expect("bound");
+//! assert_eq!((binding.device, binding.grant), (gpu0, handle.grant_id()));
 //! assert_eq!(handle.grant_bytes(), 16 * GIB); // the hint, inside [12 GiB, max_new]
 //! let report = handle.release().await;
 //! assert_eq!(report.grant_bytes, 16 * GIB);
@@ -218,13 +221,55 @@ pub mod worker;
 // The query service: the one queue and its scheduler (a plain synchronous
 // core), the async glue around it, handles and observation records.
 pub mod handle;
+pub mod lazy;
 pub mod observe;
+mod release;
 pub mod scheduler;
 pub mod service;
+
+#[cfg(loom)]
+#[doc(hidden)]
+pub mod loom_models;
+
+/// Entry points for `tests/gpu_device.rs` only (feature `gpu-tests`, which
+/// exists for those checks on a real CUDA device): they build envelopes
+/// around bytes no ledger granted, which the crate's API otherwise never
+/// allows. Not part of the API.
+#[cfg(feature = "gpu-tests")]
+#[doc(hidden)]
+pub mod device_checks {
+    use super::backend::{DeviceOrdinal, SharedBackend};
+    use super::envelope::{AdmissionEnvelope, AttemptBounds, BuildError, EnvelopeSpec};
+    use super::worker::DeviceWorker;
+    use crate::sync::StdArc;
+
+    /// A worker thread for `device`, as the service starts one.
+    pub fn spawn_worker(device: DeviceOrdinal) -> StdArc<DeviceWorker> {
+        StdArc::new(DeviceWorker::spawn(device))
+    }
+
+    /// Builds an envelope of `grant_bytes` on `worker` without a ledger.
+    pub async fn build_envelope(
+        backend: SharedBackend,
+        worker: StdArc<DeviceWorker>,
+        device: DeviceOrdinal,
+        grant_bytes: u64,
+        bounds: AttemptBounds,
+    ) -> Result<AdmissionEnvelope, BuildError> {
+        let spec = EnvelopeSpec {
+            device,
+            grant_bytes,
+            bounds,
+            report_sink: None,
+        };
+        AdmissionEnvelope::build(backend, worker, spec).await
+    }
+}
 
 #[cfg(feature = "config")]
 pub use config::{parse_byte_size, parse_device_selection, GpuConfig, DEVICES_ENV};
 pub use handle::{AttemptReport, QueryHandle};
+pub use lazy::LazyAdmission;
 pub use ledger::{
     Decision, DeviceLedger, ForeignGrant, GrantId, GrantRequest, LaterReason, LedgerError,
     LedgerHealth, LedgerReport, MemoryGrant, NeverReason, ProtectionReport, ReleaseOutcome,
@@ -240,12 +285,12 @@ pub use profile::{
 };
 pub use proof::{
     AllocationOwner, Capability, CapabilityProof, CapabilitySet, IssuerId, LoweringError,
-    PhaseRequirement, PlanDescription, PlanFingerprint, ProofIssuer,
+    PhaseRequirement, PlanDescription, PlanFingerprint, ProofBinding, ProofIssuer,
 };
 pub use scheduler::{
     AdmissionCore, AdmissionSnapshot, CacheChange, CoreEvent, DeviceSummary, WaiterSnapshot,
 };
 pub use service::{
-    AdmissionTicket, PreflightFuture, PreflightRequest, QueryService, QueryServiceBuilder,
-    ServiceError,
+    AdmissionTicket, EvictionRequest, PreflightFuture, PreflightRequest, QueryService,
+    QueryServiceBuilder, ReinstateError, ServiceError,
 };

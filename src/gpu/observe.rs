@@ -47,12 +47,20 @@ pub enum ObservationKind {
     /// A queued or granted waiter left without a handle (cancel, deadline,
     /// close, no healthy device).
     Removed,
+    /// An attempt's report was sealed at its release: the synchronization
+    /// fixed its disposition and health, before any resource was destroyed.
+    Sealed,
     /// An attempt's resources were torn down and its grant released.
     Released,
     /// A device was quarantined after a proven device-local fault.
     Quarantined,
     /// A ledger was closed (fault of unknown reach, or service close).
     LedgerClosed,
+    /// An operator reinstated a quarantined device after its health probe
+    /// passed.
+    Reinstated,
+    /// A device's evictor was asked for bytes (in `grant_bytes`).
+    EvictionRequested,
 }
 
 impl ObservationKind {
@@ -68,9 +76,12 @@ impl ObservationKind {
             ObservationKind::EnvelopeFailed => "envelope_failed",
             ObservationKind::Published => "published",
             ObservationKind::Removed => "removed",
+            ObservationKind::Sealed => "sealed",
             ObservationKind::Released => "released",
             ObservationKind::Quarantined => "quarantined",
             ObservationKind::LedgerClosed => "ledger_closed",
+            ObservationKind::Reinstated => "reinstated",
+            ObservationKind::EvictionRequested => "eviction_requested",
         }
     }
 }

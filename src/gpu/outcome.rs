@@ -20,6 +20,7 @@ use std::fmt;
 use std::time::Duration;
 
 use super::backend::{BackendError, BackendOp, DeviceOrdinal};
+use super::ledger::GrantId;
 use super::profile::fmt_bytes;
 use super::proof::{CapabilitySet, IssuerId, LoweringError, PlanFingerprint};
 
@@ -155,6 +156,14 @@ pub enum GpuAdmitError {
     /// A resource-only handle (manual admission) was presented to authorize
     /// a native plan; only an engine-issued proof can.
     ResourceOnlyHandle,
+    /// A proof bound to another admission (another handle's device and
+    /// grant) was presented to authorize this handle.
+    ProofBoundElsewhere {
+        /// The device the presented proof was admitted on.
+        device: DeviceOrdinal,
+        /// The grant it was admitted with.
+        grant: GrantId,
+    },
     /// A handle admitted for one plan was presented to authorize another.
     ProofMismatch {
         /// The fingerprint of the plan the handle was admitted for.
@@ -184,7 +193,8 @@ impl GpuAdmitError {
             GpuAdmitError::NoCapableDevice { .. }
             | GpuAdmitError::ForeignProof { .. }
             | GpuAdmitError::ResourceOnlyHandle
-            | GpuAdmitError::ProofMismatch { .. } => O::Capability,
+            | GpuAdmitError::ProofMismatch { .. }
+            | GpuAdmitError::ProofBoundElsewhere { .. } => O::Capability,
             GpuAdmitError::EnvelopeInvalid { .. } => O::Configuration,
             GpuAdmitError::WorkerGone { .. } => O::DeviceFault,
             GpuAdmitError::UnresolvedOwner { .. }
@@ -230,6 +240,7 @@ impl GpuAdmitError {
             GpuAdmitError::ForeignProof { .. } => "foreign_proof",
             GpuAdmitError::ResourceOnlyHandle => "resource_only_handle",
             GpuAdmitError::ProofMismatch { .. } => "proof_mismatch",
+            GpuAdmitError::ProofBoundElsewhere { .. } => "proof_bound_elsewhere",
             GpuAdmitError::WorkerGone { .. } => "worker_gone",
             GpuAdmitError::EnvelopeInvalid { .. } => "envelope_invalid",
         }
@@ -320,6 +331,10 @@ impl fmt::Display for GpuAdmitError {
             } => write!(
                 f,
                 "the handle was admitted for plan {admitted}, not for plan {presented}"
+            ),
+            GpuAdmitError::ProofBoundElsewhere { device, grant } => write!(
+                f,
+                "the proof was admitted with grant {grant} on {device}, not with this handle"
             ),
             GpuAdmitError::WorkerGone { device } => write!(
                 f,

@@ -103,6 +103,45 @@ impl DeviceProfile {
         self.backend_reserve
     }
 
+    /// Checks this profile against its device's total memory, as the
+    /// backend reports it at start-up: the managed capacity plus the
+    /// backend reserve must fit. A pure function of the two numbers (the
+    /// query service calls it for every profiled device when it is built),
+    /// so a profile written for a larger device is refused before any
+    /// grant could promise bytes the device does not have.
+    ///
+    /// The error names `managed_capacity` when the pool alone does not fit,
+    /// and `backend_reserve` when the reserve is what does not.
+    pub fn check_device_memory(&self, total_bytes: u64) -> Result<(), ConfigError> {
+        let device = self.ordinal;
+        if self.managed_capacity > total_bytes {
+            return Err(ConfigError::new(
+                "managed_capacity",
+                format!(
+                    "{} exceeds the {} of device memory on {device}",
+                    fmt_bytes(self.managed_capacity),
+                    fmt_bytes(total_bytes)
+                ),
+            ));
+        }
+        let fits = self
+            .managed_capacity
+            .checked_add(self.backend_reserve)
+            .is_some_and(|needed| needed <= total_bytes);
+        if !fits {
+            return Err(ConfigError::new(
+                "backend_reserve",
+                format!(
+                    "{} plus managed_capacity {} exceeds the {} of device memory on {device}",
+                    fmt_bytes(self.backend_reserve),
+                    fmt_bytes(self.managed_capacity),
+                    fmt_bytes(total_bytes)
+                ),
+            ));
+        }
+        Ok(())
+    }
+
     /// The ceiling for resident cache bytes (evictable plus pinned).
     pub fn cache_cap(&self) -> u64 {
         self.cache_cap
@@ -578,5 +617,43 @@ impl fmt::Display for QueueBounds {
             "max_pending {}, max_wait {:?}, overtake_budget {}",
             self.max_pending, self.max_wait, self.overtake_budget
         )
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+
+    const GIB: u64 = 1 << 30;
+
+    #[test]
+    fn capacity_plus_reserve_must_fit_the_device_memory() {
+        // (managed_capacity, backend_reserve, device total, the field at fault)
+        let rows: [(u64, u64, u64, Option<&str>); 7] = [
+            (72 * GIB, 4 * GIB, 80 * GIB, None),
+            (76 * GIB, 4 * GIB, 80 * GIB, None),
+            (77 * GIB, 4 * GIB, 80 * GIB, Some("backend_reserve")),
+            (80 * GIB, 0, 80 * GIB, None),
+            (80 * GIB, 1, 80 * GIB, Some("backend_reserve")),
+            (81 * GIB, 0, 80 * GIB, Some("managed_capacity")),
+            // The sum overflows: still the reserve's fault, never a wrap.
+            (u64::MAX, u64::MAX, u64::MAX, Some("backend_reserve")),
+        ];
+        for (capacity, reserve, total, field) in rows {
+            let profile = DeviceProfile::builder(DeviceOrdinal(1))
+                .managed_capacity(capacity)
+                .backend_reserve(reserve)
+                .build()
+                .unwrap();
+            let checked = profile.check_device_memory(total);
+            assert_eq!(
+                checked.as_ref().err().map(ConfigError::field),
+                field,
+                "{capacity} + {reserve} on {total}: {checked:?}"
+            );
+            if let Err(error) = checked {
+                assert!(error.to_string().contains("gpu1"), "{error}");
+            }
+        }
     }
 }

@@ -31,6 +31,9 @@
 //! fingerprint combining the parts in order.
 
 use std::collections::BTreeSet;
+
+use super::backend::DeviceOrdinal;
+use super::ledger::GrantId;
 use std::error::Error;
 use std::fmt;
 
@@ -234,9 +237,37 @@ pub struct CapabilityProof {
     floor_bytes: u64,
     owners: BTreeSet<String>,
     bound_plans: usize,
+    binding: Option<ProofBinding>,
+}
+
+/// The admission an admitted proof is bound to: the device selected and the
+/// grant committed for it. Set only by the query service when it publishes
+/// a handle ([`QueryHandle::proof`](super::QueryHandle::proof)); a proof
+/// from the issuer has none.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub struct ProofBinding {
+    /// The selected device.
+    pub device: DeviceOrdinal,
+    /// The grant on that device's ledger.
+    pub grant: GrantId,
 }
 
 impl CapabilityProof {
+    /// The device and grant this proof was admitted with; `None` for a
+    /// proof as the issuer made it.
+    pub fn binding(&self) -> Option<ProofBinding> {
+        self.binding
+    }
+
+    /// This proof, bound to the admission of `grant` on `device`.
+    pub(crate) fn bound_to(&self, device: DeviceOrdinal, grant: GrantId) -> Self {
+        CapabilityProof {
+            binding: Some(ProofBinding { device, grant }),
+            ..self.clone()
+        }
+    }
+
     /// The issuer that made this proof.
     pub fn issuer_id(&self) -> IssuerId {
         self.issuer
@@ -375,6 +406,7 @@ impl ProofIssuer {
             floor_bytes,
             owners,
             bound_plans: 1,
+            binding: None,
         })
     }
 
@@ -395,6 +427,7 @@ impl ProofIssuer {
             floor_bytes: 0,
             owners: BTreeSet::new(),
             bound_plans: 0,
+            binding: None,
         };
         let mut fingerprint = COMPOSE_SEED;
         for part in producers.iter().chain(std::iter::once(consumer)) {

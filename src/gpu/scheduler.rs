@@ -41,7 +41,8 @@
 //!
 //! Each time a younger waiter is admitted on a device that an older, blocked
 //! waiter could also use, the older waiter's overtake count rises. Once it
-//! exceeds the queue's `overtake_budget`, the older waiter
+//! reaches the queue's `overtake_budget` (at once for a budget of 0, before
+//! any younger admission on such a device), the older waiter
 //! [protects](DeviceLedger::protect) one future slot and released bytes up
 //! to its floor on one compatible healthy ledger that holds no other
 //! protection: the one with the fewest running attempts, then the most
@@ -51,7 +52,9 @@
 //! When the protected ledger is quarantined or closed, the ledger drops the
 //! protection and the core retargets it to another compatible healthy
 //! ledger. Protection is not priority: it only stops younger work from
-//! taking what the older waiter is accumulating.
+//! passing the older waiter on the protected device (the scheduler ranks a
+//! younger waiter only among its other devices), so a budget of 0 on one
+//! device is strict FIFO; other devices keep running younger work.
 //!
 //! A waiter whose every compatible device is quarantined or closed leaves
 //! the queue with [`GpuAdmitError::NoHealthyDevice`].
@@ -63,8 +66,8 @@ use tokio::time::Instant;
 
 use super::backend::DeviceOrdinal;
 use super::ledger::{
-    Decision, DeviceLedger, ForeignGrant, GrantId, GrantRequest, LedgerError, LedgerHealth,
-    LedgerReport, MemoryGrant, ReleaseOutcome, WaiterId,
+    Decision, DeviceLedger, ForeignGrant, GrantId, GrantRequest, LaterReason, LedgerError,
+    LedgerHealth, LedgerReport, MemoryGrant, ReleaseOutcome, WaiterId,
 };
 use super::outcome::GpuAdmitError;
 use crate::health::ComponentHealth;
@@ -109,7 +112,7 @@ pub enum CoreEvent {
         /// Why.
         error: GpuAdmitError,
     },
-    /// A waiter, overtaken more than its budget, protected a slot and bytes
+    /// A waiter whose overtake budget is spent protected a slot and bytes
     /// on a device.
     Protected {
         /// The waiter.
@@ -142,6 +145,15 @@ pub enum CoreEvent {
     LedgerClosed {
         /// The device.
         device: DeviceOrdinal,
+    },
+    /// The oldest runnable waiter is blocked on `device` only by evictable
+    /// cache: its registered evictor is asked for exactly these bytes (on
+    /// top of what it was asked for already and has not evicted yet).
+    EvictionRequested {
+        /// The device.
+        device: DeviceOrdinal,
+        /// The bytes to evict.
+        bytes: u64,
     },
 }
 
@@ -267,6 +279,13 @@ pub struct AdmissionCore {
     queued: BTreeMap<u64, Waiter>,
     outcomes: BTreeMap<u64, Outcome>,
     closed: bool,
+    /// Streams each device's envelopes hold now, as the service last read
+    /// them from the device workers (`None` until read): the live input to
+    /// ranking by stream availability.
+    live_streams: Vec<Option<u64>>,
+    /// Per device: whether a cache owner registered an evictor, and the
+    /// bytes it was asked for and has not evicted yet.
+    evictors: Vec<Option<u64>>,
 }
 
 impl AdmissionCore {
@@ -283,6 +302,8 @@ impl AdmissionCore {
             queued: BTreeMap::new(),
             outcomes: BTreeMap::new(),
             closed: false,
+            live_streams: vec![None; devices.len()],
+            evictors: vec![None; devices.len()],
         }
     }
 
@@ -442,7 +463,15 @@ impl AdmissionCore {
             .ok_or(LedgerError::NoSuchDevice { device })?;
         match change {
             CacheChange::Charge(bytes) => ledger.charge_cache(bytes),
-            CacheChange::Evict(bytes) => ledger.evict_cache(bytes),
+            CacheChange::Evict(bytes) => {
+                ledger.evict_cache(bytes)?;
+                // Evicted bytes settle what the evictor was asked for.
+                if let Some(Some(asked)) = self.index(device).and_then(|i| self.evictors.get_mut(i))
+                {
+                    *asked = asked.saturating_sub(bytes);
+                }
+                Ok(())
+            }
             CacheChange::Pin(bytes) => ledger.pin_cache(bytes),
             CacheChange::Unpin(bytes) => ledger.unpin_cache(bytes),
         }
@@ -463,6 +492,88 @@ impl AdmissionCore {
         }
         self.retarget(holder, device, &mut events);
         events
+    }
+
+    /// Marks `device` as having an evictor: when the oldest runnable waiter
+    /// is blocked there only by evictable cache, scheduling asks for the
+    /// bytes it needs ([`CoreEvent::EvictionRequested`]).
+    pub(crate) fn enable_eviction(&mut self, device: DeviceOrdinal) {
+        if let Some(slot) = self.index(device).and_then(|i| self.evictors.get_mut(i)) {
+            slot.get_or_insert(0);
+        }
+    }
+
+    /// After one pass: if the oldest runnable waiter is still queued and
+    /// some candidate device with an evictor has a slot for it and lacks
+    /// only bytes that evictable cache holds, asks that device (the one
+    /// needing the fewest bytes, then the lowest ordinal) for exactly the
+    /// missing bytes, less what it was asked for already.
+    fn request_eviction(&mut self, events: &mut Vec<CoreEvent>) {
+        let barrier = self.pending.keys().next().copied().unwrap_or(u64::MAX);
+        let Some((_, w)) = self.queued.range(..barrier).next() else {
+            return;
+        };
+        let mut best: Option<(u64, DeviceOrdinal, usize)> = None;
+        for device in &w.candidates {
+            let Some(i) = self.index(*device) else {
+                continue;
+            };
+            let (Some(ledger), Some(Some(_))) = (self.ledgers.get(i), self.evictors.get(i)) else {
+                continue;
+            };
+            let Decision::Later {
+                reason:
+                    LaterReason::InsufficientBytes {
+                        required_floor,
+                        max_new,
+                    },
+            } = ledger.decide(&w.request)
+            else {
+                continue;
+            };
+            let needed = required_floor.saturating_sub(max_new);
+            if needed <= ledger.report().cache_evictable_bytes
+                && best.is_none_or(|(b, d, _)| (needed, *device) < (b, d))
+            {
+                best = Some((needed, *device, i));
+            }
+        }
+        let Some((needed, device, i)) = best else {
+            return;
+        };
+        let Some(Some(asked)) = self.evictors.get_mut(i) else {
+            return;
+        };
+        let more = needed.saturating_sub(*asked);
+        if more > 0 {
+            *asked = asked.saturating_add(more);
+            events.push(CoreEvent::EvictionRequested {
+                device,
+                bytes: more,
+            });
+        }
+    }
+
+    /// Records the streams `device`'s envelopes hold now (roots and forks),
+    /// read by the service from the device's worker before each scheduling
+    /// pass; ranking then uses it instead of a figure derived from open
+    /// slots.
+    pub(crate) fn observe_streams(&mut self, device: DeviceOrdinal, in_use: u64) {
+        if let Some(slot) = self
+            .index(device)
+            .and_then(|i| self.live_streams.get_mut(i))
+        {
+            *slot = Some(in_use);
+        }
+    }
+
+    /// Returns a quarantined `device` to service; whether it was
+    /// quarantined. Call [`schedule`](Self::schedule) next: queued work may
+    /// now fit there.
+    pub(crate) fn reinstate(&mut self, device: DeviceOrdinal) -> bool {
+        self.index(device)
+            .and_then(|i| self.ledgers.get_mut(i))
+            .is_some_and(DeviceLedger::reinstate)
     }
 
     /// Closes every ledger (a fault whose isolation cannot be established):
@@ -527,6 +638,7 @@ impl AdmissionCore {
                 .iter()
                 .any(|e| matches!(e, CoreEvent::ProtectionDropped { .. }));
             if !dropped {
+                self.request_eviction(&mut events);
                 return events;
             }
         }
@@ -544,58 +656,117 @@ impl AdmissionCore {
         let mut room = self.room();
         for seq in order {
             let waiter = WaiterId::new(seq);
-            let Some(w) = self.queued.get(&seq) else {
-                continue;
-            };
-            if self.surely_blocked(w, &room) {
-                blocked.push(seq);
-                continue;
-            }
-            let ranked = {
-                let candidates = w.candidates.iter().filter_map(|d| {
-                    let ledger = self.ledger(*d)?;
-                    Some((ledger, self.load(ledger, worker_depth)))
-                });
-                rank_devices(&w.request, candidates)
-            };
-            let Some(best) = ranked.first() else {
-                if self.may_wait(seq) {
+            // Decided again after a protection made for an older waiter
+            // below: the protection changes what this one may take. Each
+            // repetition follows a new protection of a waiter in `blocked`,
+            // and no protection is dropped in between, so this ends.
+            while let Some(w) = self.queued.get(&seq) {
+                if self.surely_blocked(w, &room) {
                     blocked.push(seq);
-                } else {
-                    self.fail_unhealthy(seq, events);
+                    break;
                 }
-                continue;
-            };
-            let device = best.device;
-            let committed = self
-                .index(device)
-                .and_then(|i| self.ledgers.get_mut(i))
-                .map(|ledger| ledger.commit(&w.request));
-            let Some(Ok(grant)) = committed else {
-                // Admit was decided under this same borrow of the core, so a
-                // refused commit is an accounting bug; wait rather than lose
-                // the waiter.
-                blocked.push(seq);
-                continue;
-            };
-            let Some(w) = self.queued.remove(&seq) else {
-                continue;
-            };
-            if let Some(p) = w.protected_on.filter(|p| *p != device) {
-                if self.unprotect(waiter, p) {
-                    events.push(CoreEvent::ProtectionDropped { waiter, device: p });
+                // A device where an older blocked waiter holds a protection
+                // is that waiter's to fill: its budget is spent, so younger
+                // work may not pass it there, not even through bytes the
+                // protection has not reached yet. Other devices stay open.
+                let fenced: Vec<DeviceOrdinal> = blocked
+                    .iter()
+                    .filter_map(|older| self.queued.get(older)?.protected_on)
+                    .collect();
+                let ranked = {
+                    let candidates = w
+                        .candidates
+                        .iter()
+                        .filter(|d| !fenced.contains(d))
+                        .filter_map(|d| {
+                            let ledger = self.ledger(*d)?;
+                            Some((ledger, self.load(ledger, worker_depth)))
+                        });
+                    rank_devices(&w.request, candidates)
+                };
+                let Some(best) = ranked.first() else {
+                    if self.may_wait(seq) {
+                        blocked.push(seq);
+                    } else {
+                        self.fail_unhealthy(seq, events);
+                    }
+                    break;
+                };
+                let device = best.device;
+                // An older waiter whose budget is spent protects before it
+                // is passed once more, not after: budget B allows exactly B
+                // overtakes, and budget 0 none.
+                if self.protect_exhausted(&blocked, device, events) {
+                    room = self.room();
+                    continue;
                 }
+                let Some(w) = self.queued.get(&seq) else {
+                    break;
+                };
+                let committed = self
+                    .index(device)
+                    .and_then(|i| self.ledgers.get_mut(i))
+                    .map(|ledger| ledger.commit(&w.request));
+                let Some(Ok(grant)) = committed else {
+                    // Admit was decided under this same borrow of the core, so
+                    // a refused commit is an accounting bug; wait rather than
+                    // lose the waiter.
+                    blocked.push(seq);
+                    break;
+                };
+                let Some(w) = self.queued.remove(&seq) else {
+                    break;
+                };
+                if let Some(p) = w.protected_on.filter(|p| *p != device) {
+                    if self.unprotect(waiter, p) {
+                        events.push(CoreEvent::ProtectionDropped { waiter, device: p });
+                    }
+                }
+                events.push(CoreEvent::Admitted {
+                    waiter,
+                    device,
+                    grant: grant.id(),
+                    grant_bytes: grant.bytes(),
+                });
+                self.outcomes.insert(seq, Outcome::Granted(grant));
+                self.count_overtakes(&blocked, device, events);
+                room = self.room();
+                break;
             }
-            events.push(CoreEvent::Admitted {
-                waiter,
-                device,
-                grant: grant.id(),
-                grant_bytes: grant.bytes(),
-            });
-            self.outcomes.insert(seq, Outcome::Granted(grant));
-            self.count_overtakes(&blocked, device, events);
-            room = self.room();
         }
+    }
+
+    /// Before younger work is admitted on `device`: every older blocked
+    /// waiter that could use `device` and has spent its overtake budget
+    /// protects now, if it holds no protection yet. Whether one did (the
+    /// younger waiter must then be decided again).
+    fn protect_exhausted(
+        &mut self,
+        blocked: &[u64],
+        device: DeviceOrdinal,
+        events: &mut Vec<CoreEvent>,
+    ) -> bool {
+        let budget = self.bounds.overtake_budget();
+        let due: Vec<u64> = blocked
+            .iter()
+            .copied()
+            .filter(|seq| {
+                self.queued.get(seq).is_some_and(|w| {
+                    w.protected_on.is_none()
+                        && w.overtakes >= budget
+                        && w.candidates.contains(&device)
+                })
+            })
+            .collect();
+        let mut protected = false;
+        for seq in due {
+            self.protect(seq, events);
+            protected |= self
+                .queued
+                .get(&seq)
+                .is_some_and(|w| w.protected_on.is_some());
+        }
+        protected
     }
 
     fn room(&self) -> Vec<Option<u64>> {
@@ -705,12 +876,27 @@ impl AdmissionCore {
     ) -> DeviceLoad {
         let profile = ledger.profile();
         let report = ledger.report();
-        let open_slots = report
-            .max_active_attempts
-            .saturating_sub(report.active_attempts);
+        let capacity = u64::from(report.max_active_attempts)
+            .saturating_mul(u64::from(profile.streams_per_attempt()));
+        let live = self
+            .index(profile.ordinal())
+            .and_then(|i| self.live_streams.get(i).copied().flatten());
+        let available = match live {
+            // What the device's envelopes hold now (roots and forks), out
+            // of what its attempts may hold together.
+            Some(in_use) => capacity.saturating_sub(in_use),
+            // No live reading (the core driven on its own, by tests and
+            // benchmarks): what the open slots could take.
+            None => u64::from(
+                report
+                    .max_active_attempts
+                    .saturating_sub(report.active_attempts),
+            )
+            .saturating_mul(u64::from(profile.streams_per_attempt())),
+        };
         DeviceLoad {
             worker_depth: u32::try_from(worker_depth(profile.ordinal())).unwrap_or(u32::MAX),
-            available_streams: open_slots.saturating_mul(profile.streams_per_attempt()),
+            available_streams: u32::try_from(available).unwrap_or(u32::MAX),
         }
     }
 
@@ -764,7 +950,9 @@ impl AdmissionCore {
                 continue;
             }
             w.overtakes = w.overtakes.saturating_add(1);
-            if w.overtakes > budget && w.protected_on.is_none() {
+            // The budget is spent with this overtake: protect at once, so
+            // the next younger admission already faces the protection.
+            if w.overtakes >= budget && w.protected_on.is_none() {
                 self.protect(*seq, events);
             }
         }
@@ -834,12 +1022,102 @@ impl AdmissionCore {
         let over = match self.queued.get_mut(&waiter.get()) {
             Some(w) => {
                 w.protected_on = None;
-                w.overtakes > budget
+                w.overtakes >= budget
             }
             None => false,
         };
         if over {
             self.protect(waiter.get(), events);
+        }
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+    use crate::gpu::profile::{DeviceProfile, MemoryOwnership};
+
+    const GIB: u64 = 1 << 30;
+
+    /// One 16 GiB device with two slots (2 GiB floor), the given budget.
+    fn core(overtake_budget: u32) -> AdmissionCore {
+        let gpu0 = DeviceOrdinal(0);
+        let profile = DeviceProfile::builder(gpu0)
+            .managed_capacity(16 * GIB)
+            .max_active_attempts(2)
+            .build()
+            .unwrap();
+        let devices =
+            DeviceSet::new(vec![profile], vec![MemoryOwnership::exclusive(gpu0)]).unwrap();
+        let bounds = QueueBounds::new(64, Duration::from_secs(60), overtake_budget).unwrap();
+        AdmissionCore::new(&devices, bounds)
+    }
+
+    fn submit(core: &mut AdmissionCore, request: GrantRequest) -> WaiterId {
+        let waiter = core.reserve(Instant::now()).unwrap();
+        core.resolve(waiter, request, vec![DeviceOrdinal(0)])
+            .unwrap();
+        waiter
+    }
+
+    fn granted(core: &mut AdmissionCore, waiter: WaiterId) -> Option<MemoryGrant> {
+        core.schedule(&|_| 0);
+        core.take_outcome(waiter).map(|outcome| outcome.unwrap())
+    }
+
+    /// A 10 GiB attempt runs, so a 7 GiB floor waits (6 GiB are free) while
+    /// 2 GiB requests fit. Each younger request that gets in is released
+    /// before the next is submitted; the older waiter stays blocked
+    /// throughout (until its protection is complete).
+    #[test]
+    fn an_overtake_budget_of_b_allows_exactly_b_overtakes() {
+        for budget in 0..=3u32 {
+            let mut core = core(budget);
+            let big = submit(
+                &mut core,
+                GrantRequest::resource_only(0).with_working_set_hint(10 * GIB),
+            );
+            let big = granted(&mut core, big).unwrap();
+            assert_eq!(big.bytes(), 10 * GIB);
+            let old = submit(&mut core, GrantRequest::resource_only(7 * GIB));
+            assert!(granted(&mut core, old).is_none());
+
+            let mut overtakes = 0;
+            let younger = loop {
+                let young = submit(
+                    &mut core,
+                    GrantRequest::resource_only(2 * GIB).with_working_set_hint(2 * GIB),
+                );
+                match granted(&mut core, young) {
+                    Some(grant) => {
+                        overtakes += 1;
+                        core.release(grant).unwrap();
+                        assert!(
+                            overtakes <= budget,
+                            "budget {budget}: overtake {overtakes} happened"
+                        );
+                    }
+                    None => break young,
+                }
+            };
+            assert_eq!(overtakes, budget, "budget {budget}");
+            let snapshot = core.snapshot(Instant::now(), &|_| 0);
+            let waiter = &snapshot.waiters[0];
+            assert_eq!(waiter.waiter, old);
+            assert_eq!(waiter.overtakes, budget);
+            assert_eq!(waiter.protected_on, Some(DeviceOrdinal(0)));
+
+            // The older waiter comes first once the big attempt is gone,
+            // then the younger one: FIFO from there on.
+            core.release(big).unwrap();
+            let old = granted(&mut core, old).expect("the protected waiter is admitted");
+            assert!(old.bytes() >= 7 * GIB);
+            let younger = granted(&mut core, younger).expect("the younger waiter follows");
+            core.release(old).unwrap();
+            core.release(younger).unwrap();
+            let report = core.ledger_reports().remove(0);
+            assert_eq!((report.live_grants_bytes, report.active_attempts), (0, 0));
+            assert!(report.protection.is_none());
         }
     }
 }

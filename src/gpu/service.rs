@@ -15,7 +15,9 @@
 //!
 //! Planning may hold a ticket without ever admitting (an explain does
 //! exactly that): a ticket is a proof and a service reference, nothing
-//! more. A resource-only handle ([`QueryService::admit_resources`]) has
+//! more. [`AdmissionTicket::lazy`] makes the rule structural: the first
+//! execution step through the returned [`LazyAdmission`](super::LazyAdmission)
+//! admits, and a path that never executes never admits. A resource-only handle ([`QueryService::admit_resources`]) has
 //! bytes and a device but no proof, so it cannot authorize a native plan.
 //!
 //! # One lock, never across an await
@@ -37,29 +39,41 @@
 //!   returned) and the queue rescheduled;
 //! * granted but not yet observed: the parked grant goes back to its ledger
 //!   in the same transaction;
-//! * building the envelope: the envelope's build job rolls itself back on
-//!   the device worker; the guard queues the grant's release as the *next*
-//!   job on that worker, so the bytes return only after the physical
-//!   rollback finished.
+//! * building the envelope: the grant sits in a slot shared with the
+//!   build. The build job rolls itself back on the device worker once it
+//!   sees the cancellation; an outcome the worker already sent and nobody
+//!   received (the future dropped after `Built` arrived, before its next
+//!   poll) is rolled back on the worker by the value's own `Drop`. Either
+//!   way the grant returns only after the physical rollback finished.
 //!
 //! # Release without blocking in `Drop`
 //!
-//! A published handle sets its envelope's release callback (crate-private,
-//! run before and apart from any user hook added with
-//! [`AdmissionEnvelope::on_teardown`], which can never displace it).
+//! A published handle sets its envelope's seal and release callbacks
+//! (crate-private: nothing outside the crate can add or replace one).
 //! Whether the handle is released
 //! (the teardown is awaited) or dropped (the envelope queues its own
 //! teardown when the last execution context goes), the callback runs on the
-//! device worker right after the physical teardown: it seals the
-//! [`AttemptReport`], quarantines the device on a proven stream-sync fault
-//! (or closes every ledger when the fault's reach is unknown), and only then
-//! releases the grant and reschedules. `Drop` only queues work.
+//! device worker: the [`AttemptReport`](super::AttemptReport) is sealed after the root stream's
+//! synchronization and before any resource is destroyed; after the
+//! destruction (the lane last) one transaction quarantines the device on a
+//! proven stream-sync fault (or closes every ledger when the fault's reach
+//! is unknown), releases the grant and reschedules. `Drop` only queues
+//! work. The order is the seed's; see the table in [`super::handle`]. Every
+//! path that returns a grant (a parked one on cancel, an unpublished one
+//! after a failed or unreceived build, a published one after its teardown)
+//! is in `release.rs`, under a table of who releases when.
 //!
 //! # Faults
 //!
-//! A [`FaultIsolation::Device`] fault quarantines that ledger; an
-//! [`FaultIsolation::Unknown`] one (abandoned clean-up, a gone worker)
-//! closes every ledger. In-flight grants of a quarantined or closed ledger
+//! The seed's rule ([`proven_isolation`](super::envelope::proven_isolation)):
+//! a fault that a stream synchronization reported as
+//! [`FaultIsolation::Device`] quarantines that ledger; any other fault
+//! (a sticky code on a create, close or destroy, whose reach nothing
+//! proved), an abandoned clean-up or a gone worker is
+//! [`FaultIsolation::Unknown`] and closes every ledger. An operator may
+//! [`reinstate`](QueryService::reinstate) a quarantined device after a
+//! reset, once a health probe passes (beyond the seed, which requires a
+//! restart); a closed ledger stays closed. In-flight grants of a quarantined or closed ledger
 //! stay valid and drain normally; nothing new is issued there, a protection
 //! held there moves to another compatible healthy ledger, and a waiter
 //! left without any healthy compatible device fails with
@@ -70,22 +84,24 @@ use std::fmt;
 use std::future::{poll_fn, Future};
 use std::pin::Pin;
 use std::task::{Poll, Waker};
-use std::time::Duration;
 
 use tokio::time::{Instant, Sleep};
 
-use super::backend::{BackendError, DeviceOrdinal, FaultIsolation, SharedBackend};
-use super::envelope::{AdmissionEnvelope, AttemptBounds, BuildError, EnvelopeSpec, TeardownReport};
+use super::backend::{BackendError, BackendOp, DeviceOrdinal, FaultIsolation, SharedBackend};
+use super::envelope::{
+    AdmissionEnvelope, AttemptBounds, BuildError, EnvelopeSpec, TeardownCallback, TeardownReport,
+};
 use super::guard::{Boundaries, GuardedBackend};
-use super::handle::{AttemptReport, QueryHandle};
-use super::ledger::{GrantRequest, LedgerError, LedgerReport, MemoryGrant, WaiterId};
+use super::handle::QueryHandle;
+use super::ledger::{GrantRequest, LedgerError, LedgerHealth, LedgerReport, MemoryGrant, WaiterId};
 use super::observe::{Observation, ObservationKind};
 use super::outcome::GpuAdmitError;
 use super::placement::compatible_devices;
 use super::profile::{DeviceSet, QueueBounds};
-use super::proof::{CapabilityProof, ProofIssuer};
+use super::proof::{CapabilityProof, IssuerId, ProofIssuer};
 use super::scheduler::{AdmissionCore, AdmissionSnapshot, CacheChange, CoreEvent, Withdrawn};
 use super::worker::DeviceWorker;
+use crate::error::ConfigError;
 use crate::sync::{Mutex, StdArc};
 
 /// The future a preflight hook returns: `Ok` when the device can run the
@@ -95,6 +111,21 @@ pub type PreflightFuture = Pin<Box<dyn Future<Output = Result<(), String>> + Sen
 
 type PreflightHook = dyn Fn(&PreflightRequest) -> PreflightFuture + Send + Sync + 'static;
 type ObserverHook = dyn Fn(&Observation) + Send + Sync + 'static;
+type EvictorHook = dyn Fn(&EvictionRequest) + Send + Sync + 'static;
+
+/// What a cache owner's evictor is asked: evict `bytes` of evictable cache
+/// on `device`, and report them with
+/// [`QueryService::change_cache`]`(device, CacheChange::Evict(bytes))`
+/// once they are gone; that change reschedules the queue.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct EvictionRequest {
+    /// The device.
+    pub device: DeviceOrdinal,
+    /// Exactly the bytes the oldest runnable waiter lacks there (less what
+    /// was asked for already and not evicted yet).
+    pub bytes: u64,
+}
 
 /// What a preflight hook is asked about: one submission on one candidate
 /// device.
@@ -115,6 +146,10 @@ pub struct PreflightRequest {
 pub enum ServiceError {
     /// The backend could not list its devices.
     Inventory(BackendError),
+    /// A profile does not fit its device: managed capacity plus backend
+    /// reserve exceed the device's total memory. The error names the field
+    /// ([`DeviceProfile::check_device_memory`](super::DeviceProfile::check_device_memory)).
+    ProfileExceedsDevice(ConfigError),
     /// A profiled ordinal is not a device of the backend.
     DeviceNotInstalled {
         /// The profiled ordinal.
@@ -129,6 +164,9 @@ impl fmt::Display for ServiceError {
         match self {
             ServiceError::Inventory(error) => {
                 write!(f, "cannot list the backend's devices: {error}")
+            }
+            ServiceError::ProfileExceedsDevice(error) => {
+                write!(f, "a device profile does not fit its device: {error}")
             }
             ServiceError::DeviceNotInstalled { ordinal, installed } => {
                 write!(
@@ -151,9 +189,94 @@ impl std::error::Error for ServiceError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
             ServiceError::Inventory(error) => Some(error),
+            ServiceError::ProfileExceedsDevice(error) => Some(error),
             ServiceError::DeviceNotInstalled { .. } => None,
         }
     }
+}
+
+/// Why [`QueryService::reinstate`] left a device out of service.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ReinstateError {
+    /// The ordinal is not one of the service's devices.
+    NoSuchDevice {
+        /// The ordinal.
+        device: DeviceOrdinal,
+    },
+    /// The device is not quarantined: healthy already, or closed (a fault
+    /// of unknown reach or the service's close, which only a restart
+    /// undoes).
+    NotQuarantined {
+        /// The device.
+        device: DeviceOrdinal,
+        /// Its ledger's health.
+        health: LedgerHealth,
+    },
+    /// The health probe failed; the device stays quarantined.
+    ProbeFailed {
+        /// The device.
+        device: DeviceOrdinal,
+        /// The probe's failing operation.
+        op: BackendOp,
+        /// Its error.
+        error: BackendError,
+    },
+    /// The device's worker thread is gone, so no probe could run.
+    WorkerGone {
+        /// The device.
+        device: DeviceOrdinal,
+    },
+}
+
+impl fmt::Display for ReinstateError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ReinstateError::NoSuchDevice { device } => {
+                write!(f, "{device} is not a device of this service")
+            }
+            ReinstateError::NotQuarantined { device, health } => {
+                write!(f, "{device} is not quarantined (its ledger is {health:?})")
+            }
+            ReinstateError::ProbeFailed { device, op, error } => write!(
+                f,
+                "the health probe of {device} failed at `{op}`: {error}; it stays quarantined"
+            ),
+            ReinstateError::WorkerGone { device } => {
+                write!(
+                    f,
+                    "the worker thread of {device} is gone; no probe could run"
+                )
+            }
+        }
+    }
+}
+
+impl std::error::Error for ReinstateError {}
+
+/// The health probe of a quarantined device, on its worker: a lane, a root
+/// stream, a synchronization of it, and their release. The
+/// synchronization is what proved the fault, so it is what must pass now.
+fn probe(backend: &SharedBackend, device: DeviceOrdinal) -> Result<(), (BackendOp, BackendError)> {
+    let lane = backend
+        .open_lane(device)
+        .map_err(|e| (BackendOp::OpenLane, e))?;
+    let checked = backend
+        .create_root_stream(lane)
+        .map_err(|e| (BackendOp::CreateRootStream, e))
+        .and_then(|stream| {
+            let synced = backend
+                .synchronize(stream)
+                .map_err(|e| (BackendOp::Synchronize, e));
+            let destroyed = backend
+                .destroy_stream(stream)
+                .map_err(|e| (BackendOp::DestroyStream, e));
+            synced.and(destroyed)
+        });
+    let closed = backend
+        .close_lane(lane)
+        .map_err(|e| (BackendOp::CloseLane, e));
+    checked.and(closed)
 }
 
 /// Builds a [`QueryService`]; see [`QueryService::builder`].
@@ -161,9 +284,9 @@ pub struct QueryServiceBuilder {
     backend: SharedBackend,
     devices: DeviceSet,
     bounds: QueueBounds,
-    issuer: Option<ProofIssuer>,
     preflight: Option<Box<PreflightHook>>,
     observer: Option<Box<ObserverHook>>,
+    evictors: BTreeMap<DeviceOrdinal, Box<EvictorHook>>,
 }
 
 impl fmt::Debug for QueryServiceBuilder {
@@ -179,13 +302,6 @@ impl fmt::Debug for QueryServiceBuilder {
 }
 
 impl QueryServiceBuilder {
-    /// The engine-side proof issuer whose proofs the service accepts.
-    /// Default: a new issuer, reachable through [`QueryService::issuer`].
-    pub fn issuer(mut self, issuer: ProofIssuer) -> Self {
-        self.issuer = Some(issuer);
-        self
-    }
-
     /// An async device preflight, run for every compatible candidate device
     /// of every submission before it is queued (outside the service's
     /// lock). A failing preflight rejects the submission; a pending one
@@ -200,6 +316,23 @@ impl QueryServiceBuilder {
         self
     }
 
+    /// The evictor of `device`'s resident cache: when the oldest runnable
+    /// waiter is blocked there only by evictable cache bytes, the scheduler
+    /// asks it for exactly the bytes missing ([`EvictionRequest`]), after
+    /// the transaction, outside the lock, on whatever thread ran it (a
+    /// tokio task or the device's worker): it must not block. The evictor
+    /// reports what it evicted with [`QueryService::change_cache`], which
+    /// reschedules. It is not asked again for bytes it was asked for and
+    /// has not evicted yet. A panic is caught (`gpu_evictor` health) and the
+    /// waiter waits as without an evictor.
+    pub fn evictor<F>(mut self, device: DeviceOrdinal, evictor: F) -> Self
+    where
+        F: Fn(&EvictionRequest) + Send + Sync + 'static,
+    {
+        self.evictors.insert(device, Box::new(evictor));
+        self
+    }
+
     /// An observer of the admission lifecycle; see [`super::observe`]. A
     /// panic is caught and drops that record only; see the
     /// [failure model](super#failure-model).
@@ -211,9 +344,30 @@ impl QueryServiceBuilder {
         self
     }
 
-    /// Checks that every profiled ordinal is a device of the backend, then
-    /// creates one ledger and one worker thread per device.
+    /// Checks that every profiled ordinal is a device of the backend and
+    /// that every profile's managed capacity plus backend reserve fit the
+    /// device's total memory, then creates one ledger and one worker thread
+    /// per device.
+    ///
+    /// The service accepts no plan proof: it admits resource-only tickets.
+    /// A service for an engine's plans is built with
+    /// [`build_with_issuer`](Self::build_with_issuer).
     pub fn build(self) -> Result<QueryService, ServiceError> {
+        // An issuer nobody holds: no proof can ever carry its id.
+        self.build_accepting(&ProofIssuer::new())
+    }
+
+    /// [`build`](Self::build), and the one [`ProofIssuer`] whose proofs the
+    /// service accepts, handed out once: the capability to mint proofs
+    /// belongs to the engine's lowering code, and nothing reachable from
+    /// the service (or a clone of it) can mint one.
+    pub fn build_with_issuer(self) -> Result<(QueryService, ProofIssuer), ServiceError> {
+        let issuer = ProofIssuer::new();
+        let service = self.build_accepting(&issuer)?;
+        Ok((service, issuer))
+    }
+
+    fn build_accepting(self, issuer: &ProofIssuer) -> Result<QueryService, ServiceError> {
         let boundaries = Boundaries::new();
         // Every backend call of the service, on whatever thread, goes
         // through the `gpu_backend` boundary from here on.
@@ -228,6 +382,16 @@ impl QueryServiceBuilder {
                 return Err(ServiceError::DeviceNotInstalled { ordinal, installed });
             }
         }
+        // Start-up is the one moment the device's real size is compared
+        // with what the operator declared; after it, only the ledger's
+        // arithmetic over the declared numbers decides.
+        for facts in &inventory {
+            if let Some(profile) = self.devices.profile(facts.ordinal) {
+                profile
+                    .check_device_memory(facts.total_bytes)
+                    .map_err(ServiceError::ProfileExceedsDevice)?;
+            }
+        }
         let workers = self
             .devices
             .ordinals()
@@ -237,12 +401,15 @@ impl QueryServiceBuilder {
                 (d, StdArc::new(worker))
             })
             .collect();
-        let core = AdmissionCore::new(&self.devices, self.bounds);
+        let mut core = AdmissionCore::new(&self.devices, self.bounds);
+        for device in self.evictors.keys() {
+            core.enable_eviction(*device);
+        }
         Ok(QueryService {
             inner: StdArc::new(Inner {
                 backend,
                 devices: self.devices,
-                issuer: self.issuer.unwrap_or_default(),
+                issuer: issuer.id(),
                 workers,
                 state: Mutex::new(State {
                     core,
@@ -250,6 +417,7 @@ impl QueryServiceBuilder {
                 }),
                 preflight: self.preflight,
                 observer: self.observer,
+                evictors: self.evictors,
                 boundaries,
                 epoch: Instant::now(),
             }),
@@ -259,9 +427,19 @@ impl QueryServiceBuilder {
 
 /// The process's GPU query service. Cheap to clone: clones share the queue,
 /// ledgers and workers. See the [module documentation](self).
+///
+/// Holding the service does not let anyone mint a proof: the issuer is
+/// handed out once by [`QueryServiceBuilder::build_with_issuer`] and is not
+/// reachable from here.
+///
+/// ```compile_fail
+/// fn mint(service: &admission::gpu::QueryService) {
+///     let _ = service.issuer();
+/// }
+/// ```
 #[derive(Clone)]
 pub struct QueryService {
-    inner: StdArc<Inner>,
+    pub(crate) inner: StdArc<Inner>,
 }
 
 impl fmt::Debug for QueryService {
@@ -285,25 +463,21 @@ impl QueryService {
             backend,
             devices,
             bounds,
-            issuer: None,
             preflight: None,
             observer: None,
+            evictors: BTreeMap::new(),
         }
     }
 
-    /// A service with a new proof issuer, no preflight and no observer.
+    /// A service with no preflight and no observer that accepts no plan
+    /// proof (resource-only tickets); see
+    /// [`QueryServiceBuilder::build_with_issuer`] for one that does.
     pub fn new(
         backend: SharedBackend,
         devices: DeviceSet,
         bounds: QueueBounds,
     ) -> Result<Self, ServiceError> {
         Self::builder(backend, devices, bounds).build()
-    }
-
-    /// The proof issuer whose proofs this service accepts: the engine
-    /// lowers plans through it.
-    pub fn issuer(&self) -> &ProofIssuer {
-        &self.inner.issuer
     }
 
     /// The installed devices.
@@ -315,7 +489,12 @@ impl QueryService {
     /// nothing; dropping it unused costs nothing. Refuses a proof from
     /// another issuer.
     pub fn ticket(&self, proof: &CapabilityProof) -> Result<AdmissionTicket, GpuAdmitError> {
-        self.inner.issuer.verify(proof)?;
+        if proof.issuer_id() != self.inner.issuer {
+            return Err(GpuAdmitError::ForeignProof {
+                expected: self.inner.issuer,
+                found: proof.issuer_id(),
+            });
+        }
         Ok(AdmissionTicket {
             inner: self.inner.clone(),
             proof: Some(proof.clone()),
@@ -348,7 +527,7 @@ impl QueryService {
     /// The queue and devices now: depth, pending preflights, every waiter's
     /// sequence, age, overtakes and protection, a summary per device, and
     /// the health of every component that calls user code (observer,
-    /// preflight, teardown hooks, backend, device workers).
+    /// preflight, backend, device workers).
     pub fn admission_snapshot(&self) -> AdmissionSnapshot {
         let inner = &self.inner;
         let now = Instant::now();
@@ -368,7 +547,62 @@ impl QueryService {
     /// nothing new is issued there, in-flight grants drain, a protection
     /// there is retargeted, waiters left without a healthy device fail.
     pub fn quarantine(&self, device: DeviceOrdinal, code: u32) {
-        self.inner.transact(|core, _| core.quarantine(device, code));
+        self.inner
+            .transact(|core, recorder| recorder.caused(core.quarantine(device, code)));
+    }
+
+    /// Returns a quarantined `device` to service after the operator reset
+    /// it: a health probe (lane, root stream, synchronization, release) runs
+    /// on the device's worker, and only if every step passes does the
+    /// ledger issue grants again; queued work is rescheduled. A closed
+    /// ledger (a fault of unknown reach, or [`close`](Self::close)) is not
+    /// reinstated: its verdict covers the whole backend.
+    ///
+    /// Beyond the seed, which ends a quarantine only with a process
+    /// restart.
+    pub async fn reinstate(&self, device: DeviceOrdinal) -> Result<(), ReinstateError> {
+        let inner = &self.inner;
+        let health = inner
+            .state
+            .lock()
+            .core
+            .ledger(device)
+            .map(|ledger| ledger.health())
+            .ok_or(ReinstateError::NoSuchDevice { device })?;
+        if !matches!(health, LedgerHealth::Quarantined { .. }) {
+            return Err(ReinstateError::NotQuarantined { device, health });
+        }
+        let worker = inner
+            .workers
+            .get(&device)
+            .ok_or(ReinstateError::WorkerGone { device })?;
+        let backend = inner.backend.clone();
+        let probed = worker
+            .submit(move || probe(&backend, device))
+            .await
+            .map_err(|_| ReinstateError::WorkerGone { device })?;
+        if let Err((op, error)) = probed {
+            return Err(ReinstateError::ProbeFailed { device, op, error });
+        }
+        let reinstated = inner.transact(|core, recorder| {
+            let reinstated = core.reinstate(device);
+            if reinstated {
+                recorder.push(ObservationKind::Reinstated).device = Some(device.0);
+            }
+            reinstated
+        });
+        if reinstated {
+            Ok(())
+        } else {
+            // Closed meanwhile (a fault of unknown reach, or close).
+            let health = inner
+                .state
+                .lock()
+                .core
+                .ledger(device)
+                .map_or(LedgerHealth::Closed, |ledger| ledger.health());
+            Err(ReinstateError::NotQuarantined { device, health })
+        }
     }
 
     /// Charges, evicts, pins or unpins resident cache bytes on `device`'s
@@ -380,15 +614,15 @@ impl QueryService {
         change: CacheChange,
     ) -> Result<(), LedgerError> {
         self.inner
-            .transact(|core, _| Evented(core.change_cache(device, change), Vec::new()))
-            .0
+            .transact(|core, _| core.change_cache(device, change))
     }
 
     /// Closes the service: new submissions and every queued waiter fail
     /// with [`GpuAdmitError::Closed`], every ledger closes. In-flight
     /// handles keep working and release normally.
     pub fn close(&self) {
-        self.inner.transact(|core, _| core.close());
+        self.inner
+            .transact(|core, recorder| recorder.caused(core.close()));
     }
 
     /// Waits until every job queued on the device workers so far has run:
@@ -408,6 +642,41 @@ impl QueryService {
     }
 }
 
+#[cfg(loom)]
+impl QueryService {
+    /// A service over a simulated backend with no device workers, for the
+    /// loom models of the admission path up to the grant: a worker's OS
+    /// thread is not something loom can schedule, so nothing here may
+    /// reach an envelope build.
+    pub(crate) fn for_model(devices: DeviceSet, bounds: QueueBounds) -> Self {
+        use super::backend::sim::{SimBackend, SimDevice};
+        let sim = SimBackend::new(
+            devices
+                .ordinals()
+                .into_iter()
+                .map(|d| SimDevice::new(d.0, u64::MAX)),
+        );
+        let core = AdmissionCore::new(&devices, bounds);
+        QueryService {
+            inner: StdArc::new(Inner {
+                backend: StdArc::new(sim),
+                devices,
+                issuer: ProofIssuer::new().id(),
+                workers: BTreeMap::new(),
+                state: Mutex::new(State {
+                    core,
+                    wakers: HashMap::new(),
+                }),
+                preflight: None,
+                observer: None,
+                evictors: BTreeMap::new(),
+                boundaries: Boundaries::new(),
+                epoch: Instant::now(),
+            }),
+        }
+    }
+}
+
 /// A lazy admission ticket: a proof (or a resource-only minimum) and the
 /// service, nothing reserved. [`admit`](Self::admit) submits it.
 #[derive(Debug)]
@@ -419,6 +688,24 @@ pub struct AdmissionTicket {
 }
 
 impl AdmissionTicket {
+    /// This ticket as a first-use trigger: the first execution step that
+    /// needs the device admits it ([`LazyAdmission`](super::LazyAdmission)),
+    /// and if none does, nothing is ever reserved.
+    pub fn lazy(self) -> super::lazy::LazyAdmission {
+        super::lazy::LazyAdmission::new(self)
+    }
+
+    /// Another ticket for the same request (a ticket reserves nothing, so a
+    /// copy costs nothing either).
+    pub(crate) fn duplicate(&self) -> Self {
+        AdmissionTicket {
+            inner: self.inner.clone(),
+            proof: self.proof.clone(),
+            request: self.request.clone(),
+            deadline: self.deadline,
+        }
+    }
+
     /// A deadline of the request's own; the effective deadline is the
     /// earlier of this and the queue's `max_wait` from submission.
     pub fn with_deadline(mut self, deadline: Instant) -> Self {
@@ -449,19 +736,22 @@ impl AdmissionTicket {
     }
 }
 
-struct State {
-    core: AdmissionCore,
+pub(crate) struct State {
+    pub(crate) core: AdmissionCore,
     wakers: HashMap<u64, Waker>,
 }
 
 pub(crate) struct Inner {
     backend: SharedBackend,
     devices: DeviceSet,
-    issuer: ProofIssuer,
+    /// The id of the one issuer whose proofs tickets accept; the issuer
+    /// itself went to the engine (`build_with_issuer`).
+    issuer: IssuerId,
     workers: BTreeMap<DeviceOrdinal, StdArc<DeviceWorker>>,
-    state: Mutex<State>,
+    pub(crate) state: Mutex<State>,
     preflight: Option<Box<PreflightHook>>,
     observer: Option<Box<ObserverHook>>,
+    evictors: BTreeMap<DeviceOrdinal, Box<EvictorHook>>,
     boundaries: Boundaries,
     epoch: Instant,
 }
@@ -479,9 +769,18 @@ impl fmt::Debug for Inner {
 pub(crate) struct Recorder {
     epoch: Instant,
     records: Vec<Observation>,
+    /// Core events the closure caused before the scheduling pass (a close,
+    /// a quarantine): recorded and woken like the pass's own.
+    events: Vec<CoreEvent>,
 }
 
 impl Recorder {
+    /// Events the transaction's closure caused, to be recorded and woken
+    /// with the scheduling pass's.
+    pub(crate) fn caused(&mut self, events: Vec<CoreEvent>) {
+        self.events.extend(events);
+    }
+
     pub(crate) fn push(&mut self, kind: ObservationKind) -> &mut Observation {
         let elapsed = Instant::now().saturating_duration_since(self.epoch);
         self.records.push(Observation::new(kind, elapsed));
@@ -491,6 +790,12 @@ impl Recorder {
 }
 
 impl Inner {
+    /// Wakers kept for waiting admit futures.
+    #[cfg(any(test, loom))]
+    pub(crate) fn live_wakers(&self) -> usize {
+        self.state.lock().wakers.len()
+    }
+
     fn worker_depth(&self, device: DeviceOrdinal) -> u64 {
         self.workers.get(&device).map_or(0, |w| w.depth())
     }
@@ -498,24 +803,34 @@ impl Inner {
     /// One transaction: `f` over the core, then a scheduling pass; wakers
     /// of resolved waiters are woken and observations delivered after the
     /// lock is released.
-    pub(crate) fn transact<R>(&self, f: impl FnOnce(&mut AdmissionCore, &mut Recorder) -> R) -> R
-    where
-        R: EventSource,
-    {
+    pub(crate) fn transact<R>(&self, f: impl FnOnce(&mut AdmissionCore, &mut Recorder) -> R) -> R {
         let mut recorder = Recorder {
             epoch: self.epoch,
             records: Vec::new(),
+            events: Vec::new(),
         };
         let mut wake = Vec::new();
+        let mut evictions = Vec::new();
         let result = {
             let mut state = self.state.lock();
             let state = &mut *state;
             let result = f(&mut state.core, &mut recorder);
+            // Ranking reads each device's live stream count, not a figure
+            // derived from open slots.
+            for (device, worker) in &self.workers {
+                state.core.observe_streams(*device, worker.streams_in_use());
+            }
             let depth = |d| self.worker_depth(d);
-            let mut events = result.events().to_vec();
+            let mut events = std::mem::take(&mut recorder.events);
             events.extend(state.core.schedule(&depth));
             for event in &events {
                 record_event(&mut recorder, event);
+                if let CoreEvent::EvictionRequested { device, bytes } = event {
+                    evictions.push(EvictionRequest {
+                        device: *device,
+                        bytes: *bytes,
+                    });
+                }
                 if let Some(waiter) = event.resolves() {
                     if let Some(waker) = state.wakers.remove(&waiter.get()) {
                         wake.push(waker);
@@ -533,6 +848,13 @@ impl Inner {
             waker.wake();
         }
         self.deliver(recorder.records);
+        // Last, and outside the lock: an evictor may report its eviction
+        // at once, which is a transaction of its own.
+        for request in evictions {
+            if let Some(evictor) = self.evictors.get(&request.device) {
+                let _ = self.boundaries.evictor.call(|| evictor(&request));
+            }
+        }
         result
     }
 
@@ -566,7 +888,7 @@ impl Inner {
 
     /// Delivers one record of something that happened outside a
     /// transaction, with the queue's depth read now.
-    fn observe_outside_transaction(
+    pub(crate) fn observe_outside_transaction(
         &self,
         kind: ObservationKind,
         fill: impl FnOnce(&mut Observation),
@@ -581,123 +903,15 @@ impl Inner {
         }
         self.deliver(vec![record]);
     }
-
-    /// Applies a fault's isolation: quarantine the device, or close every
-    /// ledger when its reach is unknown.
-    fn isolate(core: &mut AdmissionCore, isolation: FaultIsolation, code: u32) -> Vec<CoreEvent> {
-        match isolation {
-            FaultIsolation::Device(device) => core.quarantine(device, code),
-            FaultIsolation::Unknown => core.close_ledgers(),
-        }
-    }
-
-    /// The end of an attempt, on the device worker right after its
-    /// teardown: seal the report, isolate a fault, then release the grant.
-    pub(crate) fn finish_attempt(
-        &self,
-        grant: MemoryGrant,
-        waiter: WaiterId,
-        proof: Option<&CapabilityProof>,
-        (waited, held): (Duration, Duration),
-        teardown: &TeardownReport,
-    ) -> AttemptReport {
-        let mut report = AttemptReport::seal(&grant, waiter, proof, waited, held, teardown.clone());
-        let released = self.transact(|core, recorder| {
-            // Recorded here rather than returned, so that the records read
-            // in transaction order: the quarantine, then the release.
-            if let Some(isolation) = teardown.fault_isolation() {
-                for event in Self::isolate(core, isolation, fault_code(teardown)) {
-                    record_event(recorder, &event);
-                }
-            }
-            let released = core.release(grant);
-            let record = recorder.push(ObservationKind::Released);
-            record.waiter = Some(waiter.get());
-            record.device = Some(teardown.device.0);
-            record.grant_bytes = Some(teardown.grant_bytes);
-            record.detail = Some(format!("{:?}", teardown.disposition));
-            if let Err(foreign) = &released {
-                tracing::error!(target: "admission", %foreign, "cannot release a GPU grant");
-            }
-            Evented(released.is_ok(), Vec::new())
-        });
-        report.ledger_released = released.0;
-        report
-    }
-
-    /// Releases a grant whose envelope was never published: rolled back
-    /// already (`fault` from the build), or about to be (a cancelled build).
-    fn release_unpublished(
-        &self,
-        grant: MemoryGrant,
-        waiter: WaiterId,
-        isolation: Option<(FaultIsolation, u32)>,
-        error: Option<&GpuAdmitError>,
-    ) {
-        self.transact(|core, recorder| {
-            if let Some((isolation, code)) = isolation {
-                for event in Self::isolate(core, isolation, code) {
-                    record_event(recorder, &event);
-                }
-            }
-            let device = grant.device();
-            let bytes = grant.bytes();
-            if let Err(foreign) = core.release(grant) {
-                tracing::error!(target: "admission", %foreign, "cannot release a GPU grant");
-            }
-            let kind = if error.is_some() {
-                ObservationKind::EnvelopeFailed
-            } else {
-                ObservationKind::Removed
-            };
-            let record = recorder.push(kind);
-            record.waiter = Some(waiter.get());
-            record.device = Some(device.0);
-            record.grant_bytes = Some(bytes);
-            match error {
-                Some(error) => set_error(record, error),
-                None => set_error(record, &GpuAdmitError::Cancelled),
-            }
-            Evented((), Vec::new())
-        });
-    }
 }
 
-/// The result of a transaction's closure, and the core events it caused
-/// before the scheduling pass.
-pub(crate) trait EventSource {
-    fn events(&self) -> &[CoreEvent];
-}
-
-impl EventSource for Vec<CoreEvent> {
-    fn events(&self) -> &[CoreEvent] {
-        self
-    }
-}
-
-/// A value with the core events that came with it.
-pub(crate) struct Evented<T>(pub(crate) T, pub(crate) Vec<CoreEvent>);
-
-impl<T> EventSource for Evented<T> {
-    fn events(&self) -> &[CoreEvent] {
-        &self.1
-    }
-}
-
-fn fault_code(report: &TeardownReport) -> u32 {
-    match report.health {
-        super::envelope::DeviceHealth::Faulted { code, .. } => code,
-        _ => 0,
-    }
-}
-
-fn set_error(record: &mut Observation, error: &GpuAdmitError) {
+pub(crate) fn set_error(record: &mut Observation, error: &GpuAdmitError) {
     record.reason = Some(error.reason());
     record.outcome = Some(error.outcome().name());
     record.detail = Some(error.to_string());
 }
 
-fn record_event(recorder: &mut Recorder, event: &CoreEvent) {
+pub(crate) fn record_event(recorder: &mut Recorder, event: &CoreEvent) {
     match event {
         CoreEvent::Admitted {
             waiter,
@@ -742,6 +956,11 @@ fn record_event(recorder: &mut Recorder, event: &CoreEvent) {
             let r = recorder.push(ObservationKind::LedgerClosed);
             r.device = Some(device.0);
         }
+        CoreEvent::EvictionRequested { device, bytes } => {
+            let r = recorder.push(ObservationKind::EvictionRequested);
+            r.device = Some(device.0);
+            r.grant_bytes = Some(*bytes);
+        }
     }
 }
 
@@ -749,9 +968,9 @@ fn record_event(recorder: &mut Recorder, event: &CoreEvent) {
 enum Stage {
     /// Pending, queued, or granted but not yet taken: withdraw it.
     Waiting,
-    /// Grant taken, envelope building: release the grant after the build's
-    /// rollback, on the device worker.
-    Building(MemoryGrant),
+    /// Grant taken, envelope building: the build answers for the grant
+    /// (see `AdmissionEnvelope::build_with`), nothing is left to the guard.
+    Building,
     /// Nothing left to undo.
     Done,
 }
@@ -767,19 +986,17 @@ impl AdmitGuard {
     fn fail(&mut self, error: GpuAdmitError, rejected: bool) -> GpuAdmitError {
         let waiter = self.waiter;
         self.stage = Stage::Done;
-        let withdrawn = self.inner.transact(|core, recorder| {
+        self.inner.transact(|core, recorder| {
             let withdrawn = core.cancel(waiter);
             if !rejected && withdrawn.is_some() {
                 let r = recorder.push(ObservationKind::Removed);
                 r.waiter = Some(waiter.get());
                 set_error(r, &error);
             }
-            Evented(withdrawn, Vec::new())
         });
         if rejected {
             self.inner.observe_rejection(Some(waiter), &error);
         }
-        drop(withdrawn);
         error
     }
 }
@@ -798,41 +1015,13 @@ impl Drop for AdmitGuard {
                             set_error(r, &GpuAdmitError::Cancelled);
                         }
                     }
-                    Evented((), Vec::new())
                 });
                 self.inner.state.lock().wakers.remove(&waiter.get());
             }
-            Stage::Building(grant) => {
-                // The build job is queued on this worker ahead of us and rolls
-                // itself back once it sees the cancellation; the worker's FIFO
-                // order puts this release after that rollback.
-                let device = grant.device();
-                let waiter = self.waiter;
-                let slot = StdArc::new(Mutex::new(Some(grant)));
-                let job_slot = slot.clone();
-                let inner = self.inner.clone();
-                let queued = self.inner.workers.get(&device).map(|worker| {
-                    worker.submit_detached(move || {
-                        let grant = job_slot.lock().take();
-                        if let Some(grant) = grant {
-                            inner.release_unpublished(grant, waiter, None, None);
-                        }
-                    })
-                });
-                if !matches!(queued, Some(Ok(()))) {
-                    // No worker to order the release after the rollback: the
-                    // device's state is unknown, so nothing may reuse it.
-                    let grant = slot.lock().take();
-                    if let Some(grant) = grant {
-                        self.inner.release_unpublished(
-                            grant,
-                            waiter,
-                            Some((FaultIsolation::Unknown, 0)),
-                            None,
-                        );
-                    }
-                }
-            }
+            // The build future answers for the grant: its job, or the
+            // outcome it sent that nobody received, rolls the envelope back
+            // on the worker and only then returns the grant.
+            Stage::Building => {}
         }
     }
 }
@@ -864,9 +1053,9 @@ async fn admit(ticket: AdmissionTicket) -> Result<QueryHandle, GpuAdmitError> {
             let r = recorder.push(ObservationKind::Submitted);
             r.waiter = Some(waiter.get());
         }
-        Evented(reserved, Vec::new())
+        reserved
     });
-    let waiter = match reserved.0 {
+    let waiter = match reserved {
         Ok(waiter) => waiter,
         Err(error) => {
             inner.observe_rejection(None, &error);
@@ -918,9 +1107,9 @@ async fn admit(ticket: AdmissionTicket) -> Result<QueryHandle, GpuAdmitError> {
             let r = recorder.push(ObservationKind::Queued);
             r.waiter = Some(waiter.get());
         }
-        Evented(resolved, Vec::new())
+        resolved
     });
-    if let Err(error) = resolved.0 {
+    if let Err(error) = resolved {
         return Err(guard.fail(error, true));
     }
 
@@ -934,10 +1123,13 @@ async fn admit(ticket: AdmissionTicket) -> Result<QueryHandle, GpuAdmitError> {
     };
     let waited = Instant::now().saturating_duration_since(now);
 
-    // 5. The envelope, outside the lock.
+    // 5. The envelope, outside the lock. From here the grant sits in a
+    // slot shared with the build's duty: whichever of the two ends the
+    // build (this future receiving its outcome, or the rollback of an
+    // outcome nobody received) takes it, and only once.
     let device = grant.device();
     let grant_bytes = grant.bytes();
-    guard.stage = Stage::Building(grant);
+    let slot = StdArc::new(Mutex::new(Some(grant)));
     let (Some(profile), Some(worker)) = (inner.devices.profile(device), inner.workers.get(&device))
     else {
         // The core only grants on installed devices; refuse rather than
@@ -945,7 +1137,8 @@ async fn admit(ticket: AdmissionTicket) -> Result<QueryHandle, GpuAdmitError> {
         let error = GpuAdmitError::EnvelopeInvalid {
             message: format!("{device} has no profile or worker"),
         };
-        if let Stage::Building(grant) = std::mem::replace(&mut guard.stage, Stage::Done) {
+        guard.stage = Stage::Done;
+        if let Some(grant) = slot.lock().take() {
             inner.release_unpublished(grant, waiter, None, Some(&error));
         }
         return Err(error);
@@ -961,28 +1154,50 @@ async fn admit(ticket: AdmissionTicket) -> Result<QueryHandle, GpuAdmitError> {
         },
         report_sink: None,
     };
+    let on_unreceived: TeardownCallback = {
+        let (inner, slot) = (inner.clone(), slot.clone());
+        Box::new(move |report: &TeardownReport| {
+            let grant = slot.lock().take();
+            if let Some(grant) = grant {
+                let isolation = report
+                    .fault_isolation()
+                    .map(|isolation| (isolation, super::release::fault_code(report)));
+                inner.release_unpublished(grant, waiter, isolation, None);
+            }
+        })
+    };
+    guard.stage = Stage::Building;
     let built = AdmissionEnvelope::build_with(
         inner.backend.clone(),
         worker.clone(),
         spec,
-        inner.boundaries.teardown_hook.clone(),
+        Some(on_unreceived),
     )
     .await;
-    let Stage::Building(grant) = std::mem::replace(&mut guard.stage, Stage::Done) else {
-        // Set just above and only taken here.
-        return Err(GpuAdmitError::Cancelled);
-    };
-    match built {
-        Ok(envelope) => {
+    guard.stage = Stage::Done;
+    let grant = slot.lock().take();
+    match (built, grant) {
+        (Ok(envelope), Some(grant)) => {
             let handle =
-                QueryHandle::publish(inner.clone(), envelope, grant, waiter, proof, waited);
+                super::release::publish(inner.clone(), envelope, grant, waiter, proof, waited);
             inner.observe_published(waiter, device, grant_bytes);
             Ok(handle)
         }
-        Err(build_error) => {
+        (Err(build_error), Some(grant)) => {
             let (error, isolation) = build_failure(device, &build_error);
             inner.release_unpublished(grant, waiter, isolation, Some(&error));
             Err(error)
+        }
+        // The duty answered already: the build job was dropped unrun (the
+        // worker is gone) and the grant went back as an abandoned clean-up.
+        (Err(build_error), None) => Err(build_failure(device, &build_error).0),
+        // A received outcome disarms the duty before anything can take the
+        // grant; refuse rather than publish a handle without one.
+        (Ok(envelope), None) => {
+            drop(envelope);
+            Err(GpuAdmitError::EnvelopeInvalid {
+                message: format!("the grant of {waiter} on {device} was already returned"),
+            })
         }
     }
 }
@@ -1106,7 +1321,7 @@ fn start_timer(deadline: Instant) -> Result<Pin<Box<Sleep>>, GpuAdmitError> {
 /// Waits for the waiter's outcome; at the deadline (or when a deadline
 /// cannot be kept), withdraws it unless the outcome arrived first (checked
 /// in the same transaction).
-async fn wait(
+pub(crate) async fn wait(
     inner: &StdArc<Inner>,
     waiter: WaiterId,
     deadline: Option<Instant>,
@@ -1140,10 +1355,10 @@ async fn wait(
                     Err(error.clone())
                 }
             };
-            Evented(outcome, Vec::new())
+            outcome
         });
         inner.state.lock().wakers.remove(&waiter.get());
-        Poll::Ready(outcome.0)
+        Poll::Ready(outcome)
     })
     .await
 }
@@ -1151,10 +1366,193 @@ async fn wait(
 #[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
+    use std::time::Duration;
+
     use crate::gpu::backend::sim::{SimBackend, SimDevice};
+    use crate::gpu::envelope::Disposition;
     use crate::gpu::profile::{DeviceProfile, MemoryOwnership};
 
     const GIB: u64 = 1 << 30;
+
+    /// Each observation's kind and the number of backend calls made before
+    /// it was delivered.
+    type Seen = StdArc<std::sync::Mutex<Vec<(ObservationKind, usize)>>>;
+
+    /// One 16 GiB device with `max_active` attempt slots, a simulated
+    /// backend, and an observer that stamps each record with the number of
+    /// backend calls made before it: what the ordering tests compare.
+    fn observed_service(
+        max_active: u32,
+        overtake_budget: u32,
+    ) -> (QueryService, StdArc<SimBackend>, Seen) {
+        let gpu0 = DeviceOrdinal(0);
+        let profile = DeviceProfile::builder(gpu0)
+            .managed_capacity(16 * GIB)
+            .max_active_attempts(max_active)
+            .streams_per_attempt(2)
+            .build()
+            .unwrap();
+        let devices =
+            DeviceSet::new(vec![profile], vec![MemoryOwnership::exclusive(gpu0)]).unwrap();
+        let bounds = QueueBounds::new(64, Duration::from_secs(5), overtake_budget).unwrap();
+        let sim = StdArc::new(SimBackend::new([SimDevice::new(0, 64 * GIB)]));
+        let seen = StdArc::new(std::sync::Mutex::new(Vec::new()));
+        let (observer_sim, observer_seen) = (sim.clone(), seen.clone());
+        let backend: SharedBackend = sim.clone();
+        let service = QueryService::builder(backend, devices, bounds)
+            .observer(move |record| {
+                let ops = observer_sim.ops().len();
+                observer_seen.lock().unwrap().push((record.kind, ops));
+            })
+            .build()
+            .unwrap();
+        (service, sim, seen)
+    }
+
+    /// The ledger's view and the simulator's view of device 0 agree that
+    /// nothing is held.
+    fn assert_nothing_held(service: &QueryService, sim: &SimBackend) {
+        let report = &service.device_ledger_reports()[0];
+        assert_eq!(report.live_grants_bytes, 0);
+        assert_eq!(report.active_attempts, 0);
+        assert_eq!(
+            sim.live_handles(),
+            0,
+            "lane, streams, domain or scope left open"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_admit_dropped_after_built_arrived_rolls_the_envelope_back_before_the_grant() {
+        use crate::gpu::backend::BackendOp as Op;
+        let (service, sim, seen) = observed_service(1, 4);
+        // Hold the build at its first step so the first poll is certainly
+        // still waiting for the outcome when the worker sends it.
+        let gate = sim.gate(Op::OpenLane);
+        let mut admit = Box::pin(service.admit_resources(GIB));
+        assert!(futures::poll!(&mut admit).is_pending());
+        assert!(gate.reached());
+        gate.open();
+        // The worker runs jobs in order: once this one ran, the build job
+        // has finished all five steps and sent `Built` to the future, which
+        // has not been polled since.
+        service.inner.workers[&DeviceOrdinal(0)]
+            .submit(|| ())
+            .await
+            .unwrap();
+        assert_eq!(
+            sim.live_handles(),
+            4,
+            "lane, root stream, domain and scope are built"
+        );
+        sim.clear_log();
+        seen.lock().unwrap().clear();
+        drop(admit);
+        service.settle().await;
+
+        assert_nothing_held(&service, &sim);
+        assert_eq!(
+            sim.ops(),
+            [
+                Op::Synchronize,
+                Op::CloseWorkerScope,
+                Op::LeaveDomain,
+                Op::CloseDomain,
+                Op::DestroyStream,
+                Op::CloseLane,
+            ],
+            "the unreceived envelope is rolled back in reverse order"
+        );
+        // The grant went back once, and only after every rollback call.
+        let returned: Vec<_> = seen
+            .lock()
+            .unwrap()
+            .iter()
+            .copied()
+            .filter(|(kind, _)| *kind == ObservationKind::Removed)
+            .collect();
+        assert_eq!(returned, [(ObservationKind::Removed, 6)]);
+        // And the slot is usable again.
+        service.admit_resources(GIB).await.unwrap().release().await;
+        assert_nothing_held(&service, &sim);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn release_follows_the_seeds_order_from_idle_to_the_wake() {
+        use crate::gpu::backend::BackendOp as Op;
+        let (service, sim, seen) = observed_service(1, 4);
+        let handle = service.admit_resources(GIB).await.unwrap();
+        let mut next = Box::pin(service.admit_resources(GIB));
+        assert!(futures::poll!(&mut next).is_pending());
+        // One allocation left outstanding by an execution whose context is
+        // gone: the teardown frees it, as part of destruction.
+        let context = handle.execution_context().unwrap();
+        context.alloc(1 << 20).unwrap();
+        drop(context);
+        service.settle().await;
+        sim.clear_log();
+        seen.lock().unwrap().clear();
+
+        let report = handle.release().await;
+        assert_eq!(
+            sim.ops(),
+            [
+                Op::Synchronize,
+                Op::Free,
+                Op::CloseWorkerScope,
+                Op::LeaveDomain,
+                Op::CloseDomain,
+                Op::DestroyStream,
+                Op::CloseLane,
+            ]
+        );
+        let seen = seen.lock().unwrap().clone();
+        let kinds: Vec<_> = seen.iter().map(|(kind, _)| *kind).collect();
+        assert_eq!(
+            kinds,
+            [
+                ObservationKind::Sealed,
+                ObservationKind::Released,
+                ObservationKind::Admitted,
+            ]
+        );
+        // Sealed after the synchronization decided disposition and health,
+        // before anything was destroyed.
+        assert_eq!(seen[0], (ObservationKind::Sealed, 1));
+        // The grant went back after the lane closed, and the queued waiter
+        // was admitted in that same ledger transaction, after the release.
+        assert_eq!(seen[1], (ObservationKind::Released, 7));
+        assert_eq!(seen[2], (ObservationKind::Admitted, 7));
+        assert_eq!(report.disposition, Disposition::Clean);
+        assert_eq!(report.teardown.leaked.allocations.len(), 1);
+        assert!(report.ledger_released);
+        next.await.unwrap().release().await;
+        assert_nothing_held(&service, &sim);
+    }
+
+    #[test]
+    fn start_up_refuses_a_profile_whose_reserve_does_not_fit_the_device() {
+        let gpu0 = DeviceOrdinal(0);
+        let service = |reserve: u64| {
+            let profile = DeviceProfile::builder(gpu0)
+                .managed_capacity(16 * GIB)
+                .backend_reserve(reserve)
+                .build()
+                .unwrap();
+            let devices =
+                DeviceSet::new(vec![profile], vec![MemoryOwnership::exclusive(gpu0)]).unwrap();
+            let bounds = QueueBounds::new(4, Duration::from_secs(5), 1).unwrap();
+            let backend = StdArc::new(SimBackend::new([SimDevice::new(0, 20 * GIB)]));
+            QueryService::new(backend, devices, bounds)
+        };
+        assert!(service(4 * GIB).is_ok(), "16 + 4 GiB fit 20 GiB");
+        let error = service(4 * GIB + 1).unwrap_err();
+        let ServiceError::ProfileExceedsDevice(config) = &error else {
+            panic!("unexpected error: {error}");
+        };
+        assert_eq!(config.field(), "backend_reserve");
+        assert!(error.to_string().contains("20 GiB"), "{error}");
+    }
 
     #[tokio::test(start_paused = true)]
     async fn wakers_are_kept_only_for_live_waiters() {
@@ -1176,7 +1574,7 @@ mod tests {
         for future in &mut cancelled {
             assert!(futures::poll!(future).is_pending());
         }
-        assert_eq!(service.inner.state.lock().wakers.len(), 8);
+        assert_eq!(service.inner.live_wakers(), 8);
         drop(cancelled);
         let expiring: Vec<_> = (0..8)
             .map(|_| tokio::spawn(service.admit_resources(GIB)))
@@ -1188,6 +1586,6 @@ mod tests {
         assert!(futures::poll!(&mut granted).is_pending());
         held.release().await;
         granted.await.unwrap().release().await;
-        assert!(service.inner.state.lock().wakers.is_empty());
+        assert_eq!(service.inner.live_wakers(), 0);
     }
 }

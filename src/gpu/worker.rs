@@ -129,6 +129,25 @@ impl<T> Drop for Reply<T> {
     }
 }
 
+/// A device's count of live streams, shared by its envelopes.
+#[derive(Clone, Debug)]
+pub(crate) struct StreamCounter(Arc<AtomicU64>);
+
+impl StreamCounter {
+    /// A stream was created.
+    pub(crate) fn opened(&self) {
+        self.0.fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// A stream was destroyed. Saturating: a miscount must not wrap into
+    /// a device that looks full forever.
+    pub(crate) fn closed(&self) {
+        let _ = self
+            .0
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1));
+    }
+}
+
 /// One OS thread running a device's blocking backend calls in FIFO order.
 /// See the [module documentation](self).
 pub struct DeviceWorker {
@@ -138,6 +157,9 @@ pub struct DeviceWorker {
     boundary: StdArc<Boundary>,
     sender: Mutex<Option<mpsc::Sender<Job>>>,
     depth: Arc<AtomicU64>,
+    /// Streams the device's envelopes hold now: roots and forks, counted
+    /// when created and when destroyed on this thread.
+    streams: Arc<AtomicU64>,
     thread: Mutex<Option<JoinHandle<()>>>,
     thread_id: Option<ThreadId>,
 }
@@ -154,7 +176,10 @@ impl fmt::Debug for DeviceWorker {
 impl DeviceWorker {
     /// Starts the worker thread of `device`. If the OS refuses a thread, the
     /// worker exists without one and every submission is [`WorkerGone`].
-    pub fn spawn(device: DeviceOrdinal) -> Self {
+    /// Crate-private (tests and, with `gpu-tests`, the device checks): a
+    /// device's worker is the service's, one per device.
+    #[cfg(any(test, feature = "gpu-tests"))]
+    pub(crate) fn spawn(device: DeviceOrdinal) -> Self {
         Self::spawn_with(device, StdArc::new(crate::gpu::guard::worker_boundary()))
     }
 
@@ -190,6 +215,7 @@ impl DeviceWorker {
             thread_id: thread.as_ref().map(|t| t.thread().id()),
             sender: Mutex::new(sender),
             depth,
+            streams: Arc::new(AtomicU64::new(0)),
             thread: Mutex::new(thread),
         }
     }
@@ -202,6 +228,18 @@ impl DeviceWorker {
     /// Jobs submitted and not yet finished.
     pub fn depth(&self) -> u64 {
         self.depth.load(Ordering::Acquire)
+    }
+
+    /// Streams the device's envelopes hold now (roots and execution forks):
+    /// the live stream load that device ranking reads.
+    pub fn streams_in_use(&self) -> u64 {
+        self.streams.load(Ordering::Acquire)
+    }
+
+    /// The counter behind [`streams_in_use`](Self::streams_in_use), for the
+    /// envelope code that creates and destroys streams.
+    pub(crate) fn stream_counter(&self) -> StreamCounter {
+        StreamCounter(self.streams.clone())
     }
 
     /// Whether the calling thread is this worker's thread.

@@ -11,7 +11,7 @@ use admission::gpu::backend::DeviceOrdinal;
 use admission::gpu::{
     Capability, CapabilityProof, CapabilitySet, DeviceProfile, DeviceSet, LedgerReport,
     MemoryOwnership, Observation, ObservationKind, PhaseRequirement, PlanDescription,
-    PlanFingerprint, QueryService, QueryServiceBuilder, QueueBounds,
+    PlanFingerprint, ProofIssuer, QueryService, QueryServiceBuilder, QueueBounds,
 };
 
 pub const GIB: u64 = 1 << 30;
@@ -50,6 +50,8 @@ pub fn profile(
 pub struct Rig {
     pub sim: Arc<SimBackend>,
     pub service: QueryService,
+    /// The engine's side: the one issuer the service accepts proofs of.
+    pub issuer: ProofIssuer,
     pub observed: Arc<Mutex<Vec<Observation>>>,
 }
 
@@ -81,9 +83,10 @@ impl Rig {
         let sink = observed.clone();
         let builder = QueryService::builder(sim.clone(), devices, bounds)
             .observer(move |o: &Observation| sink.lock().unwrap().push(o.clone()));
-        let service = configure(builder).build().expect("service");
+        let (service, issuer) = configure(builder).build_with_issuer().expect("service");
         Rig {
             sim,
+            issuer,
             service,
             observed,
         }
@@ -96,7 +99,7 @@ impl Rig {
         for c in capabilities {
             plan = plan.require(Capability::new(*c));
         }
-        self.service.issuer().lower(&plan).expect("provable plan")
+        self.issuer.lower(&plan).expect("provable plan")
     }
 
     pub fn reports(&self) -> Vec<LedgerReport> {

@@ -333,6 +333,15 @@ impl SimBackend {
         }
     }
 
+    /// Resets a device, as an operator's device reset would: its sticky
+    /// fault and any pending synchronization fault are cleared.
+    pub fn reset_device(&self, device: DeviceOrdinal) {
+        if let Some(dev) = self.state.lock().devices.get_mut(&device) {
+            dev.sticky = None;
+            dev.pending_sync_fault = None;
+        }
+    }
+
     /// Makes the next call of `op` block until the returned gate opens.
     pub fn gate(&self, op: BackendOp) -> SimGate {
         let (reached_tx, reached_rx) = mpsc::channel();

@@ -7,18 +7,16 @@
 //! loom's `Mutex` and check the ledger invariants inside every critical
 //! section.
 
-#![cfg(loom)]
-
 use std::time::Duration;
 
-use admission::gpu::backend::DeviceOrdinal;
-use admission::gpu::{
+use super::model;
+use crate::gpu::backend::DeviceOrdinal;
+use crate::gpu::{
     AdmissionCore, CoreEvent, DeviceProfile, DeviceSet, GrantRequest, LedgerReport, MemoryGrant,
     MemoryOwnership, QueueBounds, WaiterId,
 };
 use loom::sync::{Arc, Mutex};
 use loom::thread;
-use loom_tests::model;
 use tokio::time::Instant;
 
 const GIB: u64 = 1 << 30;
@@ -61,7 +59,7 @@ fn submit(core: &mut AdmissionCore, floor_gib: u64, hint_gib: Option<u64>) -> Wa
 }
 
 fn conserved(r: &LedgerReport) {
-    loom_tests::assert_ledger_conserved(r);
+    super::assert_ledger_conserved(r);
     if r.protection.is_some() {
         // The protected slot is never taken by anybody else.
         assert!(r.active_attempts < r.max_active_attempts, "{r:?}");
@@ -91,8 +89,7 @@ fn assert_empty(core: &AdmissionCore) {
 /// rollback of another attempt's grant, while a third thread cancels a
 /// waiter that may be queued or already granted. Capacity is never
 /// exceeded, and once everybody leaves every slot and byte is back.
-#[test]
-fn a_commit_racing_a_rollback_and_a_cancel_returns_everything() {
+pub fn a_commit_racing_a_rollback_and_a_cancel_returns_everything() {
     model(|| {
         let shared = Arc::new(Mutex::new(core(2, 4)));
         let (rolled_back, second, third) = {
@@ -167,18 +164,18 @@ fn a_commit_racing_a_rollback_and_a_cancel_returns_everything() {
 /// A protected waiter's commit races a younger waiter's commit and the
 /// release that completes the protection: the younger waiter never takes
 /// the protected slot or bytes, and the protected waiter is admitted.
-#[test]
-fn a_younger_waiter_never_takes_a_protected_slot_or_bytes() {
+pub fn a_younger_waiter_never_takes_a_protected_slot_or_bytes() {
     model(|| {
-        let shared = Arc::new(Mutex::new(core(3, 0)));
+        let shared = Arc::new(Mutex::new(core(3, 1)));
         let (big, old, young_grant) = {
             let mut c = shared.lock().unwrap();
             let first = submit(&mut c, 0, Some(10));
             let big = c.take_outcome(first).expect("admitted").expect("granted");
             // 5 GiB does not fit beside 10 GiB with a slot's headroom left.
             let old = submit(&mut c, 5, None);
-            // A younger 2 GiB request is admitted past it: with a budget of
-            // 0 the old waiter protects a slot and 4 GiB at once.
+            // A younger 2 GiB request is admitted past it: that spends a
+            // budget of 1, so the old waiter protects a slot and 4 GiB at
+            // once.
             let young = c.reserve(Instant::now()).expect("room");
             c.resolve(young, request(2, Some(2)), vec![D0])
                 .expect("healthy");

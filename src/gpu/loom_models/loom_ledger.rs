@@ -6,13 +6,11 @@
 //! the models do the same with loom's `Mutex` and check the conservation
 //! invariants inside every critical section.
 
-#![cfg(loom)]
-
-use admission::gpu::backend::DeviceOrdinal;
-use admission::gpu::{Decision, DeviceLedger, DeviceProfile, GrantRequest, MemoryGrant, WaiterId};
+use super::model;
+use crate::gpu::backend::DeviceOrdinal;
+use crate::gpu::{Decision, DeviceLedger, DeviceProfile, GrantRequest, MemoryGrant, WaiterId};
 use loom::sync::{Arc, Mutex};
 use loom::thread;
-use loom_tests::model;
 
 const GB: u64 = 1_000_000_000;
 
@@ -34,8 +32,7 @@ fn hinted(bytes: u64) -> GrantRequest {
 
 /// A commit races the rollback of another attempt's grant: whichever lands
 /// first, capacity is never exceeded and everything comes back.
-#[test]
-fn a_commit_racing_a_rollback_never_exceeds_capacity() {
+pub fn a_commit_racing_a_rollback_never_exceeds_capacity() {
     model(|| {
         let shared = Arc::new(Mutex::new(ledger()));
         let (rolled_back, cached) = {
@@ -43,7 +40,7 @@ fn a_commit_racing_a_rollback_never_exceeds_capacity() {
             l.charge_cache(8 * GB).expect("fits");
             let first = l.commit(&hinted(40 * GB)).expect("fits an empty device");
             let second = l.commit(&hinted(0)).expect("a floor fits");
-            loom_tests::assert_ledger_conserved(&l.report());
+            super::assert_ledger_conserved(&l.report());
             (first, second)
         };
 
@@ -54,7 +51,7 @@ fn a_commit_racing_a_rollback_never_exceeds_capacity() {
                 let before = l.report();
                 let grant = l.commit(&GrantRequest::resource_only(0)).ok();
                 let after = l.report();
-                loom_tests::assert_ledger_conserved(&after);
+                super::assert_ledger_conserved(&after);
                 if grant.is_none() {
                     assert_eq!(before, after, "a refused commit changes nothing");
                 }
@@ -67,7 +64,7 @@ fn a_commit_racing_a_rollback_never_exceeds_capacity() {
                 let mut l = shared.lock().unwrap();
                 let outcome = l.release(rolled_back).expect("issued here");
                 assert_eq!(outcome.bytes, 40 * GB);
-                loom_tests::assert_ledger_conserved(&l.report());
+                super::assert_ledger_conserved(&l.report());
             })
         };
 
@@ -94,8 +91,7 @@ fn a_commit_racing_a_rollback_never_exceeds_capacity() {
 /// A protected waiter consumes its protection while another request and the
 /// release that completes the protection race it: the other request never
 /// takes the protected slot or bytes, and the waiter is admitted.
-#[test]
-fn a_protected_waiter_keeps_its_slot_and_bytes_against_a_racing_request() {
+pub fn a_protected_waiter_keeps_its_slot_and_bytes_against_a_racing_request() {
     model(|| {
         let waiter = WaiterId::new(7);
         let shared = Arc::new(Mutex::new(ledger()));
@@ -118,7 +114,7 @@ fn a_protected_waiter_keeps_its_slot_and_bytes_against_a_racing_request() {
             thread::spawn(move || {
                 let mut l = shared.lock().unwrap();
                 l.release(released).expect("issued here");
-                loom_tests::assert_ledger_conserved(&l.report());
+                super::assert_ledger_conserved(&l.report());
                 // The freed bytes went to the protection first.
                 assert_eq!(l.report().protected_bytes, 30 * GB);
             })
@@ -130,7 +126,7 @@ fn a_protected_waiter_keeps_its_slot_and_bytes_against_a_racing_request() {
                 let before = l.report();
                 let result = l.commit(&GrantRequest::resource_only(0).for_waiter(WaiterId::new(8)));
                 let after = l.report();
-                loom_tests::assert_ledger_conserved(&after);
+                super::assert_ledger_conserved(&after);
                 if let Ok(grant) = &result {
                     // Only the bytes beyond the protection: 80 - 40 - 30.
                     assert_eq!(grant.bytes(), 10 * GB);
@@ -145,7 +141,7 @@ fn a_protected_waiter_keeps_its_slot_and_bytes_against_a_racing_request() {
             let mut l = shared.lock().unwrap();
             let decision = l.decide(&own);
             let result = l.commit(&own);
-            loom_tests::assert_ledger_conserved(&l.report());
+            super::assert_ledger_conserved(&l.report());
             match (&decision, &result) {
                 (Decision::Admit { grant_bytes }, Ok(grant)) => {
                     assert_eq!(*grant_bytes, grant.bytes());
@@ -169,7 +165,7 @@ fn a_protected_waiter_keeps_its_slot_and_bytes_against_a_racing_request() {
         };
         assert_eq!(grant.bytes(), 30 * GB);
         assert_eq!(l.report().protection, None);
-        loom_tests::assert_ledger_conserved(&l.report());
+        super::assert_ledger_conserved(&l.report());
         l.release(grant).expect("issued here");
         if let Some(g) = other_grant {
             l.release(g).expect("issued here");

@@ -3,23 +3,21 @@
 //! fails only when the others really hold the bytes, and every byte comes
 //! back.
 
-#![cfg(loom)]
-
 use std::sync::Arc as StdArc;
 
-use admission::gpu::backend::sim::{SimBackend, SimDevice};
-use admission::gpu::backend::{DeviceOrdinal, GpuBackend, SharedBackend};
-use admission::gpu::domain::AllocationDomain;
+use super::model;
+use crate::gpu::backend::sim::{SimBackend, SimDevice};
+use crate::gpu::backend::{DeviceOrdinal, GpuBackend, SharedBackend};
+use crate::gpu::domain::AllocationDomain;
 use loom::sync::Arc;
 use loom::thread;
-use loom_tests::model;
 
 const CEILING: u64 = 1024;
 
 fn domain() -> (
     StdArc<SimBackend>,
     Arc<AllocationDomain>,
-    admission::gpu::backend::StreamId,
+    crate::gpu::backend::StreamId,
 ) {
     let sim = StdArc::new(SimBackend::new([SimDevice::new(0, 1 << 20)]));
     let lane = sim.open_lane(DeviceOrdinal(0)).unwrap();
@@ -39,8 +37,7 @@ fn domain() -> (
 /// Two threads each allocate 512 bytes twice (freeing in between) while a
 /// third holds a 512-byte sub-reservation for a moment: `used` never exceeds
 /// the ceiling, and all bytes return.
-#[test]
-fn concurrent_charges_never_exceed_the_ceiling_and_all_bytes_return() {
+pub fn concurrent_charges_never_exceed_the_ceiling_and_all_bytes_return() {
     model(|| {
         let (sim, domain, root) = domain();
         let mut handles = Vec::new();
@@ -70,8 +67,7 @@ fn concurrent_charges_never_exceed_the_ceiling_and_all_bytes_return() {
 /// Two 512-byte requests against a 1024-byte ceiling both succeed in every
 /// interleaving: the CAS loop never fails a request that fits (unlike
 /// add-then-undo, where both could see the other's provisional charge).
-#[test]
-fn two_requests_that_fit_together_never_fail() {
+pub fn two_requests_that_fit_together_never_fail() {
     model(|| {
         let (_sim, domain, root) = domain();
         let other = domain.clone();

@@ -1,0 +1,170 @@
+//! The lazy ticket's first-use trigger: [`LazyAdmission`].
+//!
+//! # Why a wrapper
+//!
+//! Planning may hold a ticket without ever touching the device (an explain
+//! does exactly that), so admission must happen when execution first needs
+//! the device, not when the plan is made. An engine that has to remember to
+//! call [`AdmissionTicket::admit`] before its first device call will, on
+//! some path, forget it or call it from planning. The wrapper turns the
+//! rule into structure: every execution call goes through
+//! [`LazyAdmission::handle`] (or [`LazyAdmission::run`]), the first one
+//! admits, the others share the handle it published, and a wrapper that no
+//! execution ever used is dropped without having reserved anything.
+//!
+//! # States
+//!
+//! ```text
+//! unused ──first use──▶ admitting ──▶ admitted (one handle, shared)
+//!                          │    └───▶ failed (the error, to every later use)
+//!                          └─ the first use dropped part-way: unused again
+//! ```
+//!
+//! The cell is a `tokio::sync::OnceCell`: concurrent first uses run one
+//! admission and the others wait for it; a first use dropped while it waits
+//! leaves the cell empty (the admit future's own guard returned what it
+//! held), so the next use admits afresh from the same ticket.
+
+use std::fmt;
+
+use tokio::sync::OnceCell;
+
+use super::handle::{AttemptReport, QueryHandle};
+use super::outcome::GpuAdmitError;
+use super::service::AdmissionTicket;
+
+/// An [`AdmissionTicket`] that admits on its first use. See the
+/// [module documentation](self).
+pub struct LazyAdmission {
+    ticket: AdmissionTicket,
+    admitted: OnceCell<Result<QueryHandle, GpuAdmitError>>,
+}
+
+impl fmt::Debug for LazyAdmission {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LazyAdmission")
+            .field("ticket", &self.ticket)
+            .field("admitted", &self.admitted.get())
+            .finish()
+    }
+}
+
+impl LazyAdmission {
+    pub(crate) fn new(ticket: AdmissionTicket) -> Self {
+        LazyAdmission {
+            ticket,
+            admitted: OnceCell::new(),
+        }
+    }
+
+    /// The published handle, admitting on the first call: queue, grant and
+    /// envelope, exactly as [`AdmissionTicket::admit`]. Later calls return
+    /// the same handle, or the same error if that admission failed.
+    /// Cancel-safe: a first call dropped part-way leaves nothing behind, and
+    /// the next call admits again.
+    pub async fn handle(&self) -> Result<&QueryHandle, GpuAdmitError> {
+        let outcome = self
+            .admitted
+            .get_or_init(|| self.ticket.duplicate().admit())
+            .await;
+        outcome.as_ref().map_err(Clone::clone)
+    }
+
+    /// Runs one execution step against the handle, admitting first if this
+    /// is the first step: the execution wrapper an engine calls instead of
+    /// reaching for the device directly.
+    pub async fn run<R>(&self, step: impl FnOnce(&QueryHandle) -> R) -> Result<R, GpuAdmitError> {
+        self.handle().await.map(step)
+    }
+
+    /// Whether a first use has admitted (successfully or not).
+    pub fn is_admitted(&self) -> bool {
+        self.admitted.initialized()
+    }
+
+    /// Releases the attempt if execution ever admitted one; `None` when no
+    /// execution needed the device (nothing was reserved) or admission
+    /// failed.
+    pub async fn release(self) -> Option<AttemptReport> {
+        match self.admitted.into_inner() {
+            Some(Ok(handle)) => Some(handle.release().await),
+            Some(Err(_)) | None => None,
+        }
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use super::*;
+    use crate::gpu::backend::sim::{SimBackend, SimDevice};
+    use crate::gpu::backend::DeviceOrdinal;
+    use crate::gpu::{DeviceProfile, DeviceSet, MemoryOwnership, QueryService, QueueBounds};
+
+    const GIB: u64 = 1 << 30;
+
+    /// One 16 GiB device with one attempt slot.
+    fn service() -> (QueryService, Arc<SimBackend>) {
+        let gpu0 = DeviceOrdinal(0);
+        let profile = DeviceProfile::builder(gpu0)
+            .managed_capacity(16 * GIB)
+            .max_active_attempts(1)
+            .build()
+            .unwrap();
+        let devices =
+            DeviceSet::new(vec![profile], vec![MemoryOwnership::exclusive(gpu0)]).unwrap();
+        let bounds = QueueBounds::new(8, Duration::from_secs(60), 1).unwrap();
+        let sim = Arc::new(SimBackend::new([SimDevice::new(0, 64 * GIB)]));
+        let service = QueryService::new(sim.clone(), devices, bounds).unwrap();
+        (service, sim)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_lazy_admission_no_execution_used_reserves_nothing() {
+        let (service, sim) = service();
+        sim.clear_log();
+        let before = service.device_ledger_reports();
+        let lazy = service.resource_ticket(GIB).lazy();
+        assert!(!lazy.is_admitted());
+        assert_eq!(lazy.release().await, None);
+        assert_eq!(service.device_ledger_reports(), before);
+        assert!(sim.ops().is_empty(), "no backend call");
+        assert_eq!(service.admission_snapshot().queued, 0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_first_execution_step_admits_once_and_later_steps_share_the_handle() {
+        let (service, sim) = service();
+        let lazy = service.resource_ticket(GIB).lazy();
+        let first = lazy.run(QueryHandle::grant_id).await.unwrap();
+        assert!(lazy.is_admitted());
+        let second = lazy.run(QueryHandle::grant_id).await.unwrap();
+        assert_eq!(first, second, "one admission, one grant");
+        assert_eq!(service.device_ledger_reports()[0].live_grant_count, 1);
+        let report = lazy.release().await.expect("admitted");
+        assert!(report.ledger_released);
+        assert_eq!(report.grant, first);
+        service.settle().await;
+        assert_eq!(service.device_ledger_reports()[0].live_grant_count, 0);
+        assert_eq!(sim.live_handles(), 0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_first_use_dropped_while_queued_admits_again_on_the_next() {
+        let (service, _sim) = service();
+        let blocker = service.admit_resources(GIB).await.unwrap();
+        let lazy = service.resource_ticket(GIB).lazy();
+        {
+            let mut first = Box::pin(lazy.handle());
+            assert!(futures::poll!(&mut first).is_pending(), "queued");
+        }
+        assert!(!lazy.is_admitted(), "the dropped first use left nothing");
+        assert_eq!(service.admission_snapshot().queued, 0);
+        blocker.release().await;
+        let grant = lazy.run(QueryHandle::grant_id).await.unwrap();
+        assert_eq!(service.device_ledger_reports()[0].live_grant_count, 1);
+        assert_eq!(lazy.release().await.map(|r| r.grant), Some(grant));
+    }
+}
