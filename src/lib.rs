@@ -128,7 +128,7 @@
 //! crate (a [`CpuSignal`](cpu::CpuSignal), an
 //! [`LsmStatsSource`](io::LsmStatsSource), a custom
 //! [`Granter`](grant::Granter), a classifier, GPU observers, preflights,
-//! teardown hooks and backends) runs behind a panic boundary ([`health`]): a
+//! cache evictors and backends) runs behind a panic boundary ([`health`]): a
 //! panic is logged, counted, shown as a [`ComponentHealth`] in the
 //! component's snapshot, and answered by that component's documented
 //! fallback, never by a dead thread, a wedged queue or lost capacity. Time

@@ -97,7 +97,6 @@ where
     }
 }
 
-
 /// Everything behind the dispatch lock.
 #[derive(Default)]
 struct Dispatch {
