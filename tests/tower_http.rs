@@ -364,8 +364,8 @@ fn grpc_refusals_map_deadlines_and_push_back_by_the_estimate() {
 
 /// Refusals are held for the pace, so that a client ignoring `Retry-After`
 /// cannot make the server answer refusals as fast as it can send; never
-/// longer than the request's own time left, and not at all for a closed
-/// queue or with a pace of zero.
+/// longer than half the request's own time left, and not at all for a
+/// closed queue or with a pace of zero.
 #[tokio::test(start_paused = true)]
 async fn capacity_refusals_are_paced_and_nothing_else_is() {
     let pace = HttpAdmissionLayer::<()>::DEFAULT_REFUSAL_PACE;
@@ -400,7 +400,9 @@ async fn capacity_refusals_are_paced_and_nothing_else_is() {
     let mut closed = tokio_test::task::spawn(app(layer).oneshot(get_request("/")));
     assert!(closed.poll().is_ready());
 
-    // Never longer than the request's time left, nor the expected wait.
+    // Never longer than half the request's time left (the refusal must
+    // arrive before the client's own deadline fires), nor the expected
+    // wait.
     let refusals = Refusals::default();
     let missed = |expected: u64, remaining: u64| AdmitError::WouldMissDeadline {
         expected: Duration::from_millis(expected),
@@ -408,7 +410,7 @@ async fn capacity_refusals_are_paced_and_nothing_else_is() {
     };
     assert_eq!(
         refusals.pace_for(&missed(500, 10)),
-        Duration::from_millis(10)
+        Duration::from_millis(5)
     );
     assert_eq!(
         refusals.pace_for(&missed(20, 100)),

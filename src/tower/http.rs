@@ -132,14 +132,15 @@ impl Refusals {
 
     /// How long to hold the answer to a capacity refusal (see
     /// [`HttpAdmissionLayer::pace_refusals`]): the layer's pace, but never
-    /// longer than the request's own time left, nor than the wait the queue
-    /// expected; zero for every other refusal.
+    /// longer than half the request's own time left (the client must hear
+    /// the refusal, with its retry hint, before its deadline fires), nor
+    /// than the wait the queue expected; zero for every other refusal.
     pub fn pace_for(&self, error: &AdmitError) -> Duration {
         match error {
             AdmitError::WouldMissDeadline {
                 expected,
                 remaining,
-            } => self.pace.min(*expected).min(*remaining),
+            } => self.pace.min(*expected).min(*remaining / 2),
             AdmitError::QueueFull { .. } => self.pace,
             _ => Duration::ZERO,
         }
@@ -219,10 +220,11 @@ impl<C> HttpAdmissionLayer<C> {
     /// `examples/http_load.rs` (200 unpaced bulk connections beside 4 on
     /// `/high`, 2-core VM), answering at once left `/high` p99 at 2.25x its
     /// value alone with 36,000 refusals a second; see the README for the
-    /// run with pacing. The hold is never longer than the time the request
-    /// has left before its deadline nor than the wait the queue expected,
-    /// so a client learns no later than waiting would have told it; one
-    /// that fails over to another replica at once loses at most the pace.
+    /// run with pacing. The hold is never longer than half the time the
+    /// request has left before its deadline (so the refusal and its retry
+    /// hint arrive before the client's own deadline fires) nor than the wait
+    /// the queue expected; a client that fails over to another replica at
+    /// once loses at most the pace.
     /// The hold is a tokio timer per refused request (on a runtime without
     /// timers the answer goes at once), and the connection stays open
     /// meanwhile.
