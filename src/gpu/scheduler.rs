@@ -3,7 +3,7 @@
 //!
 //! # Why a plain struct
 //!
-//! [`AdmissionCore`] holds no lock, spawns nothing, calls no backend and never
+//! `AdmissionCore` holds no lock, spawns nothing, calls no backend and never
 //! awaits. The [`QueryService`](super::service::QueryService) keeps it behind
 //! its one mutex, so each `&mut self` call is one transaction over the queue
 //! and all the ledgers together: a decision and its commit cannot be split by
@@ -21,21 +21,21 @@
 //!       Closed                           no healthy device     the grant
 //! ```
 //!
-//! * [`reserve`](AdmissionCore::reserve) takes a FIFO sequence number and a
+//! * `reserve` takes a FIFO sequence number and a
 //!   pending slot before anything device-specific is known: the bound
 //!   `max_pending` counts pending and queued requests together, so a burst
 //!   of slow preflights cannot overflow it.
 //! * **Pending submissions are an ordering barrier**: no waiter younger than
 //!   the oldest pending submission is admitted, so a slow preflight is never
 //!   bypassed by younger work.
-//! * [`schedule`](AdmissionCore::schedule) scans the queue in sequence
+//! * `schedule` scans the queue in sequence
 //!   order and admits every waiter that some compatible ledger can take now,
 //!   on the device [`rank_devices`] ranks first. A waiter blocked on all its
 //!   devices is skipped, so it does not idle another device that can run
 //!   younger work.
 //! * A granted waiter's grant is parked until its future takes it; a future
 //!   dropped in between has the grant released by
-//!   [`cancel`](AdmissionCore::cancel), so nothing is lost.
+//!   `cancel`, so nothing is lost.
 //!
 //! # Overtaking and protection
 //!
@@ -43,7 +43,7 @@
 //! waiter could also use, the older waiter's overtake count rises. Once it
 //! reaches the queue's `overtake_budget` (at once for a budget of 0, before
 //! any younger admission on such a device), the older waiter
-//! [protects](DeviceLedger::protect) one future slot and released bytes up
+//! protects one future slot and released bytes up
 //! to its floor on one compatible healthy ledger that holds no other
 //! protection: the one with the fewest running attempts, then the most
 //! unclaimed bytes, then the lowest ordinal, so the protection completes
@@ -92,7 +92,7 @@ use super::profile::{DeviceSet, QueueBounds};
 /// Something the core did that the service reports or wakes a waiter for.
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
-pub enum CoreEvent {
+pub(crate) enum CoreEvent {
     /// A waiter was granted a slot and bytes on a device; its grant is
     /// parked until [`AdmissionCore::take_outcome`].
     Admitted {
@@ -159,7 +159,7 @@ pub enum CoreEvent {
 
 impl CoreEvent {
     /// The waiter a future is waiting on to see this event, if any.
-    pub fn resolves(&self) -> Option<WaiterId> {
+    pub(crate) fn resolves(&self) -> Option<WaiterId> {
         match self {
             CoreEvent::Admitted { waiter, .. } | CoreEvent::Failed { waiter, .. } => Some(*waiter),
             _ => None,
@@ -170,7 +170,7 @@ impl CoreEvent {
 /// Where a withdrawn request was when [`AdmissionCore::cancel`] removed it.
 #[derive(Debug, PartialEq, Eq)]
 #[non_exhaustive]
-pub enum Withdrawn {
+pub(crate) enum Withdrawn {
     /// Reserved, its resolution (capabilities, preflights) not finished.
     Pending,
     /// Queued; the device its protection was dropped from, if it held one.
@@ -184,7 +184,9 @@ pub enum Withdrawn {
     Failed,
 }
 
-/// One queued waiter as [`AdmissionCore::snapshot`] shows it.
+/// One queued waiter as
+/// [`QueryService::admission_snapshot`](super::service::QueryService::admission_snapshot)
+/// shows it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct WaiterSnapshot {
@@ -205,7 +207,9 @@ pub struct WaiterSnapshot {
     pub phase_floor: u64,
 }
 
-/// One device as [`AdmissionCore::snapshot`] summarizes it.
+/// One device as
+/// [`QueryService::admission_snapshot`](super::service::QueryService::admission_snapshot)
+/// summarizes it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct DeviceSummary {
@@ -249,7 +253,7 @@ pub struct AdmissionSnapshot {
     /// The health of each component that calls user code (see the GPU
     /// module's failure model), filled in by
     /// [`QueryService::admission_snapshot`](super::service::QueryService::admission_snapshot);
-    /// empty from [`AdmissionCore::snapshot`], which calls none.
+    /// empty from `AdmissionCore::snapshot`, which calls none.
     pub health: Vec<ComponentHealth>,
 }
 
@@ -271,7 +275,7 @@ enum Outcome {
 /// The queue, the ledgers and the scheduler, as one plain value. See the
 /// [module documentation](self).
 #[derive(Debug)]
-pub struct AdmissionCore {
+pub(crate) struct AdmissionCore {
     ledgers: Vec<DeviceLedger>,
     bounds: QueueBounds,
     next_seq: u64,
@@ -290,7 +294,7 @@ pub struct AdmissionCore {
 
 impl AdmissionCore {
     /// One empty ledger per installed device and an empty queue.
-    pub fn new(devices: &DeviceSet, bounds: QueueBounds) -> Self {
+    pub(crate) fn new(devices: &DeviceSet, bounds: QueueBounds) -> Self {
         AdmissionCore {
             ledgers: devices
                 .profiles()
@@ -308,39 +312,34 @@ impl AdmissionCore {
     }
 
     /// The queue bounds.
-    pub fn bounds(&self) -> QueueBounds {
+    pub(crate) fn bounds(&self) -> QueueBounds {
         self.bounds
     }
 
-    /// Whether [`close`](Self::close) was called.
-    pub fn is_closed(&self) -> bool {
-        self.closed
-    }
-
     /// The ledger of `device`.
-    pub fn ledger(&self, device: DeviceOrdinal) -> Option<&DeviceLedger> {
+    pub(crate) fn ledger(&self, device: DeviceOrdinal) -> Option<&DeviceLedger> {
         self.index(device).and_then(|i| self.ledgers.get(i))
     }
 
     /// Every ledger's report, in ordinal order.
-    pub fn ledger_reports(&self) -> Vec<LedgerReport> {
+    pub(crate) fn ledger_reports(&self) -> Vec<LedgerReport> {
         self.ledgers.iter().map(DeviceLedger::report).collect()
     }
 
     /// Queued plus pending submissions: what `max_pending` bounds.
-    pub fn depth(&self) -> usize {
+    pub(crate) fn depth(&self) -> usize {
         self.pending.len().saturating_add(self.queued.len())
     }
 
     /// Submissions still resolving.
-    pub fn pending_preflights(&self) -> usize {
+    pub(crate) fn pending_preflights(&self) -> usize {
         self.pending.len()
     }
 
     /// Reserves a pending slot and the next FIFO sequence number. Refused
     /// at once when the service is closed or `max_pending` submissions are
     /// already pending or queued.
-    pub fn reserve(&mut self, now: Instant) -> Result<WaiterId, GpuAdmitError> {
+    pub(crate) fn reserve(&mut self, now: Instant) -> Result<WaiterId, GpuAdmitError> {
         if self.closed {
             return Err(GpuAdmitError::Closed);
         }
@@ -364,7 +363,7 @@ impl AdmissionCore {
     /// waiter ([`GrantRequest::for_waiter`]) here. Fails (and forgets the
     /// submission) when it was withdrawn, the service closed meanwhile, or
     /// none of `candidates` is healthy.
-    pub fn resolve(
+    pub(crate) fn resolve(
         &mut self,
         waiter: WaiterId,
         request: GrantRequest,
@@ -404,7 +403,10 @@ impl AdmissionCore {
 
     /// Takes the outcome of a waiter once the scheduler has granted or
     /// failed it; `None` while it is pending or queued.
-    pub fn take_outcome(&mut self, waiter: WaiterId) -> Option<Result<MemoryGrant, GpuAdmitError>> {
+    pub(crate) fn take_outcome(
+        &mut self,
+        waiter: WaiterId,
+    ) -> Option<Result<MemoryGrant, GpuAdmitError>> {
         self.outcomes.remove(&waiter.get()).map(|o| match o {
             Outcome::Granted(grant) => Ok(grant),
             Outcome::Failed(error) => Err(error),
@@ -414,7 +416,7 @@ impl AdmissionCore {
     /// Withdraws a waiter wherever it is (pending, queued, granted but not
     /// taken, failed): a protection it holds is returned and an untaken
     /// grant goes back to its ledger. `None` if the core does not know it.
-    pub fn cancel(&mut self, waiter: WaiterId) -> Option<Withdrawn> {
+    pub(crate) fn cancel(&mut self, waiter: WaiterId) -> Option<Withdrawn> {
         let seq = waiter.get();
         if self.pending.remove(&seq).is_some() {
             return Some(Withdrawn::Pending);
@@ -439,7 +441,7 @@ impl AdmissionCore {
 
     /// Returns a grant to the ledger that issued it (every health state:
     /// in-flight grants of a quarantined or closed ledger drain normally).
-    pub fn release(&mut self, grant: MemoryGrant) -> Result<ReleaseOutcome, ForeignGrant> {
+    pub(crate) fn release(&mut self, grant: MemoryGrant) -> Result<ReleaseOutcome, ForeignGrant> {
         match self.index(grant.device()) {
             Some(i) => match self.ledgers.get_mut(i) {
                 Some(ledger) => ledger.release(grant),
@@ -452,7 +454,7 @@ impl AdmissionCore {
     /// Applies a resident-cache change to `device`'s ledger. Call
     /// [`schedule`](Self::schedule) next: evicted bytes may admit waiters or
     /// top up a protection.
-    pub fn change_cache(
+    pub(crate) fn change_cache(
         &mut self,
         device: DeviceOrdinal,
         change: CacheChange,
@@ -480,7 +482,7 @@ impl AdmissionCore {
     /// Quarantines `device` after a proven device-local fault and retargets
     /// the protection it held. Call [`schedule`](Self::schedule) next, so
     /// waiters left without a healthy device get their outcome.
-    pub fn quarantine(&mut self, device: DeviceOrdinal, code: u32) -> Vec<CoreEvent> {
+    pub(crate) fn quarantine(&mut self, device: DeviceOrdinal, code: u32) -> Vec<CoreEvent> {
         let mut events = Vec::new();
         let Some(ledger) = self.index(device).and_then(|i| self.ledgers.get_mut(i)) else {
             return events;
@@ -579,7 +581,7 @@ impl AdmissionCore {
     /// Closes every ledger (a fault whose isolation cannot be established):
     /// nothing new is issued anywhere, in-flight grants drain. Queued
     /// waiters fail at the next [`schedule`](Self::schedule).
-    pub fn close_ledgers(&mut self) -> Vec<CoreEvent> {
+    pub(crate) fn close_ledgers(&mut self) -> Vec<CoreEvent> {
         let mut events = Vec::new();
         for i in 0..self.ledgers.len() {
             let Some(ledger) = self.ledgers.get_mut(i) else {
@@ -599,7 +601,7 @@ impl AdmissionCore {
     /// fails with [`GpuAdmitError::Closed`], every ledger closes. Pending
     /// submissions fail when they try to [`resolve`](Self::resolve).
     /// In-flight grants drain normally.
-    pub fn close(&mut self) -> Vec<CoreEvent> {
+    pub(crate) fn close(&mut self) -> Vec<CoreEvent> {
         self.closed = true;
         let mut events = self.close_ledgers();
         for seq in std::mem::take(&mut self.queued).into_keys() {
@@ -620,7 +622,10 @@ impl AdmissionCore {
     /// counts overtakes and protects overtaken waiters; fails waiters with
     /// no healthy device left. `worker_depth` reports each device worker's
     /// queued jobs, a ranking input.
-    pub fn schedule(&mut self, worker_depth: &dyn Fn(DeviceOrdinal) -> u64) -> Vec<CoreEvent> {
+    pub(crate) fn schedule(
+        &mut self,
+        worker_depth: &dyn Fn(DeviceOrdinal) -> u64,
+    ) -> Vec<CoreEvent> {
         let mut events = Vec::new();
         if self.closed {
             return events;
@@ -802,7 +807,7 @@ impl AdmissionCore {
     }
 
     /// A view of the queue and devices at `now`.
-    pub fn snapshot(
+    pub(crate) fn snapshot(
         &self,
         now: Instant,
         worker_depth: &dyn Fn(DeviceOrdinal) -> u64,
@@ -1121,3 +1126,7 @@ mod tests {
         }
     }
 }
+
+#[cfg(all(test, not(loom)))]
+#[path = "scheduler_tests.rs"]
+mod core_properties;

@@ -22,7 +22,7 @@
 //!
 //! # One lock, never across an await
 //!
-//! Every ledger and the queue live in one [`AdmissionCore`] behind one
+//! Every ledger and the queue live in one `AdmissionCore` behind one
 //! mutex. The lock is held for plain arithmetic only: no `.await`, no
 //! backend call and no observer call happens under it. Wakers of waiters
 //! resolved by a transaction are collected under the lock and woken after

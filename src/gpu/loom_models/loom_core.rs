@@ -11,9 +11,10 @@ use std::time::Duration;
 
 use super::model;
 use crate::gpu::backend::DeviceOrdinal;
+use crate::gpu::scheduler::{AdmissionCore, CoreEvent};
 use crate::gpu::{
-    AdmissionCore, CoreEvent, DeviceProfile, DeviceSet, GrantRequest, LedgerReport, MemoryGrant,
-    MemoryOwnership, QueueBounds, WaiterId,
+    DeviceProfile, DeviceSet, GrantRequest, LedgerReport, MemoryGrant, MemoryOwnership,
+    QueueBounds, WaiterId,
 };
 use loom::sync::{Arc, Mutex};
 use loom::thread;
