@@ -275,9 +275,10 @@ pub mod device_checks {
 pub mod bench_internals {
     use super::backend::DeviceOrdinal;
     use super::ledger::{ForeignGrant, GrantRequest, MemoryGrant, ReleaseOutcome, WaiterId};
+    use super::observe::GpuEvent;
     use super::outcome::GpuAdmitError;
     use super::profile::{DeviceSet, QueueBounds};
-    use super::scheduler::{AdmissionCore, CoreEvent};
+    use super::scheduler::AdmissionCore;
 
     /// The core as the service holds it under its lock, with no worker
     /// depth (no backend runs).
@@ -310,7 +311,7 @@ pub mod bench_internals {
         pub fn schedule(&mut self) -> Option<WaiterId> {
             let events = self.core.schedule(&|_| 0);
             events.iter().find_map(|event| match event {
-                CoreEvent::Admitted { waiter, .. } => Some(*waiter),
+                GpuEvent::Admitted { waiter, .. } => Some(*waiter),
                 _ => None,
             })
         }

@@ -25,11 +25,11 @@ use super::backend::FaultIsolation;
 use super::envelope::{AdmissionEnvelope, DeviceHealth, TeardownReport};
 use super::handle::{AttemptReport, QueryHandle, Sealing};
 use super::ledger::{MemoryGrant, WaiterId};
-use super::observe::ObservationKind;
+use super::observe::GpuEvent;
 use super::outcome::GpuAdmitError;
 use super::proof::CapabilityProof;
-use super::scheduler::{AdmissionCore, CoreEvent};
-use super::service::{record_event, set_error, Inner};
+use super::scheduler::AdmissionCore;
+use super::service::Inner;
 use crate::sync::{Mutex, StdArc};
 
 /// Publishes a handle over a validated envelope: binds the proof to its
@@ -80,7 +80,7 @@ pub(crate) fn publish(
 impl Inner {
     /// Applies a fault's isolation: quarantine the device, or close every
     /// ledger when its reach is unknown.
-    fn isolate(core: &mut AdmissionCore, isolation: FaultIsolation, code: u32) -> Vec<CoreEvent> {
+    fn isolate(core: &mut AdmissionCore, isolation: FaultIsolation, code: u32) -> Vec<GpuEvent> {
         match isolation {
             FaultIsolation::Device(device) => core.quarantine(device, code),
             FaultIsolation::Unknown => core.close_ledgers(),
@@ -90,11 +90,11 @@ impl Inner {
     /// The attempt's report is sealed: its disposition and health are
     /// fixed, nothing is destroyed yet.
     pub(crate) fn observe_sealed(&self, report: &AttemptReport) {
-        self.observe_outside_transaction(ObservationKind::Sealed, |record| {
-            record.waiter = Some(report.waiter.get());
-            record.device = Some(report.device.0);
-            record.grant_bytes = Some(report.grant_bytes);
-            record.detail = Some(format!("{:?}", report.disposition));
+        self.observe_outside_transaction(&GpuEvent::Sealed {
+            waiter: report.waiter,
+            device: report.device,
+            grant_bytes: report.grant_bytes,
+            disposition: report.disposition,
         });
     }
 
@@ -121,15 +121,16 @@ impl Inner {
             // in transaction order: the quarantine, then the release.
             if let Some(isolation) = teardown.fault_isolation() {
                 for event in Self::isolate(core, isolation, fault_code(teardown)) {
-                    record_event(recorder, &event);
+                    recorder.record(&event);
                 }
             }
             let released = core.release(grant);
-            let record = recorder.push(ObservationKind::Released);
-            record.waiter = Some(waiter.get());
-            record.device = Some(teardown.device.0);
-            record.grant_bytes = Some(teardown.grant_bytes);
-            record.detail = Some(format!("{:?}", teardown.disposition));
+            recorder.record(&GpuEvent::Released {
+                waiter,
+                device: teardown.device,
+                grant_bytes: teardown.grant_bytes,
+                disposition: teardown.disposition,
+            });
             if let Err(foreign) = &released {
                 tracing::error!(target: "admission", %foreign, "cannot release a GPU grant");
             }
@@ -151,7 +152,7 @@ impl Inner {
         self.transact(|core, recorder| {
             if let Some((isolation, code)) = isolation {
                 for event in Self::isolate(core, isolation, code) {
-                    record_event(recorder, &event);
+                    recorder.record(&event);
                 }
             }
             let device = grant.device();
@@ -159,19 +160,19 @@ impl Inner {
             if let Err(foreign) = core.release(grant) {
                 tracing::error!(target: "admission", %foreign, "cannot release a GPU grant");
             }
-            let kind = if error.is_some() {
-                ObservationKind::EnvelopeFailed
-            } else {
-                ObservationKind::Removed
-            };
-            let record = recorder.push(kind);
-            record.waiter = Some(waiter.get());
-            record.device = Some(device.0);
-            record.grant_bytes = Some(bytes);
-            match error {
-                Some(error) => set_error(record, error),
-                None => set_error(record, &GpuAdmitError::Cancelled),
-            }
+            recorder.record(&match error {
+                Some(error) => GpuEvent::EnvelopeFailed {
+                    waiter,
+                    device,
+                    grant_bytes: bytes,
+                    error: error.clone(),
+                },
+                None => GpuEvent::Removed {
+                    waiter,
+                    error: GpuAdmitError::Cancelled,
+                    released: Some((device, bytes)),
+                },
+            });
         });
     }
 }

@@ -66,9 +66,10 @@ use tokio::time::Instant;
 
 use super::backend::DeviceOrdinal;
 use super::ledger::{
-    Decision, DeviceLedger, ForeignGrant, GrantId, GrantRequest, LaterReason, LedgerError,
-    LedgerHealth, LedgerReport, MemoryGrant, ReleaseOutcome, WaiterId,
+    Decision, DeviceLedger, ForeignGrant, GrantRequest, LaterReason, LedgerError, LedgerHealth,
+    LedgerReport, MemoryGrant, ReleaseOutcome, WaiterId,
 };
+use super::observe::GpuEvent;
 use super::outcome::GpuAdmitError;
 use crate::health::ComponentHealth;
 
@@ -88,84 +89,6 @@ pub enum CacheChange {
 }
 use super::placement::{rank_devices, DeviceLoad};
 use super::profile::{DeviceSet, QueueBounds};
-
-/// Something the core did that the service reports or wakes a waiter for.
-#[derive(Clone, Debug, PartialEq, Eq)]
-#[non_exhaustive]
-pub(crate) enum CoreEvent {
-    /// A waiter was granted a slot and bytes on a device; its grant is
-    /// parked until [`AdmissionCore::take_outcome`].
-    Admitted {
-        /// The waiter.
-        waiter: WaiterId,
-        /// The selected device.
-        device: DeviceOrdinal,
-        /// The grant's id on that device's ledger.
-        grant: GrantId,
-        /// The grant's bytes.
-        grant_bytes: u64,
-    },
-    /// A waiter left the queue with an error (no healthy device, close).
-    Failed {
-        /// The waiter.
-        waiter: WaiterId,
-        /// Why.
-        error: GpuAdmitError,
-    },
-    /// A waiter whose overtake budget is spent protected a slot and bytes
-    /// on a device.
-    Protected {
-        /// The waiter.
-        waiter: WaiterId,
-        /// The device holding the protection.
-        device: DeviceOrdinal,
-        /// The bytes the protection accumulates up to.
-        target_bytes: u64,
-        /// The bytes claimed at once.
-        accumulated_bytes: u64,
-        /// The waiter's overtake count.
-        overtakes: u32,
-    },
-    /// A waiter's protection was dropped (its device closed or was
-    /// quarantined, or the waiter was admitted elsewhere or left).
-    ProtectionDropped {
-        /// The waiter.
-        waiter: WaiterId,
-        /// The device that held it.
-        device: DeviceOrdinal,
-    },
-    /// A ledger was quarantined after a proven device-local fault.
-    Quarantined {
-        /// The device.
-        device: DeviceOrdinal,
-        /// The fault code.
-        code: u32,
-    },
-    /// A ledger was closed (fault of unknown reach, or service close).
-    LedgerClosed {
-        /// The device.
-        device: DeviceOrdinal,
-    },
-    /// The oldest runnable waiter is blocked on `device` only by evictable
-    /// cache: its registered evictor is asked for exactly these bytes (on
-    /// top of what it was asked for already and has not evicted yet).
-    EvictionRequested {
-        /// The device.
-        device: DeviceOrdinal,
-        /// The bytes to evict.
-        bytes: u64,
-    },
-}
-
-impl CoreEvent {
-    /// The waiter a future is waiting on to see this event, if any.
-    pub(crate) fn resolves(&self) -> Option<WaiterId> {
-        match self {
-            CoreEvent::Admitted { waiter, .. } | CoreEvent::Failed { waiter, .. } => Some(*waiter),
-            _ => None,
-        }
-    }
-}
 
 /// Where a withdrawn request was when [`AdmissionCore::cancel`] removed it.
 #[derive(Debug, PartialEq, Eq)]
@@ -482,7 +405,7 @@ impl AdmissionCore {
     /// Quarantines `device` after a proven device-local fault and retargets
     /// the protection it held. Call [`schedule`](Self::schedule) next, so
     /// waiters left without a healthy device get their outcome.
-    pub(crate) fn quarantine(&mut self, device: DeviceOrdinal, code: u32) -> Vec<CoreEvent> {
+    pub(crate) fn quarantine(&mut self, device: DeviceOrdinal, code: u32) -> Vec<GpuEvent> {
         let mut events = Vec::new();
         let Some(ledger) = self.index(device).and_then(|i| self.ledgers.get_mut(i)) else {
             return events;
@@ -490,7 +413,7 @@ impl AdmissionCore {
         let was_healthy = ledger.health() == LedgerHealth::Healthy;
         let holder = ledger.quarantine(code);
         if was_healthy {
-            events.push(CoreEvent::Quarantined { device, code });
+            events.push(GpuEvent::Quarantined { device, code });
         }
         self.retarget(holder, device, &mut events);
         events
@@ -498,7 +421,7 @@ impl AdmissionCore {
 
     /// Marks `device` as having an evictor: when the oldest runnable waiter
     /// is blocked there only by evictable cache, scheduling asks for the
-    /// bytes it needs ([`CoreEvent::EvictionRequested`]).
+    /// bytes it needs ([`GpuEvent::EvictionRequested`]).
     pub(crate) fn enable_eviction(&mut self, device: DeviceOrdinal) {
         if let Some(slot) = self.index(device).and_then(|i| self.evictors.get_mut(i)) {
             slot.get_or_insert(0);
@@ -510,7 +433,7 @@ impl AdmissionCore {
     /// only bytes that evictable cache holds, asks that device (the one
     /// needing the fewest bytes, then the lowest ordinal) for exactly the
     /// missing bytes, less what it was asked for already.
-    fn request_eviction(&mut self, events: &mut Vec<CoreEvent>) {
+    fn request_eviction(&mut self, events: &mut Vec<GpuEvent>) {
         let barrier = self.pending.keys().next().copied().unwrap_or(u64::MAX);
         let Some((_, w)) = self.queued.range(..barrier).next() else {
             return;
@@ -549,7 +472,7 @@ impl AdmissionCore {
         let more = needed.saturating_sub(*asked);
         if more > 0 {
             *asked = asked.saturating_add(more);
-            events.push(CoreEvent::EvictionRequested {
+            events.push(GpuEvent::EvictionRequested {
                 device,
                 bytes: more,
             });
@@ -581,7 +504,7 @@ impl AdmissionCore {
     /// Closes every ledger (a fault whose isolation cannot be established):
     /// nothing new is issued anywhere, in-flight grants drain. Queued
     /// waiters fail at the next [`schedule`](Self::schedule).
-    pub(crate) fn close_ledgers(&mut self) -> Vec<CoreEvent> {
+    pub(crate) fn close_ledgers(&mut self) -> Vec<GpuEvent> {
         let mut events = Vec::new();
         for i in 0..self.ledgers.len() {
             let Some(ledger) = self.ledgers.get_mut(i) else {
@@ -589,7 +512,7 @@ impl AdmissionCore {
             };
             let device = ledger.device();
             if ledger.health() != LedgerHealth::Closed {
-                events.push(CoreEvent::LedgerClosed { device });
+                events.push(GpuEvent::LedgerClosed { device });
             }
             let holder = ledger.close();
             self.retarget(holder, device, &mut events);
@@ -601,7 +524,7 @@ impl AdmissionCore {
     /// fails with [`GpuAdmitError::Closed`], every ledger closes. Pending
     /// submissions fail when they try to [`resolve`](Self::resolve).
     /// In-flight grants drain normally.
-    pub(crate) fn close(&mut self) -> Vec<CoreEvent> {
+    pub(crate) fn close(&mut self) -> Vec<GpuEvent> {
         self.closed = true;
         let mut events = self.close_ledgers();
         for seq in std::mem::take(&mut self.queued).into_keys() {
@@ -609,9 +532,10 @@ impl AdmissionCore {
             // left to return.
             self.outcomes
                 .insert(seq, Outcome::Failed(GpuAdmitError::Closed));
-            events.push(CoreEvent::Failed {
+            events.push(GpuEvent::Removed {
                 waiter: WaiterId::new(seq),
                 error: GpuAdmitError::Closed,
+                released: None,
             });
         }
         events
@@ -625,7 +549,7 @@ impl AdmissionCore {
     pub(crate) fn schedule(
         &mut self,
         worker_depth: &dyn Fn(DeviceOrdinal) -> u64,
-    ) -> Vec<CoreEvent> {
+    ) -> Vec<GpuEvent> {
         let mut events = Vec::new();
         if self.closed {
             return events;
@@ -641,7 +565,7 @@ impl AdmissionCore {
                 .get(before..)
                 .unwrap_or_default()
                 .iter()
-                .any(|e| matches!(e, CoreEvent::ProtectionDropped { .. }));
+                .any(|e| matches!(e, GpuEvent::ProtectionDropped { .. }));
             if !dropped {
                 self.request_eviction(&mut events);
                 return events;
@@ -649,7 +573,7 @@ impl AdmissionCore {
         }
     }
 
-    fn pass(&mut self, worker_depth: &dyn Fn(DeviceOrdinal) -> u64, events: &mut Vec<CoreEvent>) {
+    fn pass(&mut self, worker_depth: &dyn Fn(DeviceOrdinal) -> u64, events: &mut Vec<GpuEvent>) {
         let barrier = self.pending.keys().next().copied().unwrap_or(u64::MAX);
         let order: Vec<u64> = self.queued.range(..barrier).map(|(seq, _)| *seq).collect();
         // Older waiters found blocked in this pass, oldest first.
@@ -724,10 +648,10 @@ impl AdmissionCore {
                 };
                 if let Some(p) = w.protected_on.filter(|p| *p != device) {
                     if self.unprotect(waiter, p) {
-                        events.push(CoreEvent::ProtectionDropped { waiter, device: p });
+                        events.push(GpuEvent::ProtectionDropped { waiter, device: p });
                     }
                 }
-                events.push(CoreEvent::Admitted {
+                events.push(GpuEvent::Admitted {
                     waiter,
                     device,
                     grant: grant.id(),
@@ -749,7 +673,7 @@ impl AdmissionCore {
         &mut self,
         blocked: &[u64],
         device: DeviceOrdinal,
-        events: &mut Vec<CoreEvent>,
+        events: &mut Vec<GpuEvent>,
     ) -> bool {
         let budget = self.bounds.overtake_budget();
         let due: Vec<u64> = blocked
@@ -916,21 +840,25 @@ impl AdmissionCore {
         })
     }
 
-    fn fail_unhealthy(&mut self, seq: u64, events: &mut Vec<CoreEvent>) {
+    fn fail_unhealthy(&mut self, seq: u64, events: &mut Vec<GpuEvent>) {
         let Some(w) = self.queued.remove(&seq) else {
             return;
         };
         let waiter = WaiterId::new(seq);
         if let Some(p) = w.protected_on {
             if self.unprotect(waiter, p) {
-                events.push(CoreEvent::ProtectionDropped { waiter, device: p });
+                events.push(GpuEvent::ProtectionDropped { waiter, device: p });
             }
         }
         let error = GpuAdmitError::NoHealthyDevice {
             devices: w.candidates,
         };
         self.outcomes.insert(seq, Outcome::Failed(error.clone()));
-        events.push(CoreEvent::Failed { waiter, error });
+        events.push(GpuEvent::Removed {
+            waiter,
+            error,
+            released: None,
+        });
     }
 
     /// Returns `waiter`'s protection on `device`; whether it held one.
@@ -944,7 +872,7 @@ impl AdmissionCore {
         &mut self,
         blocked: &[u64],
         device: DeviceOrdinal,
-        events: &mut Vec<CoreEvent>,
+        events: &mut Vec<GpuEvent>,
     ) {
         let budget = self.bounds.overtake_budget();
         for seq in blocked {
@@ -965,7 +893,7 @@ impl AdmissionCore {
 
     /// Protects a slot and bytes for waiter `seq` on its best compatible
     /// healthy ledger without a protection (see the module docs).
-    fn protect(&mut self, seq: u64, events: &mut Vec<CoreEvent>) {
+    fn protect(&mut self, seq: u64, events: &mut Vec<GpuEvent>) {
         let Some(w) = self.queued.get(&seq) else {
             return;
         };
@@ -999,7 +927,7 @@ impl AdmissionCore {
                 if let Some(w) = self.queued.get_mut(&seq) {
                     w.protected_on = Some(device);
                 }
-                events.push(CoreEvent::Protected {
+                events.push(GpuEvent::Protected {
                     waiter,
                     device,
                     target_bytes: report.target_bytes,
@@ -1017,12 +945,12 @@ impl AdmissionCore {
         &mut self,
         holder: Option<WaiterId>,
         device: DeviceOrdinal,
-        events: &mut Vec<CoreEvent>,
+        events: &mut Vec<GpuEvent>,
     ) {
         let Some(waiter) = holder else {
             return;
         };
-        events.push(CoreEvent::ProtectionDropped { waiter, device });
+        events.push(GpuEvent::ProtectionDropped { waiter, device });
         let budget = self.bounds.overtake_budget();
         let over = match self.queued.get_mut(&waiter.get()) {
             Some(w) => {

@@ -9,7 +9,8 @@ use proptest::prelude::*;
 use tokio::time::Instant;
 
 use crate::gpu::backend::DeviceOrdinal;
-use crate::gpu::scheduler::{AdmissionCore, CoreEvent};
+use crate::gpu::observe::GpuEvent;
+use crate::gpu::scheduler::AdmissionCore;
 use crate::gpu::{
     Decision, DeviceProfile, DeviceSet, GrantRequest, LedgerHealth, MemoryGrant, MemoryOwnership,
     QueueBounds, WaiterId,
@@ -161,7 +162,7 @@ proptest! {
             }
             events.extend(core.schedule(&no_depth));
             for event in &events {
-                if let CoreEvent::Admitted { waiter, grant_bytes, device, .. } = event {
+                if let GpuEvent::Admitted { waiter, grant_bytes, device, .. } = event {
                     prop_assert_eq!(
                         core.ledger(*device).unwrap().health(),
                         LedgerHealth::Healthy,

@@ -94,12 +94,12 @@ use super::envelope::{
 use super::guard::{Boundaries, GuardedBackend};
 use super::handle::QueryHandle;
 use super::ledger::{GrantRequest, LedgerError, LedgerHealth, LedgerReport, MemoryGrant, WaiterId};
-use super::observe::{Observation, ObservationKind};
+use super::observe::{GpuEvent, Observation};
 use super::outcome::GpuAdmitError;
 use super::placement::compatible_devices;
 use super::profile::{DeviceSet, QueueBounds};
 use super::proof::{CapabilityProof, IssuerId, ProofIssuer};
-use super::scheduler::{AdmissionCore, AdmissionSnapshot, CacheChange, CoreEvent, Withdrawn};
+use super::scheduler::{AdmissionCore, AdmissionSnapshot, CacheChange, Withdrawn};
 use super::worker::DeviceWorker;
 use crate::error::ConfigError;
 use crate::sync::{Mutex, StdArc};
@@ -587,7 +587,7 @@ impl QueryService {
         let reinstated = inner.transact(|core, recorder| {
             let reinstated = core.reinstate(device);
             if reinstated {
-                recorder.push(ObservationKind::Reinstated).device = Some(device.0);
+                recorder.record(&GpuEvent::Reinstated { device });
             }
             reinstated
         });
@@ -771,21 +771,20 @@ pub(crate) struct Recorder {
     records: Vec<Observation>,
     /// Core events the closure caused before the scheduling pass (a close,
     /// a quarantine): recorded and woken like the pass's own.
-    events: Vec<CoreEvent>,
+    events: Vec<GpuEvent>,
 }
 
 impl Recorder {
     /// Events the transaction's closure caused, to be recorded and woken
     /// with the scheduling pass's.
-    pub(crate) fn caused(&mut self, events: Vec<CoreEvent>) {
+    pub(crate) fn caused(&mut self, events: Vec<GpuEvent>) {
         self.events.extend(events);
     }
 
-    pub(crate) fn push(&mut self, kind: ObservationKind) -> &mut Observation {
+    /// Records `event`, in transaction order.
+    pub(crate) fn record(&mut self, event: &GpuEvent) {
         let elapsed = Instant::now().saturating_duration_since(self.epoch);
-        self.records.push(Observation::new(kind, elapsed));
-        let last = self.records.len().saturating_sub(1);
-        &mut self.records[last]
+        self.records.push(event.observation(elapsed));
     }
 }
 
@@ -824,8 +823,8 @@ impl Inner {
             let mut events = std::mem::take(&mut recorder.events);
             events.extend(state.core.schedule(&depth));
             for event in &events {
-                record_event(&mut recorder, event);
-                if let CoreEvent::EvictionRequested { device, bytes } = event {
+                recorder.record(event);
+                if let GpuEvent::EvictionRequested { device, bytes } = event {
                     evictions.push(EvictionRequest {
                         device: *device,
                         bytes: *bytes,
@@ -872,95 +871,31 @@ impl Inner {
 
     /// A handle exists: its whole envelope validated.
     fn observe_published(&self, waiter: WaiterId, device: DeviceOrdinal, grant_bytes: u64) {
-        self.observe_outside_transaction(ObservationKind::Published, |record| {
-            record.waiter = Some(waiter.get());
-            record.device = Some(device.0);
-            record.grant_bytes = Some(grant_bytes);
+        self.observe_outside_transaction(&GpuEvent::Published {
+            waiter,
+            device,
+            grant_bytes,
         });
     }
 
     fn observe_rejection(&self, waiter: Option<WaiterId>, error: &GpuAdmitError) {
-        self.observe_outside_transaction(ObservationKind::Rejected, |record| {
-            record.waiter = waiter.map(WaiterId::get);
-            set_error(record, error);
+        self.observe_outside_transaction(&GpuEvent::Rejected {
+            waiter,
+            error: error.clone(),
         });
     }
 
     /// Delivers one record of something that happened outside a
     /// transaction, with the queue's depth read now.
-    pub(crate) fn observe_outside_transaction(
-        &self,
-        kind: ObservationKind,
-        fill: impl FnOnce(&mut Observation),
-    ) {
+    pub(crate) fn observe_outside_transaction(&self, event: &GpuEvent) {
         let elapsed = Instant::now().saturating_duration_since(self.epoch);
-        let mut record = Observation::new(kind, elapsed);
-        fill(&mut record);
+        let mut record = event.observation(elapsed);
         {
             let state = self.state.lock();
             record.queue_depth = state.core.depth();
             record.pending_preflights = state.core.pending_preflights();
         }
         self.deliver(vec![record]);
-    }
-}
-
-pub(crate) fn set_error(record: &mut Observation, error: &GpuAdmitError) {
-    record.reason = Some(error.reason());
-    record.outcome = Some(error.outcome().name());
-    record.detail = Some(error.to_string());
-}
-
-pub(crate) fn record_event(recorder: &mut Recorder, event: &CoreEvent) {
-    match event {
-        CoreEvent::Admitted {
-            waiter,
-            device,
-            grant_bytes,
-            ..
-        } => {
-            let r = recorder.push(ObservationKind::Admitted);
-            r.waiter = Some(waiter.get());
-            r.device = Some(device.0);
-            r.grant_bytes = Some(*grant_bytes);
-        }
-        CoreEvent::Failed { waiter, error } => {
-            let r = recorder.push(ObservationKind::Removed);
-            r.waiter = Some(waiter.get());
-            set_error(r, error);
-        }
-        CoreEvent::Protected {
-            waiter,
-            device,
-            target_bytes,
-            overtakes,
-            ..
-        } => {
-            let r = recorder.push(ObservationKind::Protected);
-            r.waiter = Some(waiter.get());
-            r.device = Some(device.0);
-            r.grant_bytes = Some(*target_bytes);
-            r.overtakes = Some(*overtakes);
-        }
-        CoreEvent::ProtectionDropped { waiter, device } => {
-            let r = recorder.push(ObservationKind::ProtectionDropped);
-            r.waiter = Some(waiter.get());
-            r.device = Some(device.0);
-        }
-        CoreEvent::Quarantined { device, code } => {
-            let r = recorder.push(ObservationKind::Quarantined);
-            r.device = Some(device.0);
-            r.code = Some(*code);
-        }
-        CoreEvent::LedgerClosed { device } => {
-            let r = recorder.push(ObservationKind::LedgerClosed);
-            r.device = Some(device.0);
-        }
-        CoreEvent::EvictionRequested { device, bytes } => {
-            let r = recorder.push(ObservationKind::EvictionRequested);
-            r.device = Some(device.0);
-            r.grant_bytes = Some(*bytes);
-        }
     }
 }
 
@@ -989,9 +924,11 @@ impl AdmitGuard {
         self.inner.transact(|core, recorder| {
             let withdrawn = core.cancel(waiter);
             if !rejected && withdrawn.is_some() {
-                let r = recorder.push(ObservationKind::Removed);
-                r.waiter = Some(waiter.get());
-                set_error(r, &error);
+                recorder.record(&GpuEvent::Removed {
+                    waiter,
+                    error: error.clone(),
+                    released: None,
+                });
             }
         });
         if rejected {
@@ -1010,9 +947,11 @@ impl Drop for AdmitGuard {
                 self.inner.transact(|core, recorder| {
                     if let Some(withdrawn) = core.cancel(waiter) {
                         if !matches!(withdrawn, Withdrawn::Failed) {
-                            let r = recorder.push(ObservationKind::Removed);
-                            r.waiter = Some(waiter.get());
-                            set_error(r, &GpuAdmitError::Cancelled);
+                            recorder.record(&GpuEvent::Removed {
+                                waiter,
+                                error: GpuAdmitError::Cancelled,
+                                released: None,
+                            });
                         }
                     }
                 });
@@ -1050,8 +989,7 @@ async fn admit(ticket: AdmissionTicket) -> Result<QueryHandle, GpuAdmitError> {
     let reserved = inner.transact(|core, recorder| {
         let reserved = core.reserve(now);
         if let Ok(waiter) = &reserved {
-            let r = recorder.push(ObservationKind::Submitted);
-            r.waiter = Some(waiter.get());
+            recorder.record(&GpuEvent::Submitted { waiter: *waiter });
         }
         reserved
     });
@@ -1104,8 +1042,7 @@ async fn admit(ticket: AdmissionTicket) -> Result<QueryHandle, GpuAdmitError> {
     let resolved = inner.transact(|core, recorder| {
         let resolved = core.resolve(waiter, request, candidates);
         if resolved.is_ok() {
-            let r = recorder.push(ObservationKind::Queued);
-            r.waiter = Some(waiter.get());
+            recorder.record(&GpuEvent::Queued { waiter });
         }
         resolved
     });
@@ -1344,18 +1281,17 @@ pub(crate) async fn wait(
             },
             Err(error) => error,
         };
-        let outcome = inner.transact(|core, recorder| {
-            let outcome = match core.take_outcome(waiter) {
-                Some(outcome) => outcome,
-                None => {
-                    core.cancel(waiter);
-                    let r = recorder.push(ObservationKind::Removed);
-                    r.waiter = Some(waiter.get());
-                    set_error(r, &error);
-                    Err(error.clone())
-                }
-            };
-            outcome
+        let outcome = inner.transact(|core, recorder| match core.take_outcome(waiter) {
+            Some(outcome) => outcome,
+            None => {
+                core.cancel(waiter);
+                recorder.record(&GpuEvent::Removed {
+                    waiter,
+                    error: error.clone(),
+                    released: None,
+                });
+                Err(error)
+            }
         });
         inner.state.lock().wakers.remove(&waiter.get());
         Poll::Ready(outcome)
@@ -1370,6 +1306,7 @@ mod tests {
 
     use crate::gpu::backend::sim::{SimBackend, SimDevice};
     use crate::gpu::envelope::Disposition;
+    use crate::gpu::observe::ObservationKind;
     use crate::gpu::profile::{DeviceProfile, MemoryOwnership};
 
     const GIB: u64 = 1 << 30;
