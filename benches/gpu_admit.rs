@@ -9,29 +9,27 @@
 //!   oldest waiter onto the freed device, its grant is taken, and a new
 //!   waiter joins the tail (so the queue stays at 1,000).
 //!
-//! Run with `cargo bench --bench gpu_admit`.
+//! The core is crate-private; this benchmark reaches it through
+//! `admission::gpu::bench_internals`, which exists only with the
+//! `bench-internals` feature and is not part of the API. Run with
+//! `cargo bench --features bench-internals --bench gpu_admit`.
 
 use std::hint::black_box;
 use std::time::Duration;
 
 use admission::gpu::backend::DeviceOrdinal;
+use admission::gpu::bench_internals::CoreBench;
 use admission::gpu::{
-    AdmissionCore, DeviceProfile, DeviceSet, GrantRequest, MemoryGrant, MemoryOwnership,
-    QueueBounds, WaiterId,
+    DeviceProfile, DeviceSet, GrantRequest, MemoryGrant, MemoryOwnership, QueueBounds, WaiterId,
 };
 use criterion::{criterion_group, criterion_main, Criterion};
-use tokio::time::Instant;
 
 const GIB: u64 = 1 << 30;
 const DEVICES: u32 = 8;
 const WAITERS: usize = 1_000;
 
-fn no_depth(_: DeviceOrdinal) -> u64 {
-    0
-}
-
 /// Eight full devices (two 8 GiB attempts each) and 1,000 queued waiters.
-fn loaded() -> (AdmissionCore, Vec<MemoryGrant>, Vec<DeviceOrdinal>) {
+fn loaded() -> (CoreBench, Vec<MemoryGrant>, Vec<DeviceOrdinal>) {
     let ordinals: Vec<DeviceOrdinal> = (0..DEVICES).map(DeviceOrdinal).collect();
     let profiles = ordinals
         .iter()
@@ -50,11 +48,11 @@ fn loaded() -> (AdmissionCore, Vec<MemoryGrant>, Vec<DeviceOrdinal>) {
     let devices = DeviceSet::new(profiles, ownerships).expect("valid devices");
     let bounds =
         QueueBounds::new(WAITERS * 2, Duration::from_secs(60), 1_000_000).expect("valid bounds");
-    let mut core = AdmissionCore::new(&devices, bounds);
+    let mut core = CoreBench::new(&devices, bounds);
     let mut running = Vec::new();
     for _ in 0..(DEVICES * 2) {
         let waiter = submit(&mut core, &ordinals, Some(8 * GIB));
-        core.schedule(&no_depth);
+        core.schedule();
         let grant = core
             .take_outcome(waiter)
             .expect("room on an empty device")
@@ -64,20 +62,18 @@ fn loaded() -> (AdmissionCore, Vec<MemoryGrant>, Vec<DeviceOrdinal>) {
     for _ in 0..WAITERS {
         submit(&mut core, &ordinals, None);
     }
-    core.schedule(&no_depth);
+    core.schedule();
     assert_eq!(core.depth(), WAITERS, "every device is full");
     (core, running, ordinals)
 }
 
-fn submit(core: &mut AdmissionCore, devices: &[DeviceOrdinal], hint: Option<u64>) -> WaiterId {
-    let waiter = core.reserve(Instant::now()).expect("room in the queue");
+fn submit(core: &mut CoreBench, devices: &[DeviceOrdinal], hint: Option<u64>) -> WaiterId {
     let mut request = GrantRequest::resource_only(2 * GIB);
     if let Some(hint) = hint {
         request = request.with_working_set_hint(hint);
     }
-    core.resolve(waiter, request, devices.to_vec())
-        .expect("healthy devices");
-    waiter
+    core.submit(request, devices.to_vec())
+        .expect("room in the queue on healthy devices")
 }
 
 fn decision(c: &mut Criterion) {
@@ -85,7 +81,7 @@ fn decision(c: &mut Criterion) {
 
     let (mut core, _running, _) = loaded();
     group.bench_function("scan_1000_blocked", |b| {
-        b.iter(|| black_box(core.schedule(&no_depth)))
+        b.iter(|| black_box(core.schedule()))
     });
 
     let (mut core, mut running, ordinals) = loaded();
@@ -96,21 +92,15 @@ fn decision(c: &mut Criterion) {
             next = next.wrapping_add(1);
             let grant = running.swap_remove(i);
             core.release(grant).expect("issued here");
-            let events = core.schedule(&no_depth);
-            let admitted = events
-                .iter()
-                .find_map(|e| match e {
-                    admission::gpu::CoreEvent::Admitted { waiter, .. } => Some(*waiter),
-                    _ => None,
-                })
+            let admitted = core
+                .schedule()
                 .expect("the oldest waiter fits the freed slot");
             let grant = core
                 .take_outcome(admitted)
                 .expect("granted")
                 .expect("granted");
             running.push(grant);
-            submit(&mut core, &ordinals, None);
-            black_box(events)
+            black_box(submit(&mut core, &ordinals, None))
         })
     });
     group.finish();

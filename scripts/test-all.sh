@@ -24,7 +24,9 @@ done
 # Every feature except `gpu-tests`, whose tests need a CUDA device (run
 # them with scripts/gpu-check.sh on a GPU machine). `cuda` is built and its
 # no-driver path tested: the backend loads the driver at run time.
-FEATURES="--features tower,metrics,config,cuda,fjall"
+# `bench-internals` only lets benches/gpu_admit.rs (the GPU core, which is
+# crate-private) build, so its bench-smoke test runs here too.
+FEATURES="--features tower,metrics,config,cuda,fjall,bench-internals"
 
 step "format"
 cargo fmt --all -- --check

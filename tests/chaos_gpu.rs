@@ -15,7 +15,6 @@ use admission::gpu::backend::{
     ScopeId, StreamId,
 };
 use admission::gpu::envelope::BuildStep;
-use admission::gpu::ledger::DeviceLedger;
 use admission::gpu::{
     CacheChange, DeviceSet, GpuAdmitError, LedgerError, LedgerHealth, MemoryOwnership, Observation,
     ObservationKind, PreflightFuture, PreflightRequest, QueryService, QueueBounds,
@@ -63,26 +62,6 @@ async fn still_admits(rig: &Rig) {
     for r in rig.reports() {
         assert_eq!(r.health, LedgerHealth::Healthy, "{r:?}");
     }
-}
-
-#[test]
-fn an_overflowing_cache_charge_is_cache_cap_exceeded() {
-    let profile = admission::gpu::DeviceProfile::builder(dev(0))
-        .managed_capacity(16 * GIB)
-        .cache_cap(4 * GIB)
-        .build()
-        .unwrap();
-    let mut ledger = DeviceLedger::new(profile);
-    ledger.charge_cache(GIB).unwrap();
-    assert_eq!(
-        ledger.charge_cache(u64::MAX),
-        Err(LedgerError::CacheCapExceeded {
-            requested: u64::MAX,
-            resident: GIB,
-            cache_cap: 4 * GIB,
-        })
-    );
-    assert_eq!(ledger.report().cache_evictable_bytes, GIB);
 }
 
 #[tokio::test]
@@ -538,71 +517,6 @@ fn a_backend_panicking_in_its_inventory_is_a_service_error() {
             op: BackendOp::Inventory
         })
     );
-}
-
-#[test]
-fn absurd_profile_and_bounds_values_are_typed_errors_or_work() {
-    use admission::gpu::DeviceProfile;
-    let build = |capacity: u64, slots: u32| {
-        DeviceProfile::builder(dev(0))
-            .managed_capacity(capacity)
-            .max_active_attempts(slots)
-            .build()
-    };
-    assert!(build(0, 4).is_err());
-    assert!(build(GIB, 0).is_err());
-    // A capacity too small to give each of u32::MAX slots a byte.
-    assert!(build(GIB, u32::MAX).is_err());
-    assert!(DeviceProfile::builder(dev(0))
-        .managed_capacity(GIB)
-        .attempt_floor(u64::MAX)
-        .build()
-        .is_err());
-    assert!(DeviceProfile::builder(dev(0))
-        .managed_capacity(GIB)
-        .cache_cap(u64::MAX)
-        .build()
-        .is_err());
-    assert!(DeviceProfile::builder(dev(0))
-        .managed_capacity(GIB)
-        .backend_reserve(u64::MAX)
-        .build()
-        .is_err());
-    let huge = build(u64::MAX, u32::MAX).expect("every slot gets a floor");
-    assert_eq!(huge.managed_capacity(), u64::MAX);
-    let mut ledger = DeviceLedger::new(huge);
-    let report = ledger.report();
-    assert!(report.max_new_bytes.is_some());
-    let request = admission::gpu::GrantRequest::resource_only(0).with_working_set_hint(u64::MAX);
-    let grant = ledger.commit(&request).expect("an empty ledger admits");
-    assert!(ledger
-        .protect(admission::gpu::WaiterId::new(9), u64::MAX)
-        .is_err());
-    ledger
-        .protect(admission::gpu::WaiterId::new(9), 0)
-        .expect("a floor-sized protection");
-    ledger.release(grant).expect("issued here");
-    assert_eq!(
-        ledger.charge_cache(u64::MAX),
-        Err(LedgerError::CacheCapExceeded {
-            requested: u64::MAX,
-            resident: 0,
-            cache_cap: 0,
-        })
-    );
-    for change in [u64::MAX, 1] {
-        assert!(matches!(
-            ledger.evict_cache(change),
-            Err(LedgerError::CacheUnderflow { .. })
-        ));
-        assert!(ledger.pin_cache(change).is_err());
-        assert!(ledger.unpin_cache(change).is_err());
-    }
-
-    assert!(QueueBounds::new(0, Duration::from_secs(1), 0).is_err());
-    assert!(QueueBounds::new(1, Duration::ZERO, 0).is_err());
-    let bounds = QueueBounds::new(usize::MAX, Duration::MAX, u32::MAX).unwrap();
-    assert_eq!(bounds.max_wait(), Duration::MAX);
 }
 
 #[tokio::test]

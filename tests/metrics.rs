@@ -453,10 +453,11 @@ fn io_token_balances_are_gauges_per_class_infinite_while_unlimited() {
     assert_eq!(balances(&snapshotter.snapshot().into_vec()), expected);
 }
 
-#[test]
-fn a_gpu_ledger_report_becomes_gauges_per_device() {
+#[tokio::test]
+async fn a_gpu_ledger_report_becomes_gauges_per_device() {
+    use admission::gpu::backend::sim::{SimBackend, SimDevice};
     use admission::gpu::backend::DeviceOrdinal;
-    use admission::gpu::{DeviceLedger, DeviceProfile};
+    use admission::gpu::{DeviceProfile, DeviceSet, MemoryOwnership, QueryService, QueueBounds};
 
     let profile = DeviceProfile::builder(DeviceOrdinal(3))
         .managed_capacity(80_000_000_000)
@@ -464,7 +465,21 @@ fn a_gpu_ledger_report_becomes_gauges_per_device() {
         .cache_cap(16_000_000_000)
         .build()
         .unwrap();
-    let report = DeviceLedger::new(profile).report();
+    // A ledger is only reachable through a service (its constructor is
+    // crate-private): one over a simulated device with room for the profile.
+    let sim = std::sync::Arc::new(SimBackend::new([SimDevice::new(3, 96_000_000_000)]));
+    let devices = DeviceSet::new(
+        vec![profile],
+        vec![MemoryOwnership::exclusive(DeviceOrdinal(3))],
+    )
+    .unwrap();
+    let bounds = QueueBounds::new(4, std::time::Duration::from_secs(1), 0).unwrap();
+    let service = QueryService::builder(sim, devices, bounds).build().unwrap();
+    let report = service
+        .device_ledger_reports()
+        .into_iter()
+        .find(|r| r.device == DeviceOrdinal(3))
+        .expect("the one device's ledger");
     let recorder = DebuggingRecorder::new();
     let snapshotter = recorder.snapshotter();
     metrics::with_local_recorder(&recorder, || admission::export::record_gpu_ledger(&report));

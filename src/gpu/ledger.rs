@@ -5,7 +5,7 @@
 //! A [`DeviceLedger`] is plain data: integer counters over one device's
 //! managed capacity, with no lock of its own. The query service holds one
 //! mutex over every ledger and its queue, so one `&mut` call is one
-//! transaction: [`DeviceLedger::commit`] re-decides and takes the slot and
+//! transaction: `DeviceLedger::commit` re-decides and takes the slot and
 //! the bytes together, and nothing can slip in between a decision and its
 //! commit. Every sum and difference is checked or, where a sum is only
 //! compared with the capacity, saturating (past `u64::MAX` is past any
@@ -61,7 +61,7 @@
 //!
 //! # Protection
 //!
-//! A waiter whose overtake budget is spent [protects](DeviceLedger::protect)
+//! A waiter whose overtake budget is spent protects
 //! one future slot and bytes up to its floor on one ledger; one protection
 //! per ledger at a time. Accumulation is precise:
 //!
@@ -72,12 +72,12 @@
 //!   `capacity - live_grants - cache - protected_bytes - floor *
 //!   empty_unprotected_slots`: bytes no grant, cache charge or open-slot
 //!   headroom holds.
-//! * Every later [`release`](DeviceLedger::release) and cache
+//! * Every later `release` and cache
 //!   [eviction](DeviceLedger::evict_cache) tops the protection up from the
 //!   then-free bytes in the same call, before anybody else can decide, until
 //!   it reaches its target. Nothing else adds to it.
 //! * The holder's own request ([`GrantRequest::for_waiter`]) sees the
-//!   protected slot and bytes as available; its [`commit`](DeviceLedger::commit)
+//!   protected slot and bytes as available; its `commit`
 //!   consumes the protection in the same transaction.
 //! * [`unprotect`](DeviceLedger::unprotect) (cancel, deadline, retargeting)
 //!   returns the bytes; [`close`](DeviceLedger::close) and
@@ -92,7 +92,7 @@
 //!
 //! # Grants and draining
 //!
-//! A [`MemoryGrant`] is immutable and not `Clone`: [`release`](DeviceLedger::release)
+//! A [`MemoryGrant`] is immutable and not `Clone`: `release`
 //! consumes it, so a grant cannot be released twice. Release works in every
 //! health state, so in-flight grants of a quarantined or closed ledger drain
 //! normally; such a ledger issues nothing new (no grant, protection or
@@ -298,8 +298,8 @@ pub enum Decision {
     },
 }
 
-/// An immutable byte budget, issued by [`DeviceLedger::commit`] and returned
-/// by [`DeviceLedger::release`]. Not `Clone`: releasing consumes it.
+/// An immutable byte budget, issued by `DeviceLedger::commit` and returned
+/// by `DeviceLedger::release`. Not `Clone`: releasing consumes it.
 #[derive(Debug, PartialEq, Eq)]
 pub struct MemoryGrant {
     id: GrantId,
@@ -330,7 +330,7 @@ impl MemoryGrant {
     }
 }
 
-/// What [`DeviceLedger::release`] gave back.
+/// What `DeviceLedger::release` gave back.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ReleaseOutcome {
     /// The released grant.
@@ -581,6 +581,33 @@ struct Protection {
 }
 
 /// The per-device accounting authority. See the [module docs](self).
+///
+/// Only the query service's admission core owns ledgers: from outside the
+/// crate a ledger can be read (through
+/// [`QueryService::device_ledger_reports`](super::QueryService::device_ledger_reports)
+/// and placement) but neither created nor made to commit, release or
+/// protect bytes, so no caller can forge a grant or free bytes it was not
+/// granted.
+///
+/// ```compile_fail,E0624
+/// use admission::gpu::DeviceLedger;
+/// // Creating a ledger is crate-private: the service's core owns every one.
+/// let _ = DeviceLedger::new;
+/// ```
+///
+/// ```compile_fail,E0624
+/// use admission::gpu::{DeviceLedger, GrantRequest};
+/// fn forge(ledger: &mut DeviceLedger) {
+///     // Committing is crate-private: no bytes leave a ledger except to
+///     // a waiter the scheduler admitted.
+///     let _ = ledger.commit(&GrantRequest::resource_only(0));
+/// }
+/// ```
+///
+/// ```compile_fail,E0603
+/// // The core that owns the ledgers and the queue is crate-private too.
+/// use admission::gpu::scheduler::AdmissionCore;
+/// ```
 #[derive(Debug)]
 pub struct DeviceLedger {
     profile: DeviceProfile,
@@ -603,7 +630,7 @@ enum Room {
 
 impl DeviceLedger {
     /// An empty, healthy ledger over `profile`.
-    pub fn new(profile: DeviceProfile) -> Self {
+    pub(crate) fn new(profile: DeviceProfile) -> Self {
         DeviceLedger {
             profile,
             health: LedgerHealth::Healthy,
@@ -707,7 +734,7 @@ impl DeviceLedger {
     /// Re-decides `request` and, when admissible, takes its slot and grant
     /// in this one call; a protection the requesting waiter holds here is
     /// consumed in the same call.
-    pub fn commit(&mut self, request: &GrantRequest) -> Result<MemoryGrant, LedgerError> {
+    pub(crate) fn commit(&mut self, request: &GrantRequest) -> Result<MemoryGrant, LedgerError> {
         let grant_bytes = match self.decide(request) {
             Decision::Admit { grant_bytes } => grant_bytes,
             Decision::Later { reason } => return Err(LedgerError::Later(reason)),
@@ -741,7 +768,7 @@ impl DeviceLedger {
     /// Returns a grant's bytes and slot. Works in every health state, so
     /// in-flight grants drain from a quarantined or closed ledger. On a
     /// healthy ledger the freed bytes first top up a protection.
-    pub fn release(&mut self, grant: MemoryGrant) -> Result<ReleaseOutcome, ForeignGrant> {
+    pub(crate) fn release(&mut self, grant: MemoryGrant) -> Result<ReleaseOutcome, ForeignGrant> {
         let issued_here = grant.device == self.device()
             && self.grants.get(&grant.id.0).copied() == Some(grant.bytes);
         if !issued_here {
@@ -770,7 +797,7 @@ impl DeviceLedger {
     /// attempt floor) for `waiter`, claiming the bytes free now at once.
     /// One protection per ledger; refused on a quarantined or closed ledger
     /// and for a floor that can never fit.
-    pub fn protect(
+    pub(crate) fn protect(
         &mut self,
         waiter: WaiterId,
         floor: u64,
@@ -1047,3 +1074,7 @@ fn accounting_bug<T>(fallback: T) -> T {
     tracing::error!(target: "admission", "device ledger accounting invariant broken");
     fallback
 }
+
+#[cfg(all(test, not(loom)))]
+#[path = "ledger_tests.rs"]
+mod tests;

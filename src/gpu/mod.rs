@@ -266,6 +266,76 @@ pub mod device_checks {
     }
 }
 
+/// The synchronous admission core for `benches/gpu_admit.rs` only (feature
+/// `bench-internals`, which exists for that benchmark): it commits and
+/// releases ledger bytes without the service, which the crate's API
+/// otherwise never allows. Not part of the API; no stability promise.
+#[cfg(feature = "bench-internals")]
+#[doc(hidden)]
+pub mod bench_internals {
+    use super::backend::DeviceOrdinal;
+    use super::ledger::{ForeignGrant, GrantRequest, MemoryGrant, ReleaseOutcome, WaiterId};
+    use super::observe::GpuEvent;
+    use super::outcome::GpuAdmitError;
+    use super::profile::{DeviceSet, QueueBounds};
+    use super::scheduler::AdmissionCore;
+
+    /// The core as the service holds it under its lock, with no worker
+    /// depth (no backend runs).
+    #[derive(Debug)]
+    pub struct CoreBench {
+        core: AdmissionCore,
+    }
+
+    impl CoreBench {
+        /// One empty ledger per device and an empty queue.
+        pub fn new(devices: &DeviceSet, bounds: QueueBounds) -> Self {
+            CoreBench {
+                core: AdmissionCore::new(devices, bounds),
+            }
+        }
+
+        /// Queues `request` for `candidates`, as a submission does once
+        /// its proof is checked.
+        pub fn submit(
+            &mut self,
+            request: GrantRequest,
+            candidates: Vec<DeviceOrdinal>,
+        ) -> Result<WaiterId, GpuAdmitError> {
+            let waiter = self.core.reserve(tokio::time::Instant::now())?;
+            self.core.resolve(waiter, request, candidates)?;
+            Ok(waiter)
+        }
+
+        /// One scheduling pass; the first waiter it admitted, if any.
+        pub fn schedule(&mut self) -> Option<WaiterId> {
+            let events = self.core.schedule(&|_| 0);
+            events.iter().find_map(|event| match event {
+                GpuEvent::Admitted { waiter, .. } => Some(*waiter),
+                _ => None,
+            })
+        }
+
+        /// The grant or error a pass parked for `waiter`.
+        pub fn take_outcome(
+            &mut self,
+            waiter: WaiterId,
+        ) -> Option<Result<MemoryGrant, GpuAdmitError>> {
+            self.core.take_outcome(waiter)
+        }
+
+        /// Returns a grant to its ledger.
+        pub fn release(&mut self, grant: MemoryGrant) -> Result<ReleaseOutcome, ForeignGrant> {
+            self.core.release(grant)
+        }
+
+        /// Waiters queued or reserved.
+        pub fn depth(&self) -> usize {
+            self.core.depth()
+        }
+    }
+}
+
 #[cfg(feature = "config")]
 pub use config::{parse_byte_size, parse_device_selection, GpuConfig, DEVICES_ENV};
 pub use handle::{AttemptReport, QueryHandle};
@@ -287,9 +357,7 @@ pub use proof::{
     AllocationOwner, Capability, CapabilityProof, CapabilitySet, IssuerId, LoweringError,
     PhaseRequirement, PlanDescription, PlanFingerprint, ProofBinding, ProofIssuer,
 };
-pub use scheduler::{
-    AdmissionCore, AdmissionSnapshot, CacheChange, CoreEvent, DeviceSummary, WaiterSnapshot,
-};
+pub use scheduler::{AdmissionSnapshot, CacheChange, DeviceSummary, WaiterSnapshot};
 pub use service::{
     AdmissionTicket, EvictionRequest, PreflightFuture, PreflightRequest, QueryService,
     QueryServiceBuilder, ReinstateError, ServiceError,

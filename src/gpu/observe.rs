@@ -17,8 +17,22 @@
 //! `config` feature, [`jsonl_observer`] writes one JSON object per line;
 //! the authoritative current state remains
 //! [`QueryService::device_ledger_reports`](super::service::QueryService::device_ledger_reports).
+//!
+//! # One vocabulary
+//!
+//! The core's scheduling decisions and the service's own steps are one
+//! crate-private event type (`GpuEvent`): the core returns the events it
+//! caused, the service adds its own, and each becomes exactly one record
+//! through one projection (`GpuEvent::observation`), so no call site fills
+//! a record's fields by hand and a new event cannot be reported without a
+//! kind.
 
 use std::time::Duration;
+
+use super::backend::DeviceOrdinal;
+use super::envelope::Disposition;
+use super::ledger::{GrantId, WaiterId};
+use super::outcome::GpuAdmitError;
 
 /// What happened.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -86,6 +100,220 @@ impl ObservationKind {
     }
 }
 
+/// Something the GPU admission path did: a scheduling decision of the core
+/// (admitted, removed, protected, protection dropped, quarantined, ledger
+/// closed, eviction requested) or a step of the service around it. Each
+/// is reported as one [`Observation`]; the core's also wake the waiter
+/// they [resolve](Self::resolves).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum GpuEvent {
+    /// A submission reserved a pending slot and its sequence number.
+    Submitted { waiter: WaiterId },
+    /// A submission was refused without being queued.
+    Rejected {
+        waiter: Option<WaiterId>,
+        error: GpuAdmitError,
+    },
+    /// A submission resolved and joined the queue.
+    Queued { waiter: WaiterId },
+    /// A waiter was granted a slot and bytes on a device; its grant is
+    /// parked until the core's `take_outcome`.
+    Admitted {
+        waiter: WaiterId,
+        device: DeviceOrdinal,
+        grant: GrantId,
+        grant_bytes: u64,
+    },
+    /// A waiter left without a handle (no healthy device, close, cancel,
+    /// deadline); `released` is the grant it gave back, if it had taken one.
+    Removed {
+        waiter: WaiterId,
+        error: GpuAdmitError,
+        released: Option<(DeviceOrdinal, u64)>,
+    },
+    /// A waiter whose overtake budget is spent protected a slot and bytes
+    /// (up to `target_bytes`, `accumulated_bytes` at once) on a device.
+    Protected {
+        waiter: WaiterId,
+        device: DeviceOrdinal,
+        target_bytes: u64,
+        accumulated_bytes: u64,
+        overtakes: u32,
+    },
+    /// A waiter's protection was dropped (its device closed or was
+    /// quarantined, or the waiter was admitted elsewhere or left).
+    ProtectionDropped {
+        waiter: WaiterId,
+        device: DeviceOrdinal,
+    },
+    /// A grant's envelope could not be built; the grant was released.
+    EnvelopeFailed {
+        waiter: WaiterId,
+        device: DeviceOrdinal,
+        grant_bytes: u64,
+        error: GpuAdmitError,
+    },
+    /// A handle was published: its whole envelope validated.
+    Published {
+        waiter: WaiterId,
+        device: DeviceOrdinal,
+        grant_bytes: u64,
+    },
+    /// An attempt's report was sealed, before any resource was destroyed.
+    Sealed {
+        waiter: WaiterId,
+        device: DeviceOrdinal,
+        grant_bytes: u64,
+        disposition: Disposition,
+    },
+    /// An attempt's resources were destroyed and its grant released.
+    Released {
+        waiter: WaiterId,
+        device: DeviceOrdinal,
+        grant_bytes: u64,
+        disposition: Disposition,
+    },
+    /// A ledger was quarantined after a proven device-local fault.
+    Quarantined { device: DeviceOrdinal, code: u32 },
+    /// A ledger was closed (fault of unknown reach, or service close).
+    LedgerClosed { device: DeviceOrdinal },
+    /// An operator reinstated a quarantined device.
+    Reinstated { device: DeviceOrdinal },
+    /// The oldest runnable waiter is blocked on `device` only by evictable
+    /// cache: its registered evictor is asked for exactly these bytes (on
+    /// top of what it was asked for already and has not evicted yet).
+    EvictionRequested { device: DeviceOrdinal, bytes: u64 },
+}
+
+impl GpuEvent {
+    /// The waiter whose admit future is waiting to see this event, if any.
+    pub(crate) fn resolves(&self) -> Option<WaiterId> {
+        match self {
+            GpuEvent::Admitted { waiter, .. } | GpuEvent::Removed { waiter, .. } => Some(*waiter),
+            _ => None,
+        }
+    }
+
+    /// The kind of record this event is reported as.
+    pub(crate) fn kind(&self) -> ObservationKind {
+        match self {
+            GpuEvent::Submitted { .. } => ObservationKind::Submitted,
+            GpuEvent::Rejected { .. } => ObservationKind::Rejected,
+            GpuEvent::Queued { .. } => ObservationKind::Queued,
+            GpuEvent::Admitted { .. } => ObservationKind::Admitted,
+            GpuEvent::Removed { .. } => ObservationKind::Removed,
+            GpuEvent::Protected { .. } => ObservationKind::Protected,
+            GpuEvent::ProtectionDropped { .. } => ObservationKind::ProtectionDropped,
+            GpuEvent::EnvelopeFailed { .. } => ObservationKind::EnvelopeFailed,
+            GpuEvent::Published { .. } => ObservationKind::Published,
+            GpuEvent::Sealed { .. } => ObservationKind::Sealed,
+            GpuEvent::Released { .. } => ObservationKind::Released,
+            GpuEvent::Quarantined { .. } => ObservationKind::Quarantined,
+            GpuEvent::LedgerClosed { .. } => ObservationKind::LedgerClosed,
+            GpuEvent::Reinstated { .. } => ObservationKind::Reinstated,
+            GpuEvent::EvictionRequested { .. } => ObservationKind::EvictionRequested,
+        }
+    }
+
+    /// The one projection of an event onto a record, `elapsed` after the
+    /// service was built; the queue depth is stamped by the caller.
+    pub(crate) fn observation(&self, elapsed: Duration) -> Observation {
+        let mut r = Observation::new(self.kind(), elapsed);
+        match self {
+            GpuEvent::Submitted { waiter } | GpuEvent::Queued { waiter } => {
+                r.waiter = Some(waiter.get());
+            }
+            GpuEvent::Rejected { waiter, error } => {
+                r.waiter = waiter.map(WaiterId::get);
+                r.set_error(error);
+            }
+            GpuEvent::Admitted {
+                waiter,
+                device,
+                grant_bytes,
+                ..
+            }
+            | GpuEvent::Published {
+                waiter,
+                device,
+                grant_bytes,
+            } => {
+                r.waiter = Some(waiter.get());
+                r.device = Some(device.0);
+                r.grant_bytes = Some(*grant_bytes);
+            }
+            GpuEvent::Removed {
+                waiter,
+                error,
+                released,
+            } => {
+                r.waiter = Some(waiter.get());
+                if let Some((device, bytes)) = released {
+                    r.device = Some(device.0);
+                    r.grant_bytes = Some(*bytes);
+                }
+                r.set_error(error);
+            }
+            GpuEvent::EnvelopeFailed {
+                waiter,
+                device,
+                grant_bytes,
+                error,
+            } => {
+                r.waiter = Some(waiter.get());
+                r.device = Some(device.0);
+                r.grant_bytes = Some(*grant_bytes);
+                r.set_error(error);
+            }
+            GpuEvent::Protected {
+                waiter,
+                device,
+                target_bytes,
+                overtakes,
+                ..
+            } => {
+                r.waiter = Some(waiter.get());
+                r.device = Some(device.0);
+                r.grant_bytes = Some(*target_bytes);
+                r.overtakes = Some(*overtakes);
+            }
+            GpuEvent::ProtectionDropped { waiter, device } => {
+                r.waiter = Some(waiter.get());
+                r.device = Some(device.0);
+            }
+            GpuEvent::Sealed {
+                waiter,
+                device,
+                grant_bytes,
+                disposition,
+            }
+            | GpuEvent::Released {
+                waiter,
+                device,
+                grant_bytes,
+                disposition,
+            } => {
+                r.waiter = Some(waiter.get());
+                r.device = Some(device.0);
+                r.grant_bytes = Some(*grant_bytes);
+                r.detail = Some(format!("{disposition:?}"));
+            }
+            GpuEvent::Quarantined { device, code } => {
+                r.device = Some(device.0);
+                r.code = Some(*code);
+            }
+            GpuEvent::LedgerClosed { device } | GpuEvent::Reinstated { device } => {
+                r.device = Some(device.0);
+            }
+            GpuEvent::EvictionRequested { device, bytes } => {
+                r.device = Some(device.0);
+                r.grant_bytes = Some(*bytes);
+            }
+        }
+        r
+    }
+}
+
 /// One record of the admission lifecycle. Fields that do not apply to the
 /// kind are `None`.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -121,7 +349,7 @@ pub struct Observation {
 }
 
 impl Observation {
-    pub(crate) fn new(kind: ObservationKind, elapsed: Duration) -> Self {
+    fn new(kind: ObservationKind, elapsed: Duration) -> Self {
         Observation {
             elapsed_us: u64::try_from(elapsed.as_micros()).unwrap_or(u64::MAX),
             kind,
@@ -136,6 +364,12 @@ impl Observation {
             overtakes: None,
             detail: None,
         }
+    }
+
+    fn set_error(&mut self, error: &GpuAdmitError) {
+        self.reason = Some(error.reason());
+        self.outcome = Some(error.outcome().name());
+        self.detail = Some(error.to_string());
     }
 }
 

@@ -3,7 +3,7 @@
 //!
 //! # Why a plain struct
 //!
-//! [`AdmissionCore`] holds no lock, spawns nothing, calls no backend and never
+//! `AdmissionCore` holds no lock, spawns nothing, calls no backend and never
 //! awaits. The [`QueryService`](super::service::QueryService) keeps it behind
 //! its one mutex, so each `&mut self` call is one transaction over the queue
 //! and all the ledgers together: a decision and its commit cannot be split by
@@ -21,21 +21,21 @@
 //!       Closed                           no healthy device     the grant
 //! ```
 //!
-//! * [`reserve`](AdmissionCore::reserve) takes a FIFO sequence number and a
+//! * `reserve` takes a FIFO sequence number and a
 //!   pending slot before anything device-specific is known: the bound
 //!   `max_pending` counts pending and queued requests together, so a burst
 //!   of slow preflights cannot overflow it.
 //! * **Pending submissions are an ordering barrier**: no waiter younger than
 //!   the oldest pending submission is admitted, so a slow preflight is never
 //!   bypassed by younger work.
-//! * [`schedule`](AdmissionCore::schedule) scans the queue in sequence
+//! * `schedule` scans the queue in sequence
 //!   order and admits every waiter that some compatible ledger can take now,
 //!   on the device [`rank_devices`] ranks first. A waiter blocked on all its
 //!   devices is skipped, so it does not idle another device that can run
 //!   younger work.
 //! * A granted waiter's grant is parked until its future takes it; a future
 //!   dropped in between has the grant released by
-//!   [`cancel`](AdmissionCore::cancel), so nothing is lost.
+//!   `cancel`, so nothing is lost.
 //!
 //! # Overtaking and protection
 //!
@@ -43,7 +43,7 @@
 //! waiter could also use, the older waiter's overtake count rises. Once it
 //! reaches the queue's `overtake_budget` (at once for a budget of 0, before
 //! any younger admission on such a device), the older waiter
-//! [protects](DeviceLedger::protect) one future slot and released bytes up
+//! protects one future slot and released bytes up
 //! to its floor on one compatible healthy ledger that holds no other
 //! protection: the one with the fewest running attempts, then the most
 //! unclaimed bytes, then the lowest ordinal, so the protection completes
@@ -66,9 +66,10 @@ use tokio::time::Instant;
 
 use super::backend::DeviceOrdinal;
 use super::ledger::{
-    Decision, DeviceLedger, ForeignGrant, GrantId, GrantRequest, LaterReason, LedgerError,
-    LedgerHealth, LedgerReport, MemoryGrant, ReleaseOutcome, WaiterId,
+    Decision, DeviceLedger, ForeignGrant, GrantRequest, LaterReason, LedgerError, LedgerHealth,
+    LedgerReport, MemoryGrant, ReleaseOutcome, WaiterId,
 };
+use super::observe::GpuEvent;
 use super::outcome::GpuAdmitError;
 use crate::health::ComponentHealth;
 
@@ -89,88 +90,10 @@ pub enum CacheChange {
 use super::placement::{rank_devices, DeviceLoad};
 use super::profile::{DeviceSet, QueueBounds};
 
-/// Something the core did that the service reports or wakes a waiter for.
-#[derive(Clone, Debug, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum CoreEvent {
-    /// A waiter was granted a slot and bytes on a device; its grant is
-    /// parked until [`AdmissionCore::take_outcome`].
-    Admitted {
-        /// The waiter.
-        waiter: WaiterId,
-        /// The selected device.
-        device: DeviceOrdinal,
-        /// The grant's id on that device's ledger.
-        grant: GrantId,
-        /// The grant's bytes.
-        grant_bytes: u64,
-    },
-    /// A waiter left the queue with an error (no healthy device, close).
-    Failed {
-        /// The waiter.
-        waiter: WaiterId,
-        /// Why.
-        error: GpuAdmitError,
-    },
-    /// A waiter whose overtake budget is spent protected a slot and bytes
-    /// on a device.
-    Protected {
-        /// The waiter.
-        waiter: WaiterId,
-        /// The device holding the protection.
-        device: DeviceOrdinal,
-        /// The bytes the protection accumulates up to.
-        target_bytes: u64,
-        /// The bytes claimed at once.
-        accumulated_bytes: u64,
-        /// The waiter's overtake count.
-        overtakes: u32,
-    },
-    /// A waiter's protection was dropped (its device closed or was
-    /// quarantined, or the waiter was admitted elsewhere or left).
-    ProtectionDropped {
-        /// The waiter.
-        waiter: WaiterId,
-        /// The device that held it.
-        device: DeviceOrdinal,
-    },
-    /// A ledger was quarantined after a proven device-local fault.
-    Quarantined {
-        /// The device.
-        device: DeviceOrdinal,
-        /// The fault code.
-        code: u32,
-    },
-    /// A ledger was closed (fault of unknown reach, or service close).
-    LedgerClosed {
-        /// The device.
-        device: DeviceOrdinal,
-    },
-    /// The oldest runnable waiter is blocked on `device` only by evictable
-    /// cache: its registered evictor is asked for exactly these bytes (on
-    /// top of what it was asked for already and has not evicted yet).
-    EvictionRequested {
-        /// The device.
-        device: DeviceOrdinal,
-        /// The bytes to evict.
-        bytes: u64,
-    },
-}
-
-impl CoreEvent {
-    /// The waiter a future is waiting on to see this event, if any.
-    pub fn resolves(&self) -> Option<WaiterId> {
-        match self {
-            CoreEvent::Admitted { waiter, .. } | CoreEvent::Failed { waiter, .. } => Some(*waiter),
-            _ => None,
-        }
-    }
-}
-
 /// Where a withdrawn request was when [`AdmissionCore::cancel`] removed it.
 #[derive(Debug, PartialEq, Eq)]
 #[non_exhaustive]
-pub enum Withdrawn {
+pub(crate) enum Withdrawn {
     /// Reserved, its resolution (capabilities, preflights) not finished.
     Pending,
     /// Queued; the device its protection was dropped from, if it held one.
@@ -184,7 +107,9 @@ pub enum Withdrawn {
     Failed,
 }
 
-/// One queued waiter as [`AdmissionCore::snapshot`] shows it.
+/// One queued waiter as
+/// [`QueryService::admission_snapshot`](super::service::QueryService::admission_snapshot)
+/// shows it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct WaiterSnapshot {
@@ -205,7 +130,9 @@ pub struct WaiterSnapshot {
     pub phase_floor: u64,
 }
 
-/// One device as [`AdmissionCore::snapshot`] summarizes it.
+/// One device as
+/// [`QueryService::admission_snapshot`](super::service::QueryService::admission_snapshot)
+/// summarizes it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct DeviceSummary {
@@ -249,7 +176,7 @@ pub struct AdmissionSnapshot {
     /// The health of each component that calls user code (see the GPU
     /// module's failure model), filled in by
     /// [`QueryService::admission_snapshot`](super::service::QueryService::admission_snapshot);
-    /// empty from [`AdmissionCore::snapshot`], which calls none.
+    /// empty from `AdmissionCore::snapshot`, which calls none.
     pub health: Vec<ComponentHealth>,
 }
 
@@ -271,7 +198,7 @@ enum Outcome {
 /// The queue, the ledgers and the scheduler, as one plain value. See the
 /// [module documentation](self).
 #[derive(Debug)]
-pub struct AdmissionCore {
+pub(crate) struct AdmissionCore {
     ledgers: Vec<DeviceLedger>,
     bounds: QueueBounds,
     next_seq: u64,
@@ -290,7 +217,7 @@ pub struct AdmissionCore {
 
 impl AdmissionCore {
     /// One empty ledger per installed device and an empty queue.
-    pub fn new(devices: &DeviceSet, bounds: QueueBounds) -> Self {
+    pub(crate) fn new(devices: &DeviceSet, bounds: QueueBounds) -> Self {
         AdmissionCore {
             ledgers: devices
                 .profiles()
@@ -308,39 +235,34 @@ impl AdmissionCore {
     }
 
     /// The queue bounds.
-    pub fn bounds(&self) -> QueueBounds {
+    pub(crate) fn bounds(&self) -> QueueBounds {
         self.bounds
     }
 
-    /// Whether [`close`](Self::close) was called.
-    pub fn is_closed(&self) -> bool {
-        self.closed
-    }
-
     /// The ledger of `device`.
-    pub fn ledger(&self, device: DeviceOrdinal) -> Option<&DeviceLedger> {
+    pub(crate) fn ledger(&self, device: DeviceOrdinal) -> Option<&DeviceLedger> {
         self.index(device).and_then(|i| self.ledgers.get(i))
     }
 
     /// Every ledger's report, in ordinal order.
-    pub fn ledger_reports(&self) -> Vec<LedgerReport> {
+    pub(crate) fn ledger_reports(&self) -> Vec<LedgerReport> {
         self.ledgers.iter().map(DeviceLedger::report).collect()
     }
 
     /// Queued plus pending submissions: what `max_pending` bounds.
-    pub fn depth(&self) -> usize {
+    pub(crate) fn depth(&self) -> usize {
         self.pending.len().saturating_add(self.queued.len())
     }
 
     /// Submissions still resolving.
-    pub fn pending_preflights(&self) -> usize {
+    pub(crate) fn pending_preflights(&self) -> usize {
         self.pending.len()
     }
 
     /// Reserves a pending slot and the next FIFO sequence number. Refused
     /// at once when the service is closed or `max_pending` submissions are
     /// already pending or queued.
-    pub fn reserve(&mut self, now: Instant) -> Result<WaiterId, GpuAdmitError> {
+    pub(crate) fn reserve(&mut self, now: Instant) -> Result<WaiterId, GpuAdmitError> {
         if self.closed {
             return Err(GpuAdmitError::Closed);
         }
@@ -364,7 +286,7 @@ impl AdmissionCore {
     /// waiter ([`GrantRequest::for_waiter`]) here. Fails (and forgets the
     /// submission) when it was withdrawn, the service closed meanwhile, or
     /// none of `candidates` is healthy.
-    pub fn resolve(
+    pub(crate) fn resolve(
         &mut self,
         waiter: WaiterId,
         request: GrantRequest,
@@ -404,7 +326,10 @@ impl AdmissionCore {
 
     /// Takes the outcome of a waiter once the scheduler has granted or
     /// failed it; `None` while it is pending or queued.
-    pub fn take_outcome(&mut self, waiter: WaiterId) -> Option<Result<MemoryGrant, GpuAdmitError>> {
+    pub(crate) fn take_outcome(
+        &mut self,
+        waiter: WaiterId,
+    ) -> Option<Result<MemoryGrant, GpuAdmitError>> {
         self.outcomes.remove(&waiter.get()).map(|o| match o {
             Outcome::Granted(grant) => Ok(grant),
             Outcome::Failed(error) => Err(error),
@@ -414,7 +339,7 @@ impl AdmissionCore {
     /// Withdraws a waiter wherever it is (pending, queued, granted but not
     /// taken, failed): a protection it holds is returned and an untaken
     /// grant goes back to its ledger. `None` if the core does not know it.
-    pub fn cancel(&mut self, waiter: WaiterId) -> Option<Withdrawn> {
+    pub(crate) fn cancel(&mut self, waiter: WaiterId) -> Option<Withdrawn> {
         let seq = waiter.get();
         if self.pending.remove(&seq).is_some() {
             return Some(Withdrawn::Pending);
@@ -439,7 +364,7 @@ impl AdmissionCore {
 
     /// Returns a grant to the ledger that issued it (every health state:
     /// in-flight grants of a quarantined or closed ledger drain normally).
-    pub fn release(&mut self, grant: MemoryGrant) -> Result<ReleaseOutcome, ForeignGrant> {
+    pub(crate) fn release(&mut self, grant: MemoryGrant) -> Result<ReleaseOutcome, ForeignGrant> {
         match self.index(grant.device()) {
             Some(i) => match self.ledgers.get_mut(i) {
                 Some(ledger) => ledger.release(grant),
@@ -452,7 +377,7 @@ impl AdmissionCore {
     /// Applies a resident-cache change to `device`'s ledger. Call
     /// [`schedule`](Self::schedule) next: evicted bytes may admit waiters or
     /// top up a protection.
-    pub fn change_cache(
+    pub(crate) fn change_cache(
         &mut self,
         device: DeviceOrdinal,
         change: CacheChange,
@@ -480,7 +405,7 @@ impl AdmissionCore {
     /// Quarantines `device` after a proven device-local fault and retargets
     /// the protection it held. Call [`schedule`](Self::schedule) next, so
     /// waiters left without a healthy device get their outcome.
-    pub fn quarantine(&mut self, device: DeviceOrdinal, code: u32) -> Vec<CoreEvent> {
+    pub(crate) fn quarantine(&mut self, device: DeviceOrdinal, code: u32) -> Vec<GpuEvent> {
         let mut events = Vec::new();
         let Some(ledger) = self.index(device).and_then(|i| self.ledgers.get_mut(i)) else {
             return events;
@@ -488,7 +413,7 @@ impl AdmissionCore {
         let was_healthy = ledger.health() == LedgerHealth::Healthy;
         let holder = ledger.quarantine(code);
         if was_healthy {
-            events.push(CoreEvent::Quarantined { device, code });
+            events.push(GpuEvent::Quarantined { device, code });
         }
         self.retarget(holder, device, &mut events);
         events
@@ -496,7 +421,7 @@ impl AdmissionCore {
 
     /// Marks `device` as having an evictor: when the oldest runnable waiter
     /// is blocked there only by evictable cache, scheduling asks for the
-    /// bytes it needs ([`CoreEvent::EvictionRequested`]).
+    /// bytes it needs ([`GpuEvent::EvictionRequested`]).
     pub(crate) fn enable_eviction(&mut self, device: DeviceOrdinal) {
         if let Some(slot) = self.index(device).and_then(|i| self.evictors.get_mut(i)) {
             slot.get_or_insert(0);
@@ -508,7 +433,7 @@ impl AdmissionCore {
     /// only bytes that evictable cache holds, asks that device (the one
     /// needing the fewest bytes, then the lowest ordinal) for exactly the
     /// missing bytes, less what it was asked for already.
-    fn request_eviction(&mut self, events: &mut Vec<CoreEvent>) {
+    fn request_eviction(&mut self, events: &mut Vec<GpuEvent>) {
         let barrier = self.pending.keys().next().copied().unwrap_or(u64::MAX);
         let Some((_, w)) = self.queued.range(..barrier).next() else {
             return;
@@ -547,7 +472,7 @@ impl AdmissionCore {
         let more = needed.saturating_sub(*asked);
         if more > 0 {
             *asked = asked.saturating_add(more);
-            events.push(CoreEvent::EvictionRequested {
+            events.push(GpuEvent::EvictionRequested {
                 device,
                 bytes: more,
             });
@@ -579,7 +504,7 @@ impl AdmissionCore {
     /// Closes every ledger (a fault whose isolation cannot be established):
     /// nothing new is issued anywhere, in-flight grants drain. Queued
     /// waiters fail at the next [`schedule`](Self::schedule).
-    pub fn close_ledgers(&mut self) -> Vec<CoreEvent> {
+    pub(crate) fn close_ledgers(&mut self) -> Vec<GpuEvent> {
         let mut events = Vec::new();
         for i in 0..self.ledgers.len() {
             let Some(ledger) = self.ledgers.get_mut(i) else {
@@ -587,7 +512,7 @@ impl AdmissionCore {
             };
             let device = ledger.device();
             if ledger.health() != LedgerHealth::Closed {
-                events.push(CoreEvent::LedgerClosed { device });
+                events.push(GpuEvent::LedgerClosed { device });
             }
             let holder = ledger.close();
             self.retarget(holder, device, &mut events);
@@ -599,7 +524,7 @@ impl AdmissionCore {
     /// fails with [`GpuAdmitError::Closed`], every ledger closes. Pending
     /// submissions fail when they try to [`resolve`](Self::resolve).
     /// In-flight grants drain normally.
-    pub fn close(&mut self) -> Vec<CoreEvent> {
+    pub(crate) fn close(&mut self) -> Vec<GpuEvent> {
         self.closed = true;
         let mut events = self.close_ledgers();
         for seq in std::mem::take(&mut self.queued).into_keys() {
@@ -607,9 +532,10 @@ impl AdmissionCore {
             // left to return.
             self.outcomes
                 .insert(seq, Outcome::Failed(GpuAdmitError::Closed));
-            events.push(CoreEvent::Failed {
+            events.push(GpuEvent::Removed {
                 waiter: WaiterId::new(seq),
                 error: GpuAdmitError::Closed,
+                released: None,
             });
         }
         events
@@ -620,7 +546,10 @@ impl AdmissionCore {
     /// counts overtakes and protects overtaken waiters; fails waiters with
     /// no healthy device left. `worker_depth` reports each device worker's
     /// queued jobs, a ranking input.
-    pub fn schedule(&mut self, worker_depth: &dyn Fn(DeviceOrdinal) -> u64) -> Vec<CoreEvent> {
+    pub(crate) fn schedule(
+        &mut self,
+        worker_depth: &dyn Fn(DeviceOrdinal) -> u64,
+    ) -> Vec<GpuEvent> {
         let mut events = Vec::new();
         if self.closed {
             return events;
@@ -636,7 +565,7 @@ impl AdmissionCore {
                 .get(before..)
                 .unwrap_or_default()
                 .iter()
-                .any(|e| matches!(e, CoreEvent::ProtectionDropped { .. }));
+                .any(|e| matches!(e, GpuEvent::ProtectionDropped { .. }));
             if !dropped {
                 self.request_eviction(&mut events);
                 return events;
@@ -644,7 +573,7 @@ impl AdmissionCore {
         }
     }
 
-    fn pass(&mut self, worker_depth: &dyn Fn(DeviceOrdinal) -> u64, events: &mut Vec<CoreEvent>) {
+    fn pass(&mut self, worker_depth: &dyn Fn(DeviceOrdinal) -> u64, events: &mut Vec<GpuEvent>) {
         let barrier = self.pending.keys().next().copied().unwrap_or(u64::MAX);
         let order: Vec<u64> = self.queued.range(..barrier).map(|(seq, _)| *seq).collect();
         // Older waiters found blocked in this pass, oldest first.
@@ -719,10 +648,10 @@ impl AdmissionCore {
                 };
                 if let Some(p) = w.protected_on.filter(|p| *p != device) {
                     if self.unprotect(waiter, p) {
-                        events.push(CoreEvent::ProtectionDropped { waiter, device: p });
+                        events.push(GpuEvent::ProtectionDropped { waiter, device: p });
                     }
                 }
-                events.push(CoreEvent::Admitted {
+                events.push(GpuEvent::Admitted {
                     waiter,
                     device,
                     grant: grant.id(),
@@ -744,7 +673,7 @@ impl AdmissionCore {
         &mut self,
         blocked: &[u64],
         device: DeviceOrdinal,
-        events: &mut Vec<CoreEvent>,
+        events: &mut Vec<GpuEvent>,
     ) -> bool {
         let budget = self.bounds.overtake_budget();
         let due: Vec<u64> = blocked
@@ -802,7 +731,7 @@ impl AdmissionCore {
     }
 
     /// A view of the queue and devices at `now`.
-    pub fn snapshot(
+    pub(crate) fn snapshot(
         &self,
         now: Instant,
         worker_depth: &dyn Fn(DeviceOrdinal) -> u64,
@@ -911,21 +840,25 @@ impl AdmissionCore {
         })
     }
 
-    fn fail_unhealthy(&mut self, seq: u64, events: &mut Vec<CoreEvent>) {
+    fn fail_unhealthy(&mut self, seq: u64, events: &mut Vec<GpuEvent>) {
         let Some(w) = self.queued.remove(&seq) else {
             return;
         };
         let waiter = WaiterId::new(seq);
         if let Some(p) = w.protected_on {
             if self.unprotect(waiter, p) {
-                events.push(CoreEvent::ProtectionDropped { waiter, device: p });
+                events.push(GpuEvent::ProtectionDropped { waiter, device: p });
             }
         }
         let error = GpuAdmitError::NoHealthyDevice {
             devices: w.candidates,
         };
         self.outcomes.insert(seq, Outcome::Failed(error.clone()));
-        events.push(CoreEvent::Failed { waiter, error });
+        events.push(GpuEvent::Removed {
+            waiter,
+            error,
+            released: None,
+        });
     }
 
     /// Returns `waiter`'s protection on `device`; whether it held one.
@@ -939,7 +872,7 @@ impl AdmissionCore {
         &mut self,
         blocked: &[u64],
         device: DeviceOrdinal,
-        events: &mut Vec<CoreEvent>,
+        events: &mut Vec<GpuEvent>,
     ) {
         let budget = self.bounds.overtake_budget();
         for seq in blocked {
@@ -960,7 +893,7 @@ impl AdmissionCore {
 
     /// Protects a slot and bytes for waiter `seq` on its best compatible
     /// healthy ledger without a protection (see the module docs).
-    fn protect(&mut self, seq: u64, events: &mut Vec<CoreEvent>) {
+    fn protect(&mut self, seq: u64, events: &mut Vec<GpuEvent>) {
         let Some(w) = self.queued.get(&seq) else {
             return;
         };
@@ -994,7 +927,7 @@ impl AdmissionCore {
                 if let Some(w) = self.queued.get_mut(&seq) {
                     w.protected_on = Some(device);
                 }
-                events.push(CoreEvent::Protected {
+                events.push(GpuEvent::Protected {
                     waiter,
                     device,
                     target_bytes: report.target_bytes,
@@ -1012,12 +945,12 @@ impl AdmissionCore {
         &mut self,
         holder: Option<WaiterId>,
         device: DeviceOrdinal,
-        events: &mut Vec<CoreEvent>,
+        events: &mut Vec<GpuEvent>,
     ) {
         let Some(waiter) = holder else {
             return;
         };
-        events.push(CoreEvent::ProtectionDropped { waiter, device });
+        events.push(GpuEvent::ProtectionDropped { waiter, device });
         let budget = self.bounds.overtake_budget();
         let over = match self.queued.get_mut(&waiter.get()) {
             Some(w) => {
@@ -1121,3 +1054,7 @@ mod tests {
         }
     }
 }
+
+#[cfg(all(test, not(loom)))]
+#[path = "scheduler_tests.rs"]
+mod core_properties;

@@ -22,7 +22,7 @@
 //!
 //! # One lock, never across an await
 //!
-//! Every ledger and the queue live in one [`AdmissionCore`] behind one
+//! Every ledger and the queue live in one `AdmissionCore` behind one
 //! mutex. The lock is held for plain arithmetic only: no `.await`, no
 //! backend call and no observer call happens under it. Wakers of waiters
 //! resolved by a transaction are collected under the lock and woken after
@@ -61,16 +61,19 @@
 //! work. The order is the seed's; see the table in [`super::handle`]. Every
 //! path that returns a grant (a parked one on cancel, an unpublished one
 //! after a failed or unreceived build, a published one after its teardown)
-//! is in `release.rs`, under a table of who releases when.
+//! is in `release.rs`, under a table of who releases when, and so is the
+//! admit future that holds a grant between them (`admit`, its guard and
+//! `wait`): this file keeps the service, its builder, the ticket and the
+//! one transaction (`transact`).
 //!
 //! # Faults
 //!
 //! The seed's rule ([`proven_isolation`](super::envelope::proven_isolation)):
 //! a fault that a stream synchronization reported as
-//! [`FaultIsolation::Device`] quarantines that ledger; any other fault
+//! [`FaultIsolation::Device`](super::backend::FaultIsolation::Device) quarantines that ledger; any other fault
 //! (a sticky code on a create, close or destroy, whose reach nothing
 //! proved), an abandoned clean-up or a gone worker is
-//! [`FaultIsolation::Unknown`] and closes every ledger. An operator may
+//! [`FaultIsolation::Unknown`](super::backend::FaultIsolation::Unknown) and closes every ledger. An operator may
 //! [`reinstate`](QueryService::reinstate) a quarantined device after a
 //! reset, once a health probe passes (beyond the seed, which requires a
 //! restart); a closed ledger stays closed. In-flight grants of a quarantined or closed ledger
@@ -81,25 +84,21 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
-use std::future::{poll_fn, Future};
+use std::future::Future;
 use std::pin::Pin;
-use std::task::{Poll, Waker};
+use std::task::Waker;
 
-use tokio::time::{Instant, Sleep};
+use tokio::time::Instant;
 
-use super::backend::{BackendError, BackendOp, DeviceOrdinal, FaultIsolation, SharedBackend};
-use super::envelope::{
-    AdmissionEnvelope, AttemptBounds, BuildError, EnvelopeSpec, TeardownCallback, TeardownReport,
-};
+use super::backend::{BackendError, BackendOp, DeviceOrdinal, SharedBackend};
 use super::guard::{Boundaries, GuardedBackend};
 use super::handle::QueryHandle;
-use super::ledger::{GrantRequest, LedgerError, LedgerHealth, LedgerReport, MemoryGrant, WaiterId};
-use super::observe::{Observation, ObservationKind};
+use super::ledger::{GrantRequest, LedgerError, LedgerHealth, LedgerReport, WaiterId};
+use super::observe::{GpuEvent, Observation};
 use super::outcome::GpuAdmitError;
-use super::placement::compatible_devices;
 use super::profile::{DeviceSet, QueueBounds};
 use super::proof::{CapabilityProof, IssuerId, ProofIssuer};
-use super::scheduler::{AdmissionCore, AdmissionSnapshot, CacheChange, CoreEvent, Withdrawn};
+use super::scheduler::{AdmissionCore, AdmissionSnapshot, CacheChange};
 use super::worker::DeviceWorker;
 use crate::error::ConfigError;
 use crate::sync::{Mutex, StdArc};
@@ -109,7 +108,8 @@ use crate::sync::{Mutex, StdArc};
 /// then rejected, never queued).
 pub type PreflightFuture = Pin<Box<dyn Future<Output = Result<(), String>> + Send + 'static>>;
 
-type PreflightHook = dyn Fn(&PreflightRequest) -> PreflightFuture + Send + Sync + 'static;
+pub(crate) type PreflightHook =
+    dyn Fn(&PreflightRequest) -> PreflightFuture + Send + Sync + 'static;
 type ObserverHook = dyn Fn(&Observation) + Send + Sync + 'static;
 type EvictorHook = dyn Fn(&EvictionRequest) + Send + Sync + 'static;
 
@@ -587,7 +587,7 @@ impl QueryService {
         let reinstated = inner.transact(|core, recorder| {
             let reinstated = core.reinstate(device);
             if reinstated {
-                recorder.push(ObservationKind::Reinstated).device = Some(device.0);
+                recorder.record(&GpuEvent::Reinstated { device });
             }
             reinstated
         });
@@ -681,10 +681,10 @@ impl QueryService {
 /// service, nothing reserved. [`admit`](Self::admit) submits it.
 #[derive(Debug)]
 pub struct AdmissionTicket {
-    inner: StdArc<Inner>,
-    proof: Option<CapabilityProof>,
-    request: GrantRequest,
-    deadline: Option<Instant>,
+    pub(crate) inner: StdArc<Inner>,
+    pub(crate) proof: Option<CapabilityProof>,
+    pub(crate) request: GrantRequest,
+    pub(crate) deadline: Option<Instant>,
 }
 
 impl AdmissionTicket {
@@ -732,27 +732,27 @@ impl AdmissionTicket {
     pub fn admit(
         self,
     ) -> impl Future<Output = Result<QueryHandle, GpuAdmitError>> + Send + 'static {
-        admit(self)
+        super::release::admit(self)
     }
 }
 
 pub(crate) struct State {
     pub(crate) core: AdmissionCore,
-    wakers: HashMap<u64, Waker>,
+    pub(crate) wakers: HashMap<u64, Waker>,
 }
 
 pub(crate) struct Inner {
-    backend: SharedBackend,
-    devices: DeviceSet,
+    pub(crate) backend: SharedBackend,
+    pub(crate) devices: DeviceSet,
     /// The id of the one issuer whose proofs tickets accept; the issuer
     /// itself went to the engine (`build_with_issuer`).
     issuer: IssuerId,
-    workers: BTreeMap<DeviceOrdinal, StdArc<DeviceWorker>>,
+    pub(crate) workers: BTreeMap<DeviceOrdinal, StdArc<DeviceWorker>>,
     pub(crate) state: Mutex<State>,
-    preflight: Option<Box<PreflightHook>>,
+    pub(crate) preflight: Option<Box<PreflightHook>>,
     observer: Option<Box<ObserverHook>>,
     evictors: BTreeMap<DeviceOrdinal, Box<EvictorHook>>,
-    boundaries: Boundaries,
+    pub(crate) boundaries: Boundaries,
     epoch: Instant,
 }
 
@@ -771,21 +771,20 @@ pub(crate) struct Recorder {
     records: Vec<Observation>,
     /// Core events the closure caused before the scheduling pass (a close,
     /// a quarantine): recorded and woken like the pass's own.
-    events: Vec<CoreEvent>,
+    events: Vec<GpuEvent>,
 }
 
 impl Recorder {
     /// Events the transaction's closure caused, to be recorded and woken
     /// with the scheduling pass's.
-    pub(crate) fn caused(&mut self, events: Vec<CoreEvent>) {
+    pub(crate) fn caused(&mut self, events: Vec<GpuEvent>) {
         self.events.extend(events);
     }
 
-    pub(crate) fn push(&mut self, kind: ObservationKind) -> &mut Observation {
+    /// Records `event`, in transaction order.
+    pub(crate) fn record(&mut self, event: &GpuEvent) {
         let elapsed = Instant::now().saturating_duration_since(self.epoch);
-        self.records.push(Observation::new(kind, elapsed));
-        let last = self.records.len().saturating_sub(1);
-        &mut self.records[last]
+        self.records.push(event.observation(elapsed));
     }
 }
 
@@ -824,8 +823,8 @@ impl Inner {
             let mut events = std::mem::take(&mut recorder.events);
             events.extend(state.core.schedule(&depth));
             for event in &events {
-                record_event(&mut recorder, event);
-                if let CoreEvent::EvictionRequested { device, bytes } = event {
+                recorder.record(event);
+                if let GpuEvent::EvictionRequested { device, bytes } = event {
                     evictions.push(EvictionRequest {
                         device: *device,
                         bytes: *bytes,
@@ -871,31 +870,31 @@ impl Inner {
     }
 
     /// A handle exists: its whole envelope validated.
-    fn observe_published(&self, waiter: WaiterId, device: DeviceOrdinal, grant_bytes: u64) {
-        self.observe_outside_transaction(ObservationKind::Published, |record| {
-            record.waiter = Some(waiter.get());
-            record.device = Some(device.0);
-            record.grant_bytes = Some(grant_bytes);
+    pub(crate) fn observe_published(
+        &self,
+        waiter: WaiterId,
+        device: DeviceOrdinal,
+        grant_bytes: u64,
+    ) {
+        self.observe_outside_transaction(&GpuEvent::Published {
+            waiter,
+            device,
+            grant_bytes,
         });
     }
 
-    fn observe_rejection(&self, waiter: Option<WaiterId>, error: &GpuAdmitError) {
-        self.observe_outside_transaction(ObservationKind::Rejected, |record| {
-            record.waiter = waiter.map(WaiterId::get);
-            set_error(record, error);
+    pub(crate) fn observe_rejection(&self, waiter: Option<WaiterId>, error: &GpuAdmitError) {
+        self.observe_outside_transaction(&GpuEvent::Rejected {
+            waiter,
+            error: error.clone(),
         });
     }
 
     /// Delivers one record of something that happened outside a
     /// transaction, with the queue's depth read now.
-    pub(crate) fn observe_outside_transaction(
-        &self,
-        kind: ObservationKind,
-        fill: impl FnOnce(&mut Observation),
-    ) {
+    pub(crate) fn observe_outside_transaction(&self, event: &GpuEvent) {
         let elapsed = Instant::now().saturating_duration_since(self.epoch);
-        let mut record = Observation::new(kind, elapsed);
-        fill(&mut record);
+        let mut record = event.observation(elapsed);
         {
             let state = self.state.lock();
             record.queue_depth = state.core.depth();
@@ -905,464 +904,6 @@ impl Inner {
     }
 }
 
-pub(crate) fn set_error(record: &mut Observation, error: &GpuAdmitError) {
-    record.reason = Some(error.reason());
-    record.outcome = Some(error.outcome().name());
-    record.detail = Some(error.to_string());
-}
-
-pub(crate) fn record_event(recorder: &mut Recorder, event: &CoreEvent) {
-    match event {
-        CoreEvent::Admitted {
-            waiter,
-            device,
-            grant_bytes,
-            ..
-        } => {
-            let r = recorder.push(ObservationKind::Admitted);
-            r.waiter = Some(waiter.get());
-            r.device = Some(device.0);
-            r.grant_bytes = Some(*grant_bytes);
-        }
-        CoreEvent::Failed { waiter, error } => {
-            let r = recorder.push(ObservationKind::Removed);
-            r.waiter = Some(waiter.get());
-            set_error(r, error);
-        }
-        CoreEvent::Protected {
-            waiter,
-            device,
-            target_bytes,
-            overtakes,
-            ..
-        } => {
-            let r = recorder.push(ObservationKind::Protected);
-            r.waiter = Some(waiter.get());
-            r.device = Some(device.0);
-            r.grant_bytes = Some(*target_bytes);
-            r.overtakes = Some(*overtakes);
-        }
-        CoreEvent::ProtectionDropped { waiter, device } => {
-            let r = recorder.push(ObservationKind::ProtectionDropped);
-            r.waiter = Some(waiter.get());
-            r.device = Some(device.0);
-        }
-        CoreEvent::Quarantined { device, code } => {
-            let r = recorder.push(ObservationKind::Quarantined);
-            r.device = Some(device.0);
-            r.code = Some(*code);
-        }
-        CoreEvent::LedgerClosed { device } => {
-            let r = recorder.push(ObservationKind::LedgerClosed);
-            r.device = Some(device.0);
-        }
-        CoreEvent::EvictionRequested { device, bytes } => {
-            let r = recorder.push(ObservationKind::EvictionRequested);
-            r.device = Some(device.0);
-            r.grant_bytes = Some(*bytes);
-        }
-    }
-}
-
-/// What the admit future holds, and what its guard undoes on drop.
-enum Stage {
-    /// Pending, queued, or granted but not yet taken: withdraw it.
-    Waiting,
-    /// Grant taken, envelope building: the build answers for the grant
-    /// (see `AdmissionEnvelope::build_with`), nothing is left to the guard.
-    Building,
-    /// Nothing left to undo.
-    Done,
-}
-
-struct AdmitGuard {
-    inner: StdArc<Inner>,
-    waiter: WaiterId,
-    stage: Stage,
-}
-
-impl AdmitGuard {
-    /// Ends the submission with `error`: withdraws whatever the core holds.
-    fn fail(&mut self, error: GpuAdmitError, rejected: bool) -> GpuAdmitError {
-        let waiter = self.waiter;
-        self.stage = Stage::Done;
-        self.inner.transact(|core, recorder| {
-            let withdrawn = core.cancel(waiter);
-            if !rejected && withdrawn.is_some() {
-                let r = recorder.push(ObservationKind::Removed);
-                r.waiter = Some(waiter.get());
-                set_error(r, &error);
-            }
-        });
-        if rejected {
-            self.inner.observe_rejection(Some(waiter), &error);
-        }
-        error
-    }
-}
-
-impl Drop for AdmitGuard {
-    fn drop(&mut self) {
-        match std::mem::replace(&mut self.stage, Stage::Done) {
-            Stage::Done => {}
-            Stage::Waiting => {
-                let waiter = self.waiter;
-                self.inner.transact(|core, recorder| {
-                    if let Some(withdrawn) = core.cancel(waiter) {
-                        if !matches!(withdrawn, Withdrawn::Failed) {
-                            let r = recorder.push(ObservationKind::Removed);
-                            r.waiter = Some(waiter.get());
-                            set_error(r, &GpuAdmitError::Cancelled);
-                        }
-                    }
-                });
-                self.inner.state.lock().wakers.remove(&waiter.get());
-            }
-            // The build future answers for the grant: its job, or the
-            // outcome it sent that nobody received, rolls the envelope back
-            // on the worker and only then returns the grant.
-            Stage::Building => {}
-        }
-    }
-}
-
-async fn admit(ticket: AdmissionTicket) -> Result<QueryHandle, GpuAdmitError> {
-    let AdmissionTicket {
-        inner,
-        proof,
-        request,
-        deadline,
-    } = ticket;
-    let now = Instant::now();
-    let max_wait = inner.state.lock().core.bounds().max_wait();
-    let queue_deadline = now.checked_add(max_wait);
-    let deadline = match (deadline, queue_deadline) {
-        (Some(own), Some(queue)) => Some(own.min(queue)),
-        (own, queue) => own.or(queue),
-    };
-    if deadline.is_some_and(|d| d <= now) {
-        let error = GpuAdmitError::DeadlinePassed;
-        inner.observe_rejection(None, &error);
-        return Err(error);
-    }
-
-    // 1. A pending slot and a FIFO sequence, before anything else.
-    let reserved = inner.transact(|core, recorder| {
-        let reserved = core.reserve(now);
-        if let Ok(waiter) = &reserved {
-            let r = recorder.push(ObservationKind::Submitted);
-            r.waiter = Some(waiter.get());
-        }
-        reserved
-    });
-    let waiter = match reserved {
-        Ok(waiter) => waiter,
-        Err(error) => {
-            inner.observe_rejection(None, &error);
-            return Err(error);
-        }
-    };
-    let mut guard = AdmitGuard {
-        inner: inner.clone(),
-        waiter,
-        stage: Stage::Waiting,
-    };
-
-    // 2. Resolution outside the lock: capabilities, the floor, preflights.
-    let candidates = match compatible_devices(&request, inner.devices.profiles()) {
-        Ok(candidates) => candidates,
-        Err(error) => return Err(guard.fail(error, true)),
-    };
-    if let Some(preflight) = &inner.preflight {
-        for device in &candidates {
-            let request = PreflightRequest {
-                waiter,
-                device: *device,
-                proof: proof.clone(),
-            };
-            match run_preflight(&inner, preflight, &request, deadline).await {
-                Preflight::Passed => {}
-                Preflight::Failed(message) => {
-                    let error = GpuAdmitError::PreflightFailed {
-                        device: Some(*device),
-                        message,
-                    };
-                    return Err(guard.fail(error, true));
-                }
-                Preflight::Expired => {
-                    let error = GpuAdmitError::DeadlineExceeded {
-                        waited: Instant::now().saturating_duration_since(now),
-                    };
-                    return Err(guard.fail(error, false));
-                }
-                Preflight::NoTimer(error) => return Err(guard.fail(error, true)),
-            }
-        }
-    }
-
-    // 3. Into the queue; the scheduling pass may admit it at once.
-    let resolved = inner.transact(|core, recorder| {
-        let resolved = core.resolve(waiter, request, candidates);
-        if resolved.is_ok() {
-            let r = recorder.push(ObservationKind::Queued);
-            r.waiter = Some(waiter.get());
-        }
-        resolved
-    });
-    if let Err(error) = resolved {
-        return Err(guard.fail(error, true));
-    }
-
-    // 4. Wait for the scheduler's outcome or the deadline.
-    let grant = match wait(&inner, waiter, deadline, now).await {
-        Ok(grant) => grant,
-        Err(error) => {
-            guard.stage = Stage::Done;
-            return Err(error);
-        }
-    };
-    let waited = Instant::now().saturating_duration_since(now);
-
-    // 5. The envelope, outside the lock. From here the grant sits in a
-    // slot shared with the build's duty: whichever of the two ends the
-    // build (this future receiving its outcome, or the rollback of an
-    // outcome nobody received) takes it, and only once.
-    let device = grant.device();
-    let grant_bytes = grant.bytes();
-    let slot = StdArc::new(Mutex::new(Some(grant)));
-    let (Some(profile), Some(worker)) = (inner.devices.profile(device), inner.workers.get(&device))
-    else {
-        // The core only grants on installed devices; refuse rather than
-        // build on an unknown one.
-        let error = GpuAdmitError::EnvelopeInvalid {
-            message: format!("{device} has no profile or worker"),
-        };
-        guard.stage = Stage::Done;
-        if let Some(grant) = slot.lock().take() {
-            inner.release_unpublished(grant, waiter, None, Some(&error));
-        }
-        return Err(error);
-    };
-    let spec = EnvelopeSpec {
-        device,
-        grant_bytes,
-        bounds: AttemptBounds {
-            max_streams: profile.streams_per_attempt(),
-            max_workers: profile.workers_per_attempt(),
-            max_lanes: profile.lanes_per_attempt(),
-            source_work_allowance: profile.source_work_allowance(),
-        },
-        report_sink: None,
-    };
-    let on_unreceived: TeardownCallback = {
-        let (inner, slot) = (inner.clone(), slot.clone());
-        Box::new(move |report: &TeardownReport| {
-            let grant = slot.lock().take();
-            if let Some(grant) = grant {
-                let isolation = report
-                    .fault_isolation()
-                    .map(|isolation| (isolation, super::release::fault_code(report)));
-                inner.release_unpublished(grant, waiter, isolation, None);
-            }
-        })
-    };
-    guard.stage = Stage::Building;
-    let built = AdmissionEnvelope::build_with(
-        inner.backend.clone(),
-        worker.clone(),
-        spec,
-        Some(on_unreceived),
-    )
-    .await;
-    guard.stage = Stage::Done;
-    let grant = slot.lock().take();
-    match (built, grant) {
-        (Ok(envelope), Some(grant)) => {
-            let handle =
-                super::release::publish(inner.clone(), envelope, grant, waiter, proof, waited);
-            inner.observe_published(waiter, device, grant_bytes);
-            Ok(handle)
-        }
-        (Err(build_error), Some(grant)) => {
-            let (error, isolation) = build_failure(device, &build_error);
-            inner.release_unpublished(grant, waiter, isolation, Some(&error));
-            Err(error)
-        }
-        // The duty answered already: the build job was dropped unrun (the
-        // worker is gone) and the grant went back as an abandoned clean-up.
-        (Err(build_error), None) => Err(build_failure(device, &build_error).0),
-        // A received outcome disarms the duty before anything can take the
-        // grant; refuse rather than publish a handle without one.
-        (Ok(envelope), None) => {
-            drop(envelope);
-            Err(GpuAdmitError::EnvelopeInvalid {
-                message: format!("the grant of {waiter} on {device} was already returned"),
-            })
-        }
-    }
-}
-
-/// The admission error of a failed build, and the fault to isolate.
-fn build_failure(
-    device: DeviceOrdinal,
-    error: &BuildError,
-) -> (GpuAdmitError, Option<(FaultIsolation, u32)>) {
-    let code = match error {
-        BuildError::Step {
-            error, rollback, ..
-        } => std::iter::once(error)
-            .chain(rollback.errors())
-            .find_map(|e| match e {
-                BackendError::Fault { code, .. } => Some(*code),
-                _ => None,
-            })
-            .unwrap_or(0),
-        _ => 0,
-    };
-    let isolation = error.fault().map(|i| (i, code));
-    let admit_error = match error {
-        BuildError::Step { step, error, .. } => GpuAdmitError::EnvelopeStepFailed {
-            step: step.op(),
-            error: error.clone(),
-        },
-        BuildError::WorkerGone(_) => GpuAdmitError::WorkerGone { device },
-        // No driver code: the build job itself panicked part-way.
-        BuildError::Interrupted { .. } => GpuAdmitError::DeviceFault { device, code: 0 },
-        BuildError::InvalidBounds { .. } | BuildError::WrongWorker { .. } => {
-            GpuAdmitError::EnvelopeInvalid {
-                message: error.to_string(),
-            }
-        }
-    };
-    (admit_error, isolation)
-}
-
-/// How one candidate's preflight ended.
-enum Preflight {
-    Passed,
-    /// The hook said no, or panicked (when called, polled or dropped).
-    Failed(String),
-    /// The deadline came first.
-    Expired,
-    /// It had to wait for a deadline, and there is no timer to keep it.
-    NoTimer(GpuAdmitError),
-}
-
-/// Runs the preflight hook for one candidate behind the `gpu_preflight`
-/// boundary: the call that makes the future, every poll of it, and its
-/// drop. A panic anywhere is that candidate's failed preflight, so the
-/// caller withdraws the reservation like any other rejection.
-async fn run_preflight(
-    inner: &Inner,
-    preflight: &PreflightHook,
-    request: &PreflightRequest,
-    deadline: Option<Instant>,
-) -> Preflight {
-    let boundary = &inner.boundaries.preflight;
-    let panicked = || {
-        Preflight::Failed(format!(
-            "the preflight panicked ({} in a row; see the gpu_preflight health)",
-            boundary.consecutive_panics()
-        ))
-    };
-    let Some(mut check) = boundary.call(|| preflight(request)) else {
-        return panicked();
-    };
-    let mut timer = None;
-    let outcome = poll_fn(|cx| {
-        match boundary.call(|| check.as_mut().poll(cx)) {
-            Some(Poll::Ready(Ok(()))) => return Poll::Ready(Preflight::Passed),
-            Some(Poll::Ready(Err(message))) => return Poll::Ready(Preflight::Failed(message)),
-            Some(Poll::Pending) => {}
-            None => return Poll::Ready(panicked()),
-        }
-        match poll_deadline(&mut timer, deadline, cx) {
-            Ok(false) => Poll::Pending,
-            Ok(true) => Poll::Ready(Preflight::Expired),
-            Err(error) => Poll::Ready(Preflight::NoTimer(error)),
-        }
-    })
-    .await;
-    // The future is user code down to its destructor.
-    if boundary.call(move || drop(check)).is_none() {
-        return panicked();
-    }
-    outcome
-}
-
-/// Polls the timer of `deadline`, creating it on the first call: whether
-/// the deadline has passed (`false` without a deadline). The timer is made
-/// only when a wait is really needed, so admissions that never wait work on
-/// any runtime; one that must wait on a runtime without a time driver gets
-/// [`GpuAdmitError::TimerUnavailable`] instead of tokio's panic.
-fn poll_deadline(
-    timer: &mut Option<Pin<Box<Sleep>>>,
-    deadline: Option<Instant>,
-    cx: &mut std::task::Context<'_>,
-) -> Result<bool, GpuAdmitError> {
-    let Some(deadline) = deadline else {
-        return Ok(false);
-    };
-    let timer = match timer {
-        Some(timer) => timer,
-        None => timer.insert(start_timer(deadline)?),
-    };
-    Ok(timer.as_mut().poll(cx).is_ready())
-}
-
-/// A tokio timer for `deadline`, or the typed error for a task that is not
-/// on a runtime with timers (see `crate::timer`).
-fn start_timer(deadline: Instant) -> Result<Pin<Box<Sleep>>, GpuAdmitError> {
-    crate::timer::sleep_until(deadline)
-        .map(Box::pin)
-        .ok_or(GpuAdmitError::TimerUnavailable)
-}
-
-/// Waits for the waiter's outcome; at the deadline (or when a deadline
-/// cannot be kept), withdraws it unless the outcome arrived first (checked
-/// in the same transaction).
-pub(crate) async fn wait(
-    inner: &StdArc<Inner>,
-    waiter: WaiterId,
-    deadline: Option<Instant>,
-    submitted: Instant,
-) -> Result<MemoryGrant, GpuAdmitError> {
-    let mut timer = None;
-    poll_fn(|cx| {
-        {
-            let mut state = inner.state.lock();
-            if let Some(outcome) = state.core.take_outcome(waiter) {
-                state.wakers.remove(&waiter.get());
-                return Poll::Ready(outcome);
-            }
-            state.wakers.insert(waiter.get(), cx.waker().clone());
-        }
-        let error = match poll_deadline(&mut timer, deadline, cx) {
-            Ok(false) => return Poll::Pending,
-            Ok(true) => GpuAdmitError::DeadlineExceeded {
-                waited: Instant::now().saturating_duration_since(submitted),
-            },
-            Err(error) => error,
-        };
-        let outcome = inner.transact(|core, recorder| {
-            let outcome = match core.take_outcome(waiter) {
-                Some(outcome) => outcome,
-                None => {
-                    core.cancel(waiter);
-                    let r = recorder.push(ObservationKind::Removed);
-                    r.waiter = Some(waiter.get());
-                    set_error(r, &error);
-                    Err(error.clone())
-                }
-            };
-            outcome
-        });
-        inner.state.lock().wakers.remove(&waiter.get());
-        Poll::Ready(outcome)
-    })
-    .await
-}
-
 #[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
@@ -1370,6 +911,7 @@ mod tests {
 
     use crate::gpu::backend::sim::{SimBackend, SimDevice};
     use crate::gpu::envelope::Disposition;
+    use crate::gpu::observe::ObservationKind;
     use crate::gpu::profile::{DeviceProfile, MemoryOwnership};
 
     const GIB: u64 = 1 << 30;

@@ -11,9 +11,11 @@ use std::time::Duration;
 
 use super::model;
 use crate::gpu::backend::DeviceOrdinal;
+use crate::gpu::observe::GpuEvent;
+use crate::gpu::scheduler::AdmissionCore;
 use crate::gpu::{
-    AdmissionCore, CoreEvent, DeviceProfile, DeviceSet, GrantRequest, LedgerReport, MemoryGrant,
-    MemoryOwnership, QueueBounds, WaiterId,
+    DeviceProfile, DeviceSet, GrantRequest, LedgerReport, MemoryGrant, MemoryOwnership,
+    QueueBounds, WaiterId,
 };
 use loom::sync::{Arc, Mutex};
 use loom::thread;
@@ -182,7 +184,7 @@ pub fn a_younger_waiter_never_takes_a_protected_slot_or_bytes() {
             let events = c.schedule(&no_depth);
             assert!(events.iter().any(|e| matches!(
                 e,
-                CoreEvent::Protected { waiter, .. } if *waiter == old
+                GpuEvent::Protected { waiter, .. } if *waiter == old
             )));
             let young_grant = c.take_outcome(young).expect("admitted").expect("granted");
             check(&c);
@@ -211,7 +213,7 @@ pub fn a_younger_waiter_never_takes_a_protected_slot_or_bytes() {
                 let admitted_self = events.iter().any(|e| {
                     matches!(
                         e,
-                        CoreEvent::Admitted { waiter: w, .. } if *w == waiter
+                        GpuEvent::Admitted { waiter: w, .. } if *w == waiter
                     )
                 });
                 if admitted_self {
@@ -221,7 +223,7 @@ pub fn a_younger_waiter_never_takes_a_protected_slot_or_bytes() {
                         protection.is_none()
                             || events.iter().any(|e| matches!(
                                 e,
-                                CoreEvent::Admitted { waiter: w, .. } if *w == old
+                                GpuEvent::Admitted { waiter: w, .. } if *w == old
                             )),
                         "{before:?} {events:?}"
                     );

@@ -13,7 +13,8 @@ use loom::thread;
 
 use super::model;
 use crate::gpu::backend::DeviceOrdinal;
-use crate::gpu::service::{wait, QueryService};
+use crate::gpu::release::wait;
+use crate::gpu::service::QueryService;
 use crate::gpu::{
     DeviceProfile, DeviceSet, GrantRequest, MemoryGrant, MemoryOwnership, QueueBounds, WaiterId,
 };

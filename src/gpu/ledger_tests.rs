@@ -1,11 +1,13 @@
 //! The device ledger, profiles, proofs, placement and outcomes: the seed's
-//! arithmetic as tables, protection and health as scenarios, and the
-//! conservation invariants as a property test.
+//! arithmetic as tables, protection and health as scenarios, absurd values
+//! at every ledger and profile setter, and the conservation invariants as a
+//! property test. In the crate because the ledger's mutators (`new`,
+//! `commit`, `release`, `protect`) are crate-private.
 
 use std::time::Duration;
 
-use admission::gpu::backend::{BackendError, BackendOp, DeviceOrdinal};
-use admission::gpu::{
+use crate::gpu::backend::{BackendError, BackendOp, DeviceOrdinal};
+use crate::gpu::{
     compatible_devices, rank_devices, AllocationOwner, Capability, CapabilitySet, Decision,
     DeviceLedger, DeviceLoad, DeviceProfile, DeviceSet, GpuAdmitError, GrantRequest, LaterReason,
     LedgerError, LedgerHealth, LoweringError, MemoryGrant, MemoryOwnership, NeverReason,
@@ -443,7 +445,7 @@ fn a_grant_from_another_ledger_is_handed_back_unreleased() {
 #[test]
 fn every_profile_validation_error_names_its_field() {
     let base = || DeviceProfile::builder(dev(1)).managed_capacity(80 * GB);
-    let cases: Vec<(&str, Result<DeviceProfile, admission::ConfigError>)> = vec![
+    let cases: Vec<(&str, Result<DeviceProfile, crate::ConfigError>)> = vec![
         ("managed_capacity", DeviceProfile::builder(dev(1)).build()),
         ("managed_capacity", base().managed_capacity(0).build()),
         ("max_active_attempts", base().max_active_attempts(0).build()),
@@ -487,7 +489,7 @@ fn a_device_set_needs_exactly_one_ownership_per_profile() {
             .build()
             .expect("valid")
     };
-    let cases: Vec<(&str, Result<DeviceSet, admission::ConfigError>)> = vec![
+    let cases: Vec<(&str, Result<DeviceSet, crate::ConfigError>)> = vec![
         ("device_profiles", DeviceSet::new(vec![], vec![])),
         (
             "device_profiles",
@@ -547,7 +549,7 @@ fn a_device_set_needs_exactly_one_ownership_per_profile() {
     assert_eq!(set.profile(dev(2)).map(|p| p.ordinal()), Some(dev(2)));
     assert_eq!(
         set.ownership(dev(2)).map(|o| o.mode()),
-        Some(admission::gpu::OwnershipMode::Shared {
+        Some(crate::gpu::OwnershipMode::Shared {
             external_bytes: 2 * GB
         })
     );
@@ -1111,4 +1113,91 @@ proptest! {
         );
         prop_assert_eq!(r.protection, None);
     }
+}
+
+// ---------------------------------------------------------------------------
+// Absurd values at the ledger's setters (from the GPU chaos suite).
+
+const GIB: u64 = 1 << 30;
+
+#[test]
+fn an_overflowing_cache_charge_is_cache_cap_exceeded() {
+    let profile = DeviceProfile::builder(dev(0))
+        .managed_capacity(16 * GIB)
+        .cache_cap(4 * GIB)
+        .build()
+        .unwrap();
+    let mut ledger = DeviceLedger::new(profile);
+    ledger.charge_cache(GIB).unwrap();
+    assert_eq!(
+        ledger.charge_cache(u64::MAX),
+        Err(LedgerError::CacheCapExceeded {
+            requested: u64::MAX,
+            resident: GIB,
+            cache_cap: 4 * GIB,
+        })
+    );
+    assert_eq!(ledger.report().cache_evictable_bytes, GIB);
+}
+
+#[test]
+fn absurd_profile_and_bounds_values_are_typed_errors_or_work() {
+    let build = |capacity: u64, slots: u32| {
+        DeviceProfile::builder(dev(0))
+            .managed_capacity(capacity)
+            .max_active_attempts(slots)
+            .build()
+    };
+    assert!(build(0, 4).is_err());
+    assert!(build(GIB, 0).is_err());
+    // A capacity too small to give each of u32::MAX slots a byte.
+    assert!(build(GIB, u32::MAX).is_err());
+    assert!(DeviceProfile::builder(dev(0))
+        .managed_capacity(GIB)
+        .attempt_floor(u64::MAX)
+        .build()
+        .is_err());
+    assert!(DeviceProfile::builder(dev(0))
+        .managed_capacity(GIB)
+        .cache_cap(u64::MAX)
+        .build()
+        .is_err());
+    assert!(DeviceProfile::builder(dev(0))
+        .managed_capacity(GIB)
+        .backend_reserve(u64::MAX)
+        .build()
+        .is_err());
+    let huge = build(u64::MAX, u32::MAX).expect("every slot gets a floor");
+    assert_eq!(huge.managed_capacity(), u64::MAX);
+    let mut ledger = DeviceLedger::new(huge);
+    let report = ledger.report();
+    assert!(report.max_new_bytes.is_some());
+    let request = GrantRequest::resource_only(0).with_working_set_hint(u64::MAX);
+    let grant = ledger.commit(&request).expect("an empty ledger admits");
+    assert!(ledger.protect(WaiterId::new(9), u64::MAX).is_err());
+    ledger
+        .protect(WaiterId::new(9), 0)
+        .expect("a floor-sized protection");
+    ledger.release(grant).expect("issued here");
+    assert_eq!(
+        ledger.charge_cache(u64::MAX),
+        Err(LedgerError::CacheCapExceeded {
+            requested: u64::MAX,
+            resident: 0,
+            cache_cap: 0,
+        })
+    );
+    for change in [u64::MAX, 1] {
+        assert!(matches!(
+            ledger.evict_cache(change),
+            Err(LedgerError::CacheUnderflow { .. })
+        ));
+        assert!(ledger.pin_cache(change).is_err());
+        assert!(ledger.unpin_cache(change).is_err());
+    }
+
+    assert!(QueueBounds::new(0, Duration::from_secs(1), 0).is_err());
+    assert!(QueueBounds::new(1, Duration::ZERO, 0).is_err());
+    let bounds = QueueBounds::new(usize::MAX, Duration::MAX, u32::MAX).unwrap();
+    assert_eq!(bounds.max_wait(), Duration::MAX);
 }
