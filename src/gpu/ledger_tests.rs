@@ -7,12 +7,12 @@
 use std::time::Duration;
 
 use crate::gpu::backend::{BackendError, BackendOp, DeviceOrdinal};
+use crate::gpu::placement::{compatible_devices, rank_devices, DeviceLoad};
 use crate::gpu::{
-    compatible_devices, rank_devices, AllocationOwner, Capability, CapabilitySet, Decision,
-    DeviceLedger, DeviceLoad, DeviceProfile, DeviceSet, GpuAdmitError, GrantRequest, LaterReason,
-    LedgerError, LedgerHealth, LoweringError, MemoryGrant, MemoryOwnership, NeverReason,
-    PhaseRequirement, PlanDescription, PlanFingerprint, ProofIssuer, QueryAdmissionOutcome,
-    QueueBounds, WaiterId,
+    AllocationOwner, Capability, CapabilitySet, Decision, DeviceLedger, DeviceProfile, DeviceSet,
+    GpuAdmitError, GrantRequest, LaterReason, LedgerError, LedgerHealth, LoweringError,
+    MemoryGrant, MemoryOwnership, NeverReason, PhaseRequirement, PlanDescription, PlanFingerprint,
+    ProofIssuer, QueryAdmissionOutcome, QueueBounds, WaiterId,
 };
 use proptest::prelude::*;
 

@@ -206,7 +206,7 @@
 pub mod config;
 pub mod ledger;
 pub mod outcome;
-pub mod placement;
+pub(crate) mod placement;
 pub mod profile;
 pub mod proof;
 
@@ -349,7 +349,6 @@ pub use ledger::{
 pub use observe::jsonl_observer;
 pub use observe::{Observation, ObservationKind};
 pub use outcome::{GpuAdmitError, QueryAdmissionOutcome};
-pub use placement::{compatible_devices, rank_devices, DeviceLoad, RankedDevice};
 pub use profile::{
     DeviceProfile, DeviceProfileBuilder, DeviceSet, MemoryOwnership, OwnershipMode, QueueBounds,
 };

@@ -35,7 +35,7 @@ use super::profile::DeviceProfile;
 
 /// The service's view of a device's execution load, an input to ranking.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct DeviceLoad {
+pub(crate) struct DeviceLoad {
     /// Work queued on the device's worker thread.
     pub worker_depth: u32,
     /// Streams the device can still hand out.
@@ -45,7 +45,7 @@ pub struct DeviceLoad {
 /// One admissible device, with the grant it would issue and its ranking
 /// keys.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct RankedDevice {
+pub(crate) struct RankedDevice {
     /// The device.
     pub device: DeviceOrdinal,
     /// The grant a commit would issue now.
@@ -64,7 +64,7 @@ pub struct RankedDevice {
 
 /// Orders the devices where `request` is admissible now, best first. See
 /// the [module docs](self) for the keys.
-pub fn rank_devices<'a>(
+pub(crate) fn rank_devices<'a>(
     request: &GrantRequest,
     candidates: impl IntoIterator<Item = (&'a DeviceLedger, DeviceLoad)>,
 ) -> Vec<RankedDevice> {
@@ -123,7 +123,7 @@ pub fn rank_devices<'a>(
 /// closest device (the one lacking fewest, lowest ordinal on a tie), or
 /// [`GpuAdmitError::FloorNeverFits`] against the largest grant any
 /// compatible device could issue.
-pub fn compatible_devices<'a>(
+pub(crate) fn compatible_devices<'a>(
     request: &GrantRequest,
     profiles: impl IntoIterator<Item = &'a DeviceProfile>,
 ) -> Result<Vec<DeviceOrdinal>, GpuAdmitError> {

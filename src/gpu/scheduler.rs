@@ -30,7 +30,7 @@
 //!   bypassed by younger work.
 //! * `schedule` scans the queue in sequence
 //!   order and admits every waiter that some compatible ledger can take now,
-//!   on the device [`rank_devices`] ranks first. A waiter blocked on all its
+//!   on the device `placement::rank_devices` ranks first. A waiter blocked on all its
 //!   devices is skipped, so it does not idle another device that can run
 //!   younger work.
 //! * A granted waiter's grant is parked until its future takes it; a future
