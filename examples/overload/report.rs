@@ -46,6 +46,32 @@ pub struct SummaryRow {
     pub extra: BTreeMap<String, Value>,
 }
 
+impl SummaryRow {
+    /// A scenario figure from `extra`, if it is there and a number.
+    pub fn extra_f64(&self, key: &str) -> Option<f64> {
+        self.extra.get(key).and_then(Value::as_f64)
+    }
+
+    /// A scenario count from `extra`, if it is there and an integer.
+    pub fn extra_u64(&self, key: &str) -> Option<u64> {
+        self.extra.get(key).and_then(Value::as_u64)
+    }
+
+    /// A scenario label from `extra`, if it is there and a string.
+    pub fn extra_str(&self, key: &str) -> Option<&str> {
+        self.extra.get(key).and_then(Value::as_str)
+    }
+
+    /// The share of `class` served within the SLO (`served_within_slo` in
+    /// `extra`), if the row has one.
+    pub fn within_slo(&self, class: &str) -> Option<f64> {
+        self.extra
+            .get("served_within_slo")
+            .and_then(|served| served.get(class))
+            .and_then(Value::as_f64)
+    }
+}
+
 /// What every row of a run shares, and whether the run can be trusted.
 #[derive(Clone, Debug, Default)]
 pub struct RunInfo {
@@ -111,7 +137,7 @@ pub fn run_problems(before: f64, after: Option<f64>, rows: &[SummaryRow]) -> Vec
 /// The system, with the handler style and the signal its controller read
 /// where the row records them: a matrix has a row per cell.
 pub fn row_label(row: &SummaryRow) -> String {
-    let axis = |key: &str| row.extra.get(key).and_then(Value::as_str).map(String::from);
+    let axis = |key: &str| row.extra_str(key).map(String::from);
     match (axis("handler"), axis("signal")) {
         (Some(handler), Some(signal)) => format!("{} [{handler}, {signal}]", row.system),
         (Some(handler), None) => format!("{} [{handler}]", row.system),

@@ -231,11 +231,11 @@ struct HighAlone {
     within_slo: f64,
 }
 
-/// The high class at its W2 rate alone, through `admission`.
-fn high_alone(bench: &Bench, dispatch: Dispatch) -> Result<HighAlone, String> {
+/// The high class at its W2 rate alone, through `system`.
+fn high_alone(bench: &Bench, system: System, dispatch: Dispatch) -> Result<HighAlone, String> {
     let mut alone = RunSpec::new(vec![HIGH], vec![steady(0, 0, 0.3 * bench.capacity)]);
     alone.dispatch = dispatch;
-    let result = run(bench, System::admission(), &alone)?;
+    let result = run(bench, system, &alone)?;
     let measured = result.measured();
     Ok(HighAlone {
         p99_ms: stats::latency_of_class(&measured, 0, result.length).p99_ms,
@@ -280,7 +280,7 @@ pub fn w2(
 ) -> Result<Vec<SummaryRow>, String> {
     let spec = w2_spec(bench.capacity, dispatch);
     eprintln!("  {name}: high class alone ...");
-    let alone = high_alone(bench, dispatch)?;
+    let alone = high_alone(bench, System::admission(), dispatch)?;
     let (rows, series) = compare(bench, name, systems, &spec, 3.0, |_, result, summary| {
         high_figures(alone, result, summary)
     })?;
@@ -316,13 +316,7 @@ pub fn w2_pool(bench: &Bench, dir: &Path, systems: &[System]) -> Result<Vec<Summ
     };
     let spec = w2_spec(bench.capacity, Dispatch::Remote);
     eprintln!("  {name}: high class alone through the pool ...");
-    let alone = RunSpec::new(vec![HIGH], vec![steady(0, 0, 0.3 * bench.capacity)]);
-    let result = run(&bench, System::Pool { threads: WORKERS }, &alone)?;
-    let measured = result.measured();
-    let alone = HighAlone {
-        p99_ms: stats::latency_of_class(&measured, 0, result.length).p99_ms,
-        within_slo: stats::served_within_slo(&measured, 0, bench.slo).unwrap_or(f64::NAN),
-    };
+    let alone = high_alone(&bench, System::Pool { threads: WORKERS }, Dispatch::Remote)?;
     let (rows, series) = compare(&bench, name, systems, &spec, 3.0, |_, result, summary| {
         high_figures(alone, result, summary)
     })?;
@@ -368,7 +362,7 @@ pub fn matrix(bench: &Bench) -> Result<Vec<SummaryRow>, String> {
             };
             let signal = runner::signal_name(signal);
             eprintln!("  matrix: {name}, {signal}: high class alone ...");
-            let alone = high_alone(&cell, Dispatch::Remote)?;
+            let alone = high_alone(&cell, System::admission(), Dispatch::Remote)?;
             let system = System::AdmissionDefaults;
             eprintln!("  matrix: {name}, {signal}: {} ...", system.name());
             let result = run(&cell, system, &spec)?;
@@ -377,15 +371,10 @@ pub fn matrix(bench: &Bench) -> Result<Vec<SummaryRow>, String> {
             summary
                 .extra
                 .insert("fixed_total_goodput_frac".into(), json!(fixed.goodput_frac));
-            let fixed_high = fixed
-                .extra
-                .get("served_within_slo")
-                .and_then(|served| served.get("high"))
-                .cloned()
-                .unwrap_or(serde_json::Value::Null);
-            summary
-                .extra
-                .insert("fixed_total_high_within_slo".into(), fixed_high);
+            summary.extra.insert(
+                "fixed_total_high_within_slo".into(),
+                json!(fixed.within_slo("high")),
+            );
             rows.push(summary);
         }
         rows.push(fixed);
@@ -398,19 +387,8 @@ pub fn matrix(bench: &Bench) -> Result<Vec<SummaryRow>, String> {
 /// under load against alone, and the fixed total's goodput in the same
 /// style; then any priority inversion, and the signals this build lacks.
 pub fn matrix_table(rows: &[SummaryRow]) -> String {
-    let figure = |row: &SummaryRow, key: &str| {
-        row.extra
-            .get(key)
-            .and_then(serde_json::Value::as_f64)
-            .unwrap_or(f64::NAN)
-    };
-    let text = |row: &SummaryRow, key: &str| {
-        row.extra
-            .get(key)
-            .and_then(serde_json::Value::as_str)
-            .unwrap_or("-")
-            .to_string()
-    };
+    let figure = |row: &SummaryRow, key: &str| row.extra_f64(key).unwrap_or(f64::NAN);
+    let text = |row: &SummaryRow, key: &str| row.extra_str(key).unwrap_or("-").to_string();
     let percent = |fraction: f64| {
         if fraction.is_finite() {
             format!("{:.1}%", fraction * 100.0)
@@ -435,12 +413,7 @@ pub fn matrix_table(rows: &[SummaryRow]) -> String {
     .map(String::from)
     .to_vec()];
     for row in rows.iter().filter(|row| row.system == "admission-defaults") {
-        let high_in_slo = row
-            .extra
-            .get("served_within_slo")
-            .and_then(|served| served.get("high"))
-            .and_then(serde_json::Value::as_f64)
-            .unwrap_or(f64::NAN);
+        let high_in_slo = row.within_slo("high").unwrap_or(f64::NAN);
         lines.push(vec![
             text(row, "handler"),
             text(row, "signal"),
@@ -871,12 +844,7 @@ pub fn w6(settings: &crate::ingest::Settings) -> Result<Vec<SummaryRow>, String>
 
 /// W6's own figures, one line per system, for the terminal.
 pub fn w6_table(rows: &[SummaryRow]) -> String {
-    let figure = |row: &SummaryRow, key: &str| {
-        row.extra
-            .get(key)
-            .and_then(serde_json::Value::as_f64)
-            .unwrap_or(f64::NAN)
-    };
+    let figure = |row: &SummaryRow, key: &str| row.extra_f64(key).unwrap_or(f64::NAN);
     let mut text = format!(
         "{:<15} {:>11} {:>14} {:>10} {:>11} {:>8}\n",
         "system", "p99 x alone", "steady x alone", "bulk MB/s", "max L0 runs", "stall s"
@@ -1032,20 +1000,18 @@ pub fn w7_row(
 /// in the spike, and how often it probed above it afterwards.
 pub fn w4_table(rows: &[SummaryRow]) -> String {
     let millis = |value: Option<f64>| value.map_or("never".to_string(), |ms| format!("{ms:.0} ms"));
-    let figure =
-        |row: &SummaryRow, key: &str| row.extra.get(key).and_then(serde_json::Value::as_f64);
     let mut text = String::from(
         "spike: windows converged (goodput >= 90% and p99 <= 1.5x before); controller's total\n",
     );
     for row in rows {
         let controller = match (
-            row.extra.get("total_before_spike").and_then(serde_json::Value::as_u64),
-            figure(row, "total_operating_point"),
+            row.extra_u64("total_before_spike"),
+            row.extra_f64("total_operating_point"),
         ) {
             (Some(before), Some(point)) if row.system != "admission-fixed" => format!(
                 "; total {before} before the spike, at {point:.0} (+1) in {}, above it {:.0}% of the time after",
-                millis(figure(row, "total_reached_ms")),
-                figure(row, "total_above_after").unwrap_or(f64::NAN) * 100.0
+                millis(row.extra_f64("total_reached_ms")),
+                row.extra_f64("total_above_after").unwrap_or(f64::NAN) * 100.0
             ),
             _ => String::new(),
         };
@@ -1062,16 +1028,9 @@ pub fn w4_table(rows: &[SummaryRow]) -> String {
 /// (max held or accounted bytes over capacity, and admissions that passed
 /// it), utilisation, the large class's fate and the starvation figures.
 pub fn w7_table(rows: &[SummaryRow]) -> String {
-    let figure = |row: &SummaryRow, key: &str| {
-        row.extra
-            .get(key)
-            .and_then(serde_json::Value::as_f64)
-            .unwrap_or(f64::NAN)
-    };
+    let figure = |row: &SummaryRow, key: &str| row.extra_f64(key).unwrap_or(f64::NAN);
     let count = |row: &SummaryRow, key: &str| {
-        row.extra
-            .get(key)
-            .and_then(serde_json::Value::as_u64)
+        row.extra_u64(key)
             .map_or("-".to_string(), |n| n.to_string())
     };
     let mut text = format!(
@@ -1094,9 +1053,7 @@ pub fn w7_table(rows: &[SummaryRow]) -> String {
             "{:<19} {:>8.3} {:>8} {:>6} {:>5.0}% {:>5.0}% {:>7.1}% {:>6.0}ms {:>9} {:>9} {:>6}\n",
             row.system,
             figure(row, "max_held_ratio"),
-            row.extra
-                .get("ledger_max_ratio")
-                .and_then(serde_json::Value::as_f64)
+            row.extra_f64("ledger_max_ratio")
                 .map_or("-".to_string(), |r| format!("{r:.3}")),
             count(row, "over_commit_admissions"),
             figure(row, "byte_util") * 100.0,
