@@ -337,51 +337,44 @@ where
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let mut this = self.project();
-        if let Some(pause) = this.pause.as_mut().as_pin_mut() {
-            ready!(pause.poll(cx));
-            this.pause.set(None);
-            if let Some(response) = this.paced.take() {
+        loop {
+            // A paced refusal: its answer goes when the pause ends.
+            if let Some(pause) = this.pause.as_mut().as_pin_mut() {
+                ready!(pause.poll(cx));
+                this.pause.set(None);
+                if let Some(response) = this.paced.take() {
+                    return Poll::Ready(Ok(response));
+                }
+            }
+            let error = match ready!(this.inner.as_mut().poll(cx)) {
+                Ok(response) => return Poll::Ready(Ok(response)),
+                Err(AdmissionError::Inner(error)) => return Poll::Ready(Err(error)),
+                Err(AdmissionError::Rejected(error)) => error,
+            };
+            if matches!(error, AdmitError::Closed)
+                && !this.warned_closed.swap(true, Ordering::Relaxed)
+            {
+                tracing::warn!(
+                    target: "admission",
+                    "admission queue is closed: every request is refused with 503; \
+                     was its Controller dropped? (AdmissionLayer::for_controller keeps it)"
+                );
+            }
+            let response = if *this.grpc {
+                this.refusals.grpc_response(&error)
+            } else {
+                this.refusals.response(&error)
+            };
+            let pace = this.refusals.pace_for(&error);
+            let pause = (!pace.is_zero())
+                .then(|| tokio::time::Instant::now().checked_add(pace))
+                .flatten()
+                .and_then(crate::timer::sleep_until);
+            let Some(pause) = pause else {
                 return Poll::Ready(Ok(response));
-            }
-        }
-        match ready!(this.inner.poll(cx)) {
-            Ok(response) => Poll::Ready(Ok(response)),
-            Err(AdmissionError::Inner(error)) => Poll::Ready(Err(error)),
-            Err(AdmissionError::Rejected(error)) => {
-                if matches!(error, AdmitError::Closed)
-                    && !this.warned_closed.swap(true, Ordering::Relaxed)
-                {
-                    tracing::warn!(
-                        target: "admission",
-                        "admission queue is closed: every request is refused with 503; \
-                         was its Controller dropped? (AdmissionLayer::for_controller keeps it)"
-                    );
-                }
-                let response = if *this.grpc {
-                    this.refusals.grpc_response(&error)
-                } else {
-                    this.refusals.response(&error)
-                };
-                let pace = this.refusals.pace_for(&error);
-                if pace.is_zero() {
-                    return Poll::Ready(Ok(response));
-                }
-                let pause = tokio::time::Instant::now()
-                    .checked_add(pace)
-                    .and_then(crate::timer::sleep_until);
-                let Some(pause) = pause else {
-                    return Poll::Ready(Ok(response));
-                };
-                this.pause.set(Some(pause));
-                if let Some(pause) = this.pause.as_mut().as_pin_mut() {
-                    if pause.poll(cx).is_ready() {
-                        this.pause.set(None);
-                        return Poll::Ready(Ok(response));
-                    }
-                }
-                *this.paced = Some(response);
-                Poll::Pending
-            }
+            };
+            this.pause.set(Some(pause));
+            *this.paced = Some(response);
         }
     }
 }
