@@ -15,16 +15,16 @@
 //!   queue, polled once);
 //! * `baseline`: an axum router answering `"ok"` without admission;
 //! * `admitted`: the same router behind the layer, with free slots;
-//! * `refused`: the same router behind the layer, the queue full.
+//! * `refused`: the same router behind the layer, the queue full, with
+//!   refusal pacing off (its hold is a deliberate wait, not a cost).
 //!
 //! The last line is the ratio refused / baseline. Compare rows of one run,
 //! not runs across machines.
 
+use futures::FutureExt;
 use std::future::Future;
 use std::hint::black_box;
-use std::pin::pin;
-use std::task::{Context, Poll, Waker};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use admission::tower::{AdmissionLayer, HttpClassifier};
 use admission::{Priority, TenantId, WorkInfo, WorkQueue};
@@ -37,13 +37,6 @@ use tower::{Service, ServiceExt};
 
 #[global_allocator]
 static GLOBAL: &StatsAlloc<std::alloc::System> = &INSTRUMENTED_SYSTEM;
-
-fn poll_once<F: Future>(future: F) -> Poll<F::Output> {
-    let mut future = pin!(future);
-    future
-        .as_mut()
-        .poll(&mut Context::from_waker(Waker::noop()))
-}
 
 /// Mean nanoseconds and allocations per call of `call`, outside any
 /// runtime (so that tokio's cooperative budget does not interleave yields).
@@ -101,7 +94,7 @@ fn full_queue() -> (WorkQueue, impl Future) {
         .build()
         .expect("valid settings");
     let mut waiter = Box::pin(queue.admit(WorkInfo::new(TenantId::SYSTEM, Priority::NORMAL)));
-    assert!(poll_once(waiter.as_mut()).is_pending());
+    assert!(waiter.as_mut().now_or_never().is_none());
     (queue, waiter)
 }
 
@@ -113,8 +106,8 @@ fn main() {
     let (queue, waiter) = full_queue();
     let work = WorkInfo::new(TenantId::new(7), Priority::NORMAL);
     let decision = measure_sync(iterations, || {
-        let refused = poll_once(queue.admit(black_box(work.clone())));
-        assert!(matches!(refused, Poll::Ready(Err(_))));
+        let refused = queue.admit(black_box(work.clone())).now_or_never();
+        assert!(matches!(refused, Some(Err(_))));
     });
     let runtime = tokio::runtime::Builder::new_current_thread()
         .build()
@@ -146,8 +139,13 @@ async fn serve(iterations: u32, queue: WorkQueue, decision: (f64, f64)) {
     })
     .await;
 
-    let mut refusing =
-        routes().route_layer(AdmissionLayer::new(queue.clone(), HttpClassifier::new()).http());
+    // Pacing (the layer's default) holds each refusal's answer on purpose:
+    // a wait, not CPU spent. The cost of a refusal is measured without it.
+    let mut refusing = routes().route_layer(
+        AdmissionLayer::new(queue.clone(), HttpClassifier::new())
+            .http()
+            .pace_refusals(Duration::ZERO),
+    );
     let probe = refusing
         .clone()
         .oneshot(request())

@@ -148,7 +148,7 @@ async fn a_dropped_controller_is_a_503_that_says_closed() {
     let app = Router::new()
         .route("/", get(|| async { "served" }))
         .route_layer(AdmissionLayer::new(queue, HttpClassifier::new()).http());
-    let warnings = WarningCount::default();
+    let warnings = EventCount::at(tracing::Level::WARN);
     let subscriber = tracing_subscriber::registry().with(warnings.clone());
     let _guard = tracing::subscriber::set_default(subscriber);
     for _ in 0..3 {
@@ -158,23 +158,66 @@ async fn a_dropped_controller_is_a_503_that_says_closed() {
         assert!(response.headers().get("retry-after").is_none());
     }
     assert_eq!(
-        warnings.0.load(std::sync::atomic::Ordering::Relaxed),
+        warnings.count(),
         1,
         "the closed queue is logged once, not per request"
     );
 }
 
-/// Counts warnings from the `admission` target.
-#[derive(Clone, Default)]
-struct WarningCount(std::sync::Arc<std::sync::atomic::AtomicUsize>);
+/// Counts events of one level from the `admission` target.
+#[derive(Clone)]
+struct EventCount(
+    tracing::Level,
+    std::sync::Arc<std::sync::atomic::AtomicUsize>,
+);
 
-impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for WarningCount {
+impl EventCount {
+    fn at(level: tracing::Level) -> Self {
+        EventCount(level, Default::default())
+    }
+
+    fn count(&self) -> usize {
+        self.1.load(std::sync::atomic::Ordering::Relaxed)
+    }
+}
+
+impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for EventCount {
     fn on_event(&self, event: &tracing::Event<'_>, _: tracing_subscriber::layer::Context<'_, S>) {
         let metadata = event.metadata();
-        if *metadata.level() == tracing::Level::WARN && metadata.target() == "admission" {
-            self.0.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        if *metadata.level() == self.0 && metadata.target() == "admission" {
+            self.1.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         }
     }
+}
+
+/// On a runtime without timers a refusal cannot be paced: it is answered
+/// at once, and the layer stops trying after the first failure (each try
+/// is a panic caught in `timer.rs`, and a logged error).
+#[test]
+fn without_timers_refusals_are_answered_at_once_and_timers_tried_once() {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
+    let errors = EventCount::at(tracing::Level::ERROR);
+    let subscriber = tracing_subscriber::registry().with(errors.clone());
+    let _guard = tracing::subscriber::set_default(subscriber);
+    runtime.block_on(async {
+        let (queue, _waiter) = refusing_queue();
+        let layer = AdmissionLayer::new(queue, HttpClassifier::new()).http();
+        let app = Router::new()
+            .route("/", get(|| async { "served" }))
+            .layer(layer);
+        for _ in 0..3 {
+            let mut refused = tokio_test::task::spawn(app.clone().oneshot(get_request("/")));
+            match refused.poll() {
+                std::task::Poll::Ready(response) => {
+                    assert_eq!(response.unwrap().status(), StatusCode::SERVICE_UNAVAILABLE)
+                }
+                std::task::Poll::Pending => panic!("a refusal waited without a timer"),
+            }
+        }
+    });
+    assert_eq!(errors.count(), 1, "the timer is tried once per layer");
 }
 
 #[tokio::test(start_paused = true)]

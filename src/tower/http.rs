@@ -169,7 +169,19 @@ impl Refusals {
 pub struct HttpAdmissionLayer<C> {
     layer: AdmissionLayer<C>,
     refusals: Refusals,
-    warned_closed: Arc<AtomicBool>,
+    seen: Arc<Seen>,
+}
+
+/// What a layer has learned about its surroundings, shared by every
+/// service and future it makes.
+#[derive(Debug, Default)]
+struct Seen {
+    /// The closed-queue warning was logged.
+    warned_closed: AtomicBool,
+    /// A refusal could not be paced because the runtime has no timers:
+    /// later ones are answered at once instead of trying again (tokio
+    /// cannot be asked, and each try is a caught panic).
+    no_timers: AtomicBool,
 }
 
 impl<C> HttpAdmissionLayer<C> {
@@ -180,7 +192,7 @@ impl<C> HttpAdmissionLayer<C> {
         HttpAdmissionLayer {
             layer,
             refusals: Refusals::default(),
-            warned_closed: Arc::new(AtomicBool::new(false)),
+            seen: Arc::default(),
         }
     }
 
@@ -225,9 +237,11 @@ impl<C> HttpAdmissionLayer<C> {
     /// hint arrive before the client's own deadline fires) nor than the wait
     /// the queue expected; a client that fails over to another replica at
     /// once loses at most the pace.
-    /// The hold is a tokio timer per refused request (on a runtime without
-    /// timers the answer goes at once), and the connection stays open
-    /// meanwhile.
+    /// The hold is a tokio timer per refused request, and the connection
+    /// stays open meanwhile. On a runtime without timers the answer goes at
+    /// once, and after the first such refusal the layer no longer tries
+    /// (tokio cannot be asked whether it has timers; each try is a caught
+    /// panic and a logged error).
     pub fn pace_refusals(mut self, pace: Duration) -> Self {
         self.refusals.pace = pace;
         self
@@ -252,7 +266,7 @@ impl<S, C: Clone> Layer<S> for HttpAdmissionLayer<C> {
         HttpAdmissionService {
             inner: self.layer.layer(inner),
             refusals: self.refusals,
-            warned_closed: self.warned_closed.clone(),
+            seen: self.seen.clone(),
         }
     }
 }
@@ -272,7 +286,7 @@ impl<C> fmt::Debug for HttpAdmissionLayer<C> {
 pub struct HttpAdmissionService<S, C> {
     inner: AdmissionService<S, C>,
     refusals: Refusals,
-    warned_closed: Arc<AtomicBool>,
+    seen: Arc<Seen>,
 }
 
 impl<S, C, B, ResBody> Service<Request<B>> for HttpAdmissionService<S, C>
@@ -295,7 +309,7 @@ where
             grpc,
             inner: self.inner.call(request),
             refusals: self.refusals,
-            warned_closed: self.warned_closed.clone(),
+            seen: self.seen.clone(),
             paced: None,
             pause: None,
         }
@@ -318,7 +332,7 @@ pub struct HttpResponseFuture<S: Service<Req>, Req> {
     #[pin]
     inner: ResponseFuture<S, Req>,
     refusals: Refusals,
-    warned_closed: Arc<AtomicBool>,
+    seen: Arc<Seen>,
     /// Answer a refusal the gRPC way.
     grpc: bool,
     /// A refusal's answer, held until `pause` fires (see
@@ -352,7 +366,7 @@ where
                 Err(AdmissionError::Rejected(error)) => error,
             };
             if matches!(error, AdmitError::Closed)
-                && !this.warned_closed.swap(true, Ordering::Relaxed)
+                && !this.seen.warned_closed.swap(true, Ordering::Relaxed)
             {
                 tracing::warn!(
                     target: "admission",
@@ -366,11 +380,14 @@ where
                 this.refusals.response(&error)
             };
             let pace = this.refusals.pace_for(&error);
-            let pause = (!pace.is_zero())
-                .then(|| tokio::time::Instant::now().checked_add(pace))
-                .flatten()
-                .and_then(crate::timer::sleep_until);
-            let Some(pause) = pause else {
+            if pace.is_zero() || this.seen.no_timers.load(Ordering::Relaxed) {
+                return Poll::Ready(Ok(response));
+            }
+            let Some(pause) = tokio::time::Instant::now().checked_add(pace) else {
+                return Poll::Ready(Ok(response));
+            };
+            let Some(pause) = crate::timer::sleep_until(pause) else {
+                this.seen.no_timers.store(true, Ordering::Relaxed);
                 return Poll::Ready(Ok(response));
             };
             this.pause.set(Some(pause));
