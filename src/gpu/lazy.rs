@@ -100,21 +100,13 @@ mod tests {
 
     use super::*;
     use crate::gpu::backend::sim::{SimBackend, SimDevice};
-    use crate::gpu::backend::DeviceOrdinal;
-    use crate::gpu::{DeviceProfile, DeviceSet, MemoryOwnership, QueryService, QueueBounds};
+    use crate::gpu::{DeviceSet, QueryService, QueueBounds};
 
     const GIB: u64 = 1 << 30;
 
     /// One 16 GiB device with one attempt slot.
     fn service() -> (QueryService, Arc<SimBackend>) {
-        let gpu0 = DeviceOrdinal(0);
-        let profile = DeviceProfile::builder(gpu0)
-            .managed_capacity(16 * GIB)
-            .max_active_attempts(1)
-            .build()
-            .unwrap();
-        let devices =
-            DeviceSet::new(vec![profile], vec![MemoryOwnership::exclusive(gpu0)]).unwrap();
+        let devices = DeviceSet::one_16_gib_device(1);
         let bounds = QueueBounds::new(8, Duration::from_secs(60), 1).unwrap();
         let sim = Arc::new(SimBackend::new([SimDevice::new(0, 64 * GIB)]));
         let service = QueryService::new(sim.clone(), devices, bounds).unwrap();

@@ -440,6 +440,20 @@ pub struct DeviceSet {
 }
 
 impl DeviceSet {
+    /// The in-crate tests' and loom models' usual device: ordinal 0,
+    /// exclusive, 16 GiB managed, `max_active` attempt slots.
+    #[cfg(any(test, loom))]
+    pub(crate) fn one_16_gib_device(max_active: u32) -> DeviceSet {
+        let gpu0 = DeviceOrdinal(0);
+        let profile = DeviceProfile::builder(gpu0)
+            .managed_capacity(16 << 30)
+            .max_active_attempts(max_active)
+            .build()
+            .expect("a valid profile");
+        DeviceSet::new(vec![profile], vec![MemoryOwnership::exclusive(gpu0)])
+            .expect("one profile, one ownership")
+    }
+
     /// Pairs each profile with its ownership declaration. Refuses an empty
     /// set, a duplicate profile or declaration, a profile without a
     /// declaration, a declaration without a profile, and shared external

@@ -968,20 +968,12 @@ impl AdmissionCore {
 #[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
-    use crate::gpu::profile::{DeviceProfile, MemoryOwnership};
 
     const GIB: u64 = 1 << 30;
 
     /// One 16 GiB device with two slots (2 GiB floor), the given budget.
     fn core(overtake_budget: u32) -> AdmissionCore {
-        let gpu0 = DeviceOrdinal(0);
-        let profile = DeviceProfile::builder(gpu0)
-            .managed_capacity(16 * GIB)
-            .max_active_attempts(2)
-            .build()
-            .unwrap();
-        let devices =
-            DeviceSet::new(vec![profile], vec![MemoryOwnership::exclusive(gpu0)]).unwrap();
+        let devices = DeviceSet::one_16_gib_device(2);
         let bounds = QueueBounds::new(64, Duration::from_secs(60), overtake_budget).unwrap();
         AdmissionCore::new(&devices, bounds)
     }

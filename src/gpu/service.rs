@@ -1098,14 +1098,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn wakers_are_kept_only_for_live_waiters() {
-        let gpu0 = DeviceOrdinal(0);
-        let profile = DeviceProfile::builder(gpu0)
-            .managed_capacity(16 * GIB)
-            .max_active_attempts(1)
-            .build()
-            .unwrap();
-        let devices =
-            DeviceSet::new(vec![profile], vec![MemoryOwnership::exclusive(gpu0)]).unwrap();
+        let devices = DeviceSet::one_16_gib_device(1);
         let bounds = QueueBounds::new(64, Duration::from_secs(5), 4).unwrap();
         let backend = StdArc::new(SimBackend::new([SimDevice::new(0, 64 * GIB)]));
         let service = QueryService::new(backend, devices, bounds).unwrap();

@@ -15,9 +15,7 @@ use super::model;
 use crate::gpu::backend::DeviceOrdinal;
 use crate::gpu::release::wait;
 use crate::gpu::service::QueryService;
-use crate::gpu::{
-    DeviceProfile, DeviceSet, GrantRequest, MemoryGrant, MemoryOwnership, QueueBounds, WaiterId,
-};
+use crate::gpu::{DeviceSet, GrantRequest, MemoryGrant, QueueBounds, WaiterId};
 
 const GIB: u64 = 1 << 30;
 const D0: DeviceOrdinal = DeviceOrdinal(0);
@@ -25,13 +23,7 @@ const D0: DeviceOrdinal = DeviceOrdinal(0);
 /// One 16 GiB device with one attempt slot; no deadline (`max_wait` of
 /// `Duration::MAX`), so no timer is involved.
 fn service() -> QueryService {
-    let profile = DeviceProfile::builder(D0)
-        .managed_capacity(16 * GIB)
-        .max_active_attempts(1)
-        .build()
-        .expect("valid profile");
-    let devices = DeviceSet::new(vec![profile], vec![MemoryOwnership::exclusive(D0)])
-        .expect("one profile, one ownership");
+    let devices = DeviceSet::one_16_gib_device(1);
     let bounds = QueueBounds::new(8, Duration::MAX, 4).expect("valid bounds");
     QueryService::for_model(devices, bounds)
 }
