@@ -78,4 +78,76 @@ fn a_refusal_allocates_nothing_and_opens_no_span() {
         }
         assert_eq!(region.change().allocations, 0);
     }
+
+    #[cfg(feature = "tower")]
+    http_refusal_allocates_only_its_header_map();
+}
+
+/// The HTTP mode's refusal, from `call` to the response: the classifier,
+/// the queue's decision and the answer with its `Retry-After` and reason
+/// headers. Its only allocations are the response's header map (a table of
+/// indices and one of entries, allocated by the first insert into any
+/// `http::HeaderMap`): the header names are constants and `Retry-After`
+/// values up to a minute are static strings.
+#[cfg(feature = "tower")]
+fn http_refusal_allocates_only_its_header_map() {
+    use admission::tower::{AdmissionLayer, HttpClassifier};
+    use http::{Request, Response};
+    use std::time::Duration;
+    use tower::{service_fn, Layer, Service};
+
+    /// What one `http::HeaderMap` allocates when its first header goes in.
+    const HEADER_MAP: usize = 2;
+
+    let queue = WorkQueue::builder()
+        .total_slots(0)
+        .max_waiters(1)
+        .build()
+        .unwrap();
+    let mut waiter = Box::pin(queue.admit(WorkInfo::new(TenantId::new(7), Priority::NORMAL)));
+    assert!(waiter.as_mut().now_or_never().is_none());
+    let inner =
+        service_fn(|_: Request<()>| async { Ok::<_, std::convert::Infallible>(Response::new(())) });
+    let classifier = HttpClassifier::new()
+        .default_timeout(Duration::from_secs(30))
+        .unwrap();
+    let mut service = AdmissionLayer::new(queue, classifier)
+        .http()
+        .pace_refusals(Duration::ZERO)
+        .layer(inner);
+    let grpc = || {
+        Request::post("/")
+            .header("content-type", "application/grpc")
+            .body(())
+            .unwrap()
+    };
+    let mut refuse = |request: Request<()>| {
+        let response = service.call(request).now_or_never();
+        response.expect("refused at once").expect("infallible")
+    };
+    // Warm up, and check what is measured is a refusal with its headers.
+    let refused = refuse(Request::new(()));
+    assert_eq!(refused.status(), 503);
+    assert_eq!(refused.headers()["retry-after"], "1");
+    assert_eq!(refused.headers()["x-admission-reason"], "queue_full");
+
+    let region = Region::new(GLOBAL);
+    for _ in 0..1_000 {
+        std::hint::black_box(refuse(Request::new(())));
+    }
+    let per_refusal = HEADER_MAP + usize::from(cfg!(feature = "metrics"));
+    assert_eq!(region.change().allocations, 1_000 * per_refusal);
+
+    // A gRPC refusal adds `grpc-retry-pushback-ms`, any number of
+    // milliseconds, whose bytes are copied into the header value: one
+    // allocation more.
+    let refused = refuse(grpc());
+    assert_eq!(refused.headers()["grpc-status"], "14");
+    let requests: Vec<_> = (0..1_000).map(|_| grpc()).collect();
+    let region = Region::new(GLOBAL);
+    for request in requests {
+        std::hint::black_box(refuse(request));
+    }
+    assert_eq!(region.change().allocations, 1_000 * (per_refusal + 1));
+    drop(waiter);
 }

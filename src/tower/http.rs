@@ -7,7 +7,7 @@ use std::pin::Pin;
 use std::task::{ready, Context, Poll};
 use std::time::Duration;
 
-use http::{header, HeaderValue, Request, Response, StatusCode};
+use http::{header, HeaderName, HeaderValue, Request, Response, StatusCode};
 use pin_project::pin_project;
 use tower_layer::Layer;
 use tower_service::Service;
@@ -57,6 +57,32 @@ impl Default for Refusals {
     }
 }
 
+/// The header names a refusal sets, built once: inserting a name given as a
+/// `&str` that is not one of `http`'s standard headers copies it into a
+/// fresh buffer on every response.
+const REASON: HeaderName = HeaderName::from_static(REASON_HEADER);
+const GRPC_STATUS: HeaderName = HeaderName::from_static("grpc-status");
+const GRPC_MESSAGE: HeaderName = HeaderName::from_static("grpc-message");
+const GRPC_RETRY_PUSHBACK: HeaderName = HeaderName::from_static("grpc-retry-pushback-ms");
+
+/// `millis` as a header value with one allocation (its bytes):
+/// `HeaderValue::from(u64)` takes two, a growable buffer and the shared
+/// handle it is frozen into.
+fn millis_value(millis: u64) -> HeaderValue {
+    let mut digits = [0u8; 20];
+    let mut start = digits.len();
+    let mut rest = millis;
+    loop {
+        start -= 1;
+        digits[start] = b'0' + (rest % 10) as u8;
+        rest /= 10;
+        if rest == 0 {
+            break;
+        }
+    }
+    HeaderValue::from_bytes(&digits[start..]).unwrap_or_else(|_| HeaderValue::from(millis))
+}
+
 /// gRPC status codes a refusal maps to (`google.rpc.Code`).
 const GRPC_UNAVAILABLE: &str = "14";
 const GRPC_DEADLINE_EXCEEDED: &str = "4";
@@ -92,10 +118,10 @@ impl Refusals {
             header::CONTENT_TYPE,
             HeaderValue::from_static("application/grpc"),
         );
-        headers.insert("grpc-status", HeaderValue::from_static(code));
+        headers.insert(GRPC_STATUS, HeaderValue::from_static(code));
         let reason = HeaderValue::from_static(error.reason());
-        headers.insert("grpc-message", reason.clone());
-        headers.insert(REASON_HEADER, reason);
+        headers.insert(GRPC_MESSAGE, reason.clone());
+        headers.insert(REASON, reason);
         if let Some(retry) = retry {
             let retry = match error {
                 AdmitError::WouldMissDeadline { expected, .. } => *expected,
@@ -103,7 +129,7 @@ impl Refusals {
             };
             let millis = retry.min(self.max_retry_after).as_millis();
             let millis = u64::try_from(millis).unwrap_or(u64::MAX);
-            headers.insert("grpc-retry-pushback-ms", HeaderValue::from(millis));
+            headers.insert(GRPC_RETRY_PUSHBACK, millis_value(millis));
         }
         response
     }
@@ -119,13 +145,14 @@ impl Refusals {
         let mut response = Response::new(B::default());
         *response.status_mut() = status;
         let headers = response.headers_mut();
-        headers.insert(REASON_HEADER, HeaderValue::from_static(error.reason()));
+        headers.insert(REASON, HeaderValue::from_static(error.reason()));
         if let Some(retry) = retry {
             let retry = match error {
                 AdmitError::WouldMissDeadline { expected, .. } => *expected,
                 _ => retry,
             };
-            headers.insert(header::RETRY_AFTER, self.seconds(retry));
+            let retry = retry.min(self.max_retry_after);
+            headers.insert(header::RETRY_AFTER, super::status::retry_after_value(retry));
         }
         response
     }
@@ -144,15 +171,6 @@ impl Refusals {
             AdmitError::QueueFull { .. } => self.pace,
             _ => Duration::ZERO,
         }
-    }
-
-    /// Whole seconds, rounded up, between one and the maximum.
-    fn seconds(&self, retry: Duration) -> HeaderValue {
-        let retry = retry.min(self.max_retry_after);
-        let seconds = retry
-            .as_secs()
-            .saturating_add(u64::from(retry.subsec_nanos() > 0));
-        HeaderValue::from(seconds.max(1))
     }
 }
 
@@ -401,5 +419,17 @@ impl<S: Service<Req>, Req> fmt::Debug for HttpResponseFuture<S, Req> {
         f.debug_struct("HttpResponseFuture")
             .field("inner", &self.inner)
             .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn millis_are_written_in_decimal() {
+        for millis in [0, 7, 10, 1000, 123_456_789, u64::MAX] {
+            assert_eq!(millis_value(millis), millis.to_string().as_str());
+        }
     }
 }

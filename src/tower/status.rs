@@ -54,15 +54,40 @@ pub fn rejection_response<B: Default>(error: &AdmitError, retry_after: Duration)
     let mut response = Response::new(B::default());
     *response.status_mut() = status;
     if let Some(retry) = retry {
-        // Saturating: `Duration::MAX` has a fraction on top of `u64::MAX` seconds.
-        let seconds = retry
-            .as_secs()
-            .saturating_add(u64::from(retry.subsec_nanos() > 0));
         response
             .headers_mut()
-            .insert(header::RETRY_AFTER, HeaderValue::from(seconds.max(1)));
+            .insert(header::RETRY_AFTER, retry_after_value(retry));
     }
     response
+}
+
+/// `Retry-After` values for whole seconds up to [`STATIC_SECONDS`]: a
+/// refusal is answered at the rate an unpaced client sends, so its header
+/// value is a static string rather than a number formatted into a fresh
+/// buffer (which `HeaderValue::from(u64)` allocates).
+const SECONDS: [&str; 61] = [
+    "0", "1", "2", "3", "4", "5", "6", "7", "8", "9", "10", "11", "12", "13", "14", "15", "16",
+    "17", "18", "19", "20", "21", "22", "23", "24", "25", "26", "27", "28", "29", "30", "31", "32",
+    "33", "34", "35", "36", "37", "38", "39", "40", "41", "42", "43", "44", "45", "46", "47", "48",
+    "49", "50", "51", "52", "53", "54", "55", "56", "57", "58", "59", "60",
+];
+
+/// The longest `Retry-After` (in seconds) answered without an allocation:
+/// the default [`max_retry_after`](super::HttpAdmissionLayer::max_retry_after).
+pub(super) const STATIC_SECONDS: u64 = SECONDS.len() as u64 - 1;
+
+/// `retry` as a `Retry-After` value: whole seconds, rounded up, at least
+/// one. Allocation-free up to [`STATIC_SECONDS`].
+pub(super) fn retry_after_value(retry: Duration) -> HeaderValue {
+    // Saturating: `Duration::MAX` has a fraction on top of `u64::MAX` seconds.
+    let seconds = retry
+        .as_secs()
+        .saturating_add(u64::from(retry.subsec_nanos() > 0))
+        .max(1);
+    match usize::try_from(seconds).ok().and_then(|s| SECONDS.get(s)) {
+        Some(text) => HeaderValue::from_static(text),
+        None => HeaderValue::from(seconds),
+    }
 }
 
 #[cfg(test)]
@@ -106,6 +131,23 @@ mod tests {
             if *retry {
                 assert_eq!(header.unwrap(), "3", "rounded up to whole seconds");
             }
+        }
+    }
+
+    #[test]
+    fn retry_after_is_whole_seconds_rounded_up_and_at_least_one() {
+        let rows = [
+            (Duration::ZERO, "1"),
+            (Duration::from_millis(1), "1"),
+            (Duration::from_secs(1), "1"),
+            (Duration::from_millis(1001), "2"),
+            (Duration::from_secs(STATIC_SECONDS), "60"),
+            (Duration::from_millis(60_001), "61"),
+            (Duration::from_secs(3600), "3600"),
+            (Duration::MAX, "18446744073709551615"),
+        ];
+        for (retry, expected) in rows {
+            assert_eq!(retry_after_value(retry), expected, "{retry:?}");
         }
     }
 }
