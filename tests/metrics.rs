@@ -194,8 +194,9 @@ fn an_empty_queue_name_is_refused_naming_the_field() {
 }
 
 // The Prometheus text of admission's metrics passes `promtool check
-// metrics`: run with promtool when it is on the machine, and otherwise
-// checked here against the same rules (every family has HELP and TYPE,
+// metrics` and the Python client's parser: run with each when it is on the
+// machine (Debian's `prometheus` package, `pip install prometheus-client`),
+// and in any case checked here against the same rules (every family has HELP and TYPE,
 // counters and only counters end in `_total`, histograms have buckets up
 // to `+Inf`, sums and counts, names are valid), plus ours: every queue
 // series carries the `queue` label.
@@ -234,9 +235,51 @@ fn exposition() -> String {
                 AdmitError::QueueFull { max_waiters: 1 }
             );
             queue.record_metrics();
+
+            // The gauges of the other resources: IO token budgets (one
+            // class limited, the other unlimited, written as infinity) and
+            // a GPU ledger.
+            let io = admission::queue::TokenQueues::with_builder(
+                WorkQueue::builder().name("io"),
+                1_000,
+                500,
+            )
+            .unwrap();
+            io.set_limits(Some(1_000), None).unwrap();
+            io.add_tokens(300, 0);
+            admission::export::record_io_tokens(&io);
+            admission::export::record_gpu_ledger(&gpu_ledger_report());
         });
     });
     handle.render()
+}
+
+/// The ledger report of a simulated device (ordinal 3) with nothing
+/// running: a ledger is only reachable through a service.
+fn gpu_ledger_report() -> admission::gpu::LedgerReport {
+    use admission::gpu::backend::sim::{SimBackend, SimDevice};
+    use admission::gpu::backend::DeviceOrdinal;
+    use admission::gpu::{DeviceProfile, DeviceSet, MemoryOwnership, QueryService, QueueBounds};
+
+    let profile = DeviceProfile::builder(DeviceOrdinal(3))
+        .managed_capacity(80_000_000_000)
+        .max_active_attempts(4)
+        .cache_cap(16_000_000_000)
+        .build()
+        .unwrap();
+    let sim = std::sync::Arc::new(SimBackend::new([SimDevice::new(3, 96_000_000_000)]));
+    let devices = DeviceSet::new(
+        vec![profile],
+        vec![MemoryOwnership::exclusive(DeviceOrdinal(3))],
+    )
+    .unwrap();
+    let bounds = QueueBounds::new(4, std::time::Duration::from_secs(1), 0).unwrap();
+    let service = QueryService::builder(sim, devices, bounds).build().unwrap();
+    service
+        .device_ledger_reports()
+        .into_iter()
+        .find(|r| r.device == DeviceOrdinal(3))
+        .expect("the one device's ledger")
 }
 
 fn valid_name(name: &str) -> bool {
@@ -345,6 +388,11 @@ fn the_exposition_passes_promtools_rules() {
         "admission_queue_length_by_priority",
         "admission_slots_used",
         "admission_slots",
+        "admission_io_tokens_available",
+        "admission_gpu_managed_bytes",
+        "admission_gpu_granted_bytes",
+        "admission_gpu_cache_bytes",
+        "admission_gpu_active_attempts",
     ] {
         assert!(
             text.contains(&format!("# TYPE {family} ")),
@@ -375,7 +423,55 @@ fn the_exposition_passes_promtools_rules() {
             String::from_utf8_lossy(&output.stderr)
         );
     }
+
+    // And the Python client's parser (what a Python scraper or test reads
+    // it with), where it is installed: exit 77 means it is not.
+    let parser = Command::new("python3")
+        .args(["-c", PYTHON_PARSE])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn();
+    if let Ok(mut parser) = parser {
+        parser
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(text.as_bytes())
+            .unwrap();
+        let output = parser.wait_with_output().unwrap();
+        let stdout = String::from_utf8_lossy(&output.stdout);
+        if output.status.code() != Some(77) {
+            assert!(
+                output.status.success(),
+                "prometheus_client: {stdout}{}\n{text}",
+                String::from_utf8_lossy(&output.stderr)
+            );
+            // The families come through with their types (the parser
+            // names a counter without its `_total`).
+            for family in [
+                "admission_requests counter",
+                "admission_wait_seconds histogram",
+                "admission_io_tokens_available gauge",
+                "admission_gpu_managed_bytes gauge",
+            ] {
+                assert!(stdout.contains(family), "{family} missing:\n{stdout}");
+            }
+        }
+    }
 }
+
+/// Parses stdin with `prometheus_client` and prints each family's name and
+/// type; exits 77 when the package is not installed.
+const PYTHON_PARSE: &str = "
+import sys
+try:
+    from prometheus_client.parser import text_string_to_metric_families
+except ImportError:
+    sys.exit(77)
+for family in text_string_to_metric_families(sys.stdin.read()):
+    print(family.name, family.type, len(family.samples))
+";
 
 #[test]
 fn the_checker_catches_what_promtool_would() {
