@@ -34,7 +34,9 @@
 //! instances.
 //!
 //! Counters and the histogram are recorded when a request settles, outside
-//! the queue's lock. Gauges are set by [`WorkQueue::record_metrics`](crate::WorkQueue::record_metrics),
+//! the queue's lock, and without an allocation: each queue keeps the keys
+//! of its series for the named priority rungs (a priority between rungs is
+//! labelled with its number, formatted on every call). Gauges are set by [`WorkQueue::record_metrics`](crate::WorkQueue::record_metrics),
 //! which the CPU controller calls on every tick (a queue without one: call
 //! it from the scrape handler, as `examples/axum_server.rs` does, or on a
 //! timer). Priority labels are the rung names (`user-high`, `normal`,
@@ -166,22 +168,138 @@ pub fn describe() {
     }
 }
 
+/// The named priority rungs, in the order of [`QueueKeys`]' tables.
+#[cfg(feature = "metrics")]
+const RUNGS: [Priority; 8] = [
+    Priority::LOW,
+    Priority::BULK_LOW,
+    Priority::USER_LOW,
+    Priority::BULK_NORMAL,
+    Priority::NORMAL,
+    Priority::LOCKING_NORMAL,
+    Priority::USER_HIGH,
+    Priority::HIGH,
+];
+
+/// Every `outcome` label a request can settle with, in the order of
+/// [`QueueKeys`]' tables (a test checks every refusal's reason is here).
+#[cfg(feature = "metrics")]
+const OUTCOMES: [&str; 9] = [
+    ADMITTED,
+    CANCELLED,
+    "queue_full",
+    "closed",
+    "deadline_passed",
+    "deadline_exceeded",
+    "would_miss_deadline",
+    "never_fits",
+    "timer_unavailable",
+];
+
+/// What the metric macros would register the per-request metrics with.
+#[cfg(feature = "metrics")]
+static METADATA: metrics::Metadata<'static> =
+    metrics::Metadata::new(module_path!(), metrics::Level::INFO, Some(module_path!()));
+
+/// The `metrics` keys of one queue's per-request series, each built the
+/// first time it is used and kept.
+///
+/// Why: a key whose labels are not literals owns a vector of them, so the
+/// `counter!` macro allocates one on every call, and a request settles (is
+/// admitted, refused or cancelled) at the rate requests arrive; an unpaced
+/// client's refusals must not cost an allocation each. Priorities between
+/// the named rungs, which are labelled with their number, are not kept.
+pub(crate) struct QueueKeys {
+    /// The `queue` label.
+    name: &'static str,
+    #[cfg(feature = "metrics")]
+    table: Box<KeyTable>,
+}
+
+#[cfg(feature = "metrics")]
+struct KeyTable {
+    /// `admission_requests_total` by rung and outcome.
+    requests: [[std::sync::OnceLock<metrics::Key>; OUTCOMES.len()]; RUNGS.len()],
+    /// `admission_wait_seconds` by rung.
+    wait: [std::sync::OnceLock<metrics::Key>; RUNGS.len()],
+}
+
+impl QueueKeys {
+    pub(crate) fn new(name: &'static str) -> Self {
+        QueueKeys {
+            name,
+            #[cfg(feature = "metrics")]
+            table: Box::new(KeyTable {
+                requests: std::array::from_fn(|_| std::array::from_fn(|_| Default::default())),
+                wait: std::array::from_fn(|_| Default::default()),
+            }),
+        }
+    }
+
+    /// The queue's name, its `queue` label.
+    pub(crate) fn name(&self) -> &'static str {
+        self.name
+    }
+}
+
+#[cfg(feature = "metrics")]
+fn requests_key(
+    queue: &'static str,
+    priority: metrics::SharedString,
+    outcome: &'static str,
+) -> metrics::Key {
+    let labels = vec![
+        metrics::Label::from_static_parts("queue", queue),
+        metrics::Label::new("priority", priority),
+        metrics::Label::from_static_parts("outcome", outcome),
+    ];
+    metrics::Key::from_parts("admission_requests_total", labels)
+}
+
+#[cfg(feature = "metrics")]
+fn wait_key(queue: &'static str, priority: metrics::SharedString) -> metrics::Key {
+    let labels = vec![
+        metrics::Label::from_static_parts("queue", queue),
+        metrics::Label::new("priority", priority),
+    ];
+    metrics::Key::from_parts("admission_wait_seconds", labels)
+}
+
 /// A request settled with `outcome`, after `waited` if it was admitted.
 #[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
 pub(crate) fn settled(
-    queue: &'static str,
+    keys: &QueueKeys,
     priority: Priority,
     outcome: &'static str,
     waited: Option<Duration>,
 ) {
     #[cfg(feature = "metrics")]
     {
-        let label = priority_label(priority);
-        metrics::counter!("admission_requests_total", "queue" => queue, "priority" => label.clone(), "outcome" => outcome)
-            .increment(1);
+        let queue = keys.name;
+        let rung = RUNGS.iter().position(|&rung| rung == priority);
+        let requests = rung.zip(OUTCOMES.iter().position(|&known| known == outcome));
+        let counter = |key: &metrics::Key| {
+            metrics::with_recorder(|recorder| recorder.register_counter(key, &METADATA))
+                .increment(1);
+        };
+        match requests {
+            Some((rung, index)) => counter(
+                keys.table.requests[rung][index]
+                    .get_or_init(|| requests_key(queue, priority_label(priority), outcome)),
+            ),
+            None => counter(&requests_key(queue, priority_label(priority), outcome)),
+        }
         if let Some(waited) = waited {
-            metrics::histogram!("admission_wait_seconds", "queue" => queue, "priority" => label)
-                .record(waited.as_secs_f64());
+            let histogram = |key: &metrics::Key| {
+                metrics::with_recorder(|recorder| recorder.register_histogram(key, &METADATA))
+                    .record(waited.as_secs_f64());
+            };
+            match rung {
+                Some(rung) => histogram(
+                    keys.table.wait[rung].get_or_init(|| wait_key(queue, priority_label(priority))),
+                ),
+                None => histogram(&wait_key(queue, priority_label(priority))),
+            }
         }
     }
 }
@@ -259,6 +377,51 @@ pub(crate) fn cpu(runnable_per_worker: f64, idle: bool) {
 pub(crate) fn callback_panicked(component: &'static str) {
     #[cfg(feature = "metrics")]
     metrics::counter!("admission_callback_panics_total", "component" => component).increment(1);
+}
+
+#[cfg(all(test, feature = "metrics"))]
+mod tests {
+    use super::*;
+    use crate::AdmitError;
+
+    #[test]
+    fn every_refusal_reason_has_a_kept_key() {
+        let refusals = [
+            AdmitError::QueueFull { max_waiters: 1 },
+            AdmitError::Closed,
+            AdmitError::DeadlinePassed,
+            AdmitError::DeadlineExceeded {
+                waited: Duration::ZERO,
+            },
+            AdmitError::WouldMissDeadline {
+                expected: Duration::ZERO,
+                remaining: Duration::ZERO,
+            },
+            AdmitError::NeverFits {
+                requested: 2,
+                capacity: 1,
+            },
+            AdmitError::TimerUnavailable,
+        ];
+        // Exhaustive inside the crate: a new refusal fails to compile here
+        // until it is added above.
+        let listed = |error: &AdmitError| match error {
+            AdmitError::QueueFull { .. }
+            | AdmitError::Closed
+            | AdmitError::DeadlinePassed
+            | AdmitError::DeadlineExceeded { .. }
+            | AdmitError::WouldMissDeadline { .. }
+            | AdmitError::NeverFits { .. }
+            | AdmitError::TimerUnavailable => (),
+        };
+        for error in refusals {
+            listed(&error);
+            assert!(OUTCOMES.contains(&error.reason()), "{error}");
+        }
+        for rung in RUNGS {
+            assert!(rung.name().is_some(), "{rung:?}");
+        }
+    }
 }
 
 /// The outcome label of a pool job whose closure returned.

@@ -99,7 +99,7 @@ impl<G: Granter> Future for Admit<G> {
             match attempt {
                 Attempt::Admitted { charge } => {
                     export::settled(
-                        shared.name,
+                        &shared.keys,
                         priority,
                         export::ADMITTED,
                         Some(Duration::ZERO),
@@ -110,7 +110,7 @@ impl<G: Granter> Future for Admit<G> {
                     return Poll::Ready(Ok(SlotPermit::new(shared, tenant, charge)));
                 }
                 Attempt::Rejected(error) => {
-                    export::settled(shared.name, priority, error.reason(), None);
+                    export::settled(&shared.keys, priority, error.reason(), None);
                     coop.made_progress();
                     *this.phase = Phase::Done;
                     *this.shared = None;
@@ -139,7 +139,7 @@ impl<G: Granter> Future for Admit<G> {
                                 state.cancel(key, granter, wakes)
                             });
                             let error = AdmitError::TimerUnavailable;
-                            export::settled(shared.name, priority, error.reason(), None);
+                            export::settled(&shared.keys, priority, error.reason(), None);
                             record_outcome(&span, error.reason(), since);
                             *this.phase = Phase::Done;
                             *this.shared = None;
@@ -194,14 +194,14 @@ impl<G: Granter> Future for Admit<G> {
         let result = match observed {
             Observed::Pending => return Poll::Pending,
             Observed::Admitted { charge, waited } => {
-                export::settled(shared.name, priority, export::ADMITTED, Some(waited));
+                export::settled(&shared.keys, priority, export::ADMITTED, Some(waited));
                 span.record("outcome", export::ADMITTED);
                 span.record("wait_us", waited.as_micros() as u64);
                 let shared = this.shared.take().expect("checked above");
                 Ok(SlotPermit::new(shared, tenant, charge))
             }
             Observed::Failed(error) => {
-                export::settled(shared.name, priority, error.reason(), None);
+                export::settled(&shared.keys, priority, error.reason(), None);
                 record_outcome(&span, error.reason(), since);
                 *this.shared = None;
                 Err(error)
@@ -241,7 +241,7 @@ impl<G: Granter> PinnedDrop for Admit<G> {
             Some(shared),
         ) = (&*this.phase, this.shared.as_ref())
         {
-            export::settled(shared.name, *priority, export::CANCELLED, None);
+            export::settled(&shared.keys, *priority, export::CANCELLED, None);
             record_outcome(span, export::CANCELLED, *since);
             let key = *key;
             shared.with_state(|state, granter, wakes| state.cancel(key, granter, wakes));

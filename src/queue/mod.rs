@@ -66,8 +66,9 @@ pub(crate) struct Shared<G: Granter> {
     granter: G,
     /// Every call into the granter goes through it (see `Grants`).
     granter_boundary: Boundary,
-    /// The `queue` label of every metric the queue exports.
-    name: &'static str,
+    /// The `queue` label of every metric the queue exports, and the keys
+    /// of its per-request series.
+    keys: crate::export::QueueKeys,
 }
 
 /// Everything behind the queue's one lock.
@@ -208,7 +209,12 @@ impl WorkQueue<SlotGranter> {
                 .map(|p| (p.priority, p.waiting))
                 .collect();
             drop(locked);
-            crate::export::queue_levels(self.shared.name, &by_priority, slots.used, slots.total);
+            crate::export::queue_levels(
+                self.shared.keys.name(),
+                &by_priority,
+                slots.used,
+                slots.total,
+            );
         }
     }
 
@@ -247,7 +253,7 @@ impl<G: Granter> WorkQueue<G> {
     /// The queue's name, its `queue` metric label; see
     /// [`WorkQueueBuilder::name`].
     pub fn name(&self) -> &'static str {
-        self.shared.name
+        self.shared.keys.name()
     }
 
     /// Closes the queue: every waiting request fails with
@@ -654,7 +660,7 @@ impl WorkQueueBuilder {
         Ok(WorkQueue {
             shared: Arc::new(Shared {
                 locked: Mutex::new(locked),
-                name: self.name,
+                keys: crate::export::QueueKeys::new(self.name),
                 granter,
                 granter_boundary: Boundary::new(
                     "granter",

@@ -230,7 +230,8 @@ impl<C> HttpAdmissionLayer<C> {
     }
 
     /// The longest `Retry-After` hint given, however long the estimate
-    /// (default 60 seconds).
+    /// (default 60 seconds). Hints up to a minute are static strings; a
+    /// longer one costs the refusal an allocation for its digits.
     pub fn max_retry_after(mut self, max: Duration) -> Self {
         self.refusals.max_retry_after = max;
         self

@@ -61,7 +61,8 @@ pub fn rejection_response<B: Default>(error: &AdmitError, retry_after: Duration)
     response
 }
 
-/// `Retry-After` values for whole seconds up to [`STATIC_SECONDS`]: a
+/// `Retry-After` values for whole seconds up to 60, the default
+/// [`max_retry_after`](super::HttpAdmissionLayer::max_retry_after): a
 /// refusal is answered at the rate an unpaced client sends, so its header
 /// value is a static string rather than a number formatted into a fresh
 /// buffer (which `HeaderValue::from(u64)` allocates).
@@ -72,12 +73,8 @@ const SECONDS: [&str; 61] = [
     "49", "50", "51", "52", "53", "54", "55", "56", "57", "58", "59", "60",
 ];
 
-/// The longest `Retry-After` (in seconds) answered without an allocation:
-/// the default [`max_retry_after`](super::HttpAdmissionLayer::max_retry_after).
-pub(super) const STATIC_SECONDS: u64 = SECONDS.len() as u64 - 1;
-
 /// `retry` as a `Retry-After` value: whole seconds, rounded up, at least
-/// one. Allocation-free up to [`STATIC_SECONDS`].
+/// one. Allocation-free up to a minute.
 pub(super) fn retry_after_value(retry: Duration) -> HeaderValue {
     // Saturating: `Duration::MAX` has a fraction on top of `u64::MAX` seconds.
     let seconds = retry
@@ -141,7 +138,7 @@ mod tests {
             (Duration::from_millis(1), "1"),
             (Duration::from_secs(1), "1"),
             (Duration::from_millis(1001), "2"),
-            (Duration::from_secs(STATIC_SECONDS), "60"),
+            (Duration::from_secs(60), "60"),
             (Duration::from_millis(60_001), "61"),
             (Duration::from_secs(3600), "3600"),
             (Duration::MAX, "18446744073709551615"),
