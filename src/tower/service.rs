@@ -54,7 +54,19 @@ fn lowest_trust() -> WorkInfo {
 ///
 /// The inner service must be `Clone` (as with most tower middleware that
 /// calls it later than `call`): the ready instance is kept for this request
-/// and a clone takes its place.
+/// and a clone takes its place. That clone is made for every request, the
+/// refused ones included (for axum's boxed route service it is one
+/// allocation), and cannot be skipped for refusals: `Admit` decides on its
+/// first poll, which needs the task's waker (a request that has to wait
+/// registers it) and so happens in the response future, after `call` has
+/// returned; by then the future must already own the instance it will
+/// call. Deciding inside `call` would mean either polling admission there
+/// with a stand-in waker (the wait's span and deadline timer then made
+/// outside the task that waits, and `call` needing a runtime) or
+/// splitting the queue's decision from its enqueueing (the request's
+/// bookkeeping then done twice when it has to wait). One clone per request
+/// is the cheaper price; the refusal's own cost is in
+/// `tests/tower_refusal_cost.rs`.
 #[derive(Clone)]
 pub struct AdmissionService<S, C> {
     inner: S,
