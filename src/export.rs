@@ -12,7 +12,7 @@
 //! | `admission_cpu_runnable_per_worker` | gauge | tasks | | the CPU signal's last sample |
 //! | `admission_cpu_idle` | gauge | | | 1 while the CPU controller is idle (not enforcing) |
 //! | `admission_io_tokens_available` | gauge | bytes | `queue`, `class` | an IO token class's balance (negative in debt, `+Inf` while unlimited; [`record_io_tokens`]) |
-//! | `admission_gpu_managed_bytes` | gauge | bytes | `device` | a GPU ledger's managed capacity ([`record_gpu_ledger`]) |
+//! | `admission_gpu_managed_bytes` | gauge | bytes | `device` | a GPU ledger's managed capacity ([`record_gpu_ledger`], [`QueryService::record_metrics`](crate::gpu::QueryService::record_metrics)) |
 //! | `admission_gpu_granted_bytes` | gauge | bytes | `device` | bytes committed to running attempts |
 //! | `admission_gpu_cache_bytes` | gauge | bytes | `device` | resident cache bytes, evictable and pinned |
 //! | `admission_gpu_active_attempts` | gauge | attempts | `device` | attempts running |
@@ -342,7 +342,9 @@ pub fn record_io_tokens(queues: &crate::queue::TokenQueues) {
 }
 
 /// Sets the `admission_gpu_*` gauges of one device from its ledger's
-/// report ([`DeviceLedger::report`](crate::gpu::DeviceLedger::report)).
+/// report ([`DeviceLedger::report`](crate::gpu::DeviceLedger::report));
+/// [`QueryService::record_metrics`](crate::gpu::QueryService::record_metrics)
+/// does it for every device of a service.
 /// Does nothing without the `metrics` feature.
 #[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
 pub fn record_gpu_ledger(report: &crate::gpu::LedgerReport) {

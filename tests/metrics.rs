@@ -605,4 +605,22 @@ async fn a_gpu_ledger_report_becomes_gauges_per_device() {
         on_device("admission_gpu_active_attempts"),
         Some(f64::from(report.active_attempts))
     );
+    // The service sets the same gauges for every device it has.
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    metrics::with_local_recorder(&recorder, || service.record_metrics());
+    let entries = snapshotter.snapshot().into_vec();
+    let managed = entries.iter().find_map(|(key, .., value)| match value {
+        DebugValue::Gauge(g)
+            if key.key().name() == "admission_gpu_managed_bytes"
+                && key
+                    .key()
+                    .labels()
+                    .any(|l| l.key() == "device" && l.value() == "3") =>
+        {
+            Some(g.into_inner())
+        }
+        _ => None,
+    });
+    assert_eq!(managed, Some(80e9));
 }

@@ -543,6 +543,19 @@ impl QueryService {
         self.inner.state.lock().core.ledger_reports()
     }
 
+    /// Sets the `admission_gpu_*` gauges of every device from its ledger's
+    /// report (see [`export`](crate::export)). Nothing sets them on its
+    /// own: call this from the scrape handler, as
+    /// [`WorkQueue::record_metrics`](crate::WorkQueue::record_metrics) for a
+    /// queue without a controller, or on a timer. Does nothing without the
+    /// `metrics` feature (the ledgers' lock is not taken for nothing).
+    pub fn record_metrics(&self) {
+        #[cfg(feature = "metrics")]
+        for report in self.device_ledger_reports() {
+            crate::export::record_gpu_ledger(&report);
+        }
+    }
+
     /// Quarantines `device` (an operator's or a health check's decision):
     /// nothing new is issued there, in-flight grants drain, a protection
     /// there is retargeted, waiters left without a healthy device fail.
