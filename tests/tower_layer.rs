@@ -202,3 +202,58 @@ async fn priority_tenant_and_deadline_propagate_through_two_chained_services() {
 async fn outside_an_admitted_request_there_is_no_current_work() {
     assert!(admission::tower::current_work().is_none());
 }
+
+/// An inner service whose readiness is switched from outside.
+#[derive(Clone)]
+struct Gate(std::sync::Arc<std::sync::atomic::AtomicBool>);
+
+impl Service<(u64, i8)> for Gate {
+    type Response = ();
+    type Error = Infallible;
+    type Future = std::future::Ready<Result<(), Infallible>>;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        if self.0.load(std::sync::atomic::Ordering::Relaxed) {
+            Poll::Ready(Ok(()))
+        } else {
+            Poll::Pending
+        }
+    }
+
+    fn call(&mut self, _: (u64, i8)) -> Self::Future {
+        std::future::ready(Ok(()))
+    }
+}
+
+/// The documented readiness: the inner service's, whatever the queue's
+/// state, so back-pressure from admission shows per request, not in
+/// `poll_ready`.
+#[tokio::test(start_paused = true)]
+async fn readiness_is_the_inner_services_not_the_queues() {
+    let queue = WorkQueue::builder()
+        .total_slots(0)
+        .max_waiters(1)
+        .build()
+        .unwrap();
+    let open = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let mut service = AdmissionLayer::new(queue.clone(), classify).layer(Gate(open.clone()));
+    let mut cx = Context::from_waker(std::task::Waker::noop());
+
+    // No slot at all, and the one waiting place taken: still ready.
+    let mut waiter = Box::pin(service.call((1, 0)));
+    assert!(poll_once(&mut waiter).is_pending());
+    assert_eq!(queue.waiting(), 1);
+    assert!(matches!(service.poll_ready(&mut cx), Poll::Ready(Ok(()))));
+    let mut refused = Box::pin(service.call((2, 0)));
+    assert!(matches!(
+        poll_once(&mut refused),
+        Poll::Ready(Err(AdmissionError::Rejected(AdmitError::QueueFull { .. })))
+    ));
+
+    // The inner service not ready: neither is the layer, whatever the
+    // queue holds.
+    open.store(false, std::sync::atomic::Ordering::Relaxed);
+    drop(waiter);
+    assert_eq!(queue.waiting(), 0);
+    assert!(service.poll_ready(&mut cx).is_pending());
+}
