@@ -50,6 +50,32 @@ async fn axum_router_layer_takes_the_http_mode_as_it_is_and_refusals_are_503() {
     assert_eq!(response.headers()["retry-after"], "1");
 }
 
+/// As the module docs say: `route_layer` leaves the 404 fallback outside
+/// admission, `layer` queues it too.
+#[tokio::test(start_paused = true)]
+async fn route_layer_leaves_unknown_paths_outside_admission_and_layer_does_not() {
+    let (queue, _waiter) = refusing_queue();
+    let layer = AdmissionLayer::new(queue, HttpClassifier::new()).http();
+    let routes = || Router::new().route("/", get(|| async { "served" }));
+    let status = |app: Router, path: &'static str| async move {
+        app.oneshot(get_request(path)).await.unwrap().status()
+    };
+    let route_layered = routes().route_layer(layer.clone());
+    assert_eq!(
+        status(route_layered.clone(), "/").await,
+        StatusCode::SERVICE_UNAVAILABLE
+    );
+    assert_eq!(
+        status(route_layered, "/nowhere").await,
+        StatusCode::NOT_FOUND
+    );
+    let layered = routes().layer(layer);
+    assert_eq!(
+        status(layered, "/nowhere").await,
+        StatusCode::SERVICE_UNAVAILABLE
+    );
+}
+
 #[tokio::test(start_paused = true)]
 async fn the_refusal_status_may_be_429() {
     let (queue, _waiter) = refusing_queue();
