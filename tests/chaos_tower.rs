@@ -150,7 +150,11 @@ async fn hostile_headers_fall_back_to_the_defaults() {
         let work = classifier.classify(&request);
         assert_eq!(
             (work.tenant(), work.priority(), work.deadline()),
-            (TenantId::SYSTEM, Priority::NORMAL, None),
+            (
+                TenantId::SYSTEM,
+                Priority::NORMAL,
+                Some(work.create_time() + HttpClassifier::DEFAULT_TIMEOUT)
+            ),
             "{bytes:?}"
         );
     }

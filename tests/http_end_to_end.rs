@@ -122,7 +122,8 @@ async fn headers_map_to_the_work_class() {
         .request(get_request(address, "/", &[]))
         .await
         .unwrap();
-    assert_eq!(text(plain).await, "1 normal None");
+    // No deadline header: the classifier's default timeout.
+    assert_eq!(text(plain).await, "1 normal Some(1s)");
 }
 
 #[tokio::test]
@@ -177,7 +178,7 @@ async fn under_overload_low_priority_gets_429_while_high_priority_succeeds() {
     release.notify_one();
     let high = high.await.unwrap().unwrap();
     assert_eq!(high.status(), 200);
-    assert_eq!(text(high).await, "1 user-high None");
+    assert_eq!(text(high).await, "1 user-high Some(1s)");
     assert_eq!(blocked.await.unwrap().unwrap().status(), 200);
 }
 
@@ -241,8 +242,13 @@ async fn the_class_travels_through_two_chained_servers() {
         ))
         .await
         .unwrap();
-    assert_eq!(
-        text(response).await,
-        "42 bulk-normal None | 42 bulk-normal None"
+    // The front gets the classifier's default timeout; the back gets what
+    // was left of it when the front called (however long that took).
+    let text = text(response).await;
+    let (front, back) = text.split_once(" | ").expect("two servers answered");
+    assert_eq!(front, "42 bulk-normal Some(1s)");
+    assert!(
+        back.starts_with("42 bulk-normal Some("),
+        "the back's class and the deadline passed on: {back}"
     );
 }
