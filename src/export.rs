@@ -170,16 +170,7 @@ pub fn describe() {
 
 /// The named priority rungs, in the order of [`QueueKeys`]' tables.
 #[cfg(feature = "metrics")]
-const RUNGS: [Priority; 8] = [
-    Priority::LOW,
-    Priority::BULK_LOW,
-    Priority::USER_LOW,
-    Priority::BULK_NORMAL,
-    Priority::NORMAL,
-    Priority::LOCKING_NORMAL,
-    Priority::USER_HIGH,
-    Priority::HIGH,
-];
+const RUNGS: [Priority; 8] = Priority::RUNGS;
 
 /// Every `outcome` label a request can settle with, in the order of
 /// [`QueueKeys`]' tables (a test checks every refusal's reason is here).

@@ -248,15 +248,16 @@ fn exposition() -> String {
             io.set_limits(Some(1_000), None).unwrap();
             io.add_tokens(300, 0);
             admission::export::record_io_tokens(&io);
-            admission::export::record_gpu_ledger(&gpu_ledger_report());
+            admission::export::record_gpu_ledger(&gpu_ledger_report_of(&gpu_service()));
         });
     });
     handle.render()
 }
 
-/// The ledger report of a simulated device (ordinal 3) with nothing
-/// running: a ledger is only reachable through a service.
-fn gpu_ledger_report() -> admission::gpu::LedgerReport {
+/// A service over one simulated device (ordinal 3: 80 GB managed, a 16 GB
+/// cache cap) with nothing running: a ledger is only reachable through a
+/// service (its constructor is crate-private).
+fn gpu_service() -> admission::gpu::QueryService {
     use admission::gpu::backend::sim::{SimBackend, SimDevice};
     use admission::gpu::backend::DeviceOrdinal;
     use admission::gpu::{DeviceProfile, DeviceSet, MemoryOwnership, QueryService, QueueBounds};
@@ -274,11 +275,15 @@ fn gpu_ledger_report() -> admission::gpu::LedgerReport {
     )
     .unwrap();
     let bounds = QueueBounds::new(4, std::time::Duration::from_secs(1), 0).unwrap();
-    let service = QueryService::builder(sim, devices, bounds).build().unwrap();
+    QueryService::builder(sim, devices, bounds).build().unwrap()
+}
+
+/// The ledger report of device 3 of `service`.
+fn gpu_ledger_report_of(service: &admission::gpu::QueryService) -> admission::gpu::LedgerReport {
     service
         .device_ledger_reports()
         .into_iter()
-        .find(|r| r.device == DeviceOrdinal(3))
+        .find(|r| r.device == admission::gpu::backend::DeviceOrdinal(3))
         .expect("the one device's ledger")
 }
 
@@ -402,20 +407,8 @@ fn the_exposition_passes_promtools_rules() {
     assert_eq!(violations(&text), Vec::<String>::new(), "\n{text}");
 
     // The real thing, where it is installed.
-    let promtool = Command::new("promtool")
-        .args(["check", "metrics"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn();
-    if let Ok(mut promtool) = promtool {
-        promtool
-            .stdin
-            .take()
-            .unwrap()
-            .write_all(text.as_bytes())
-            .unwrap();
-        let output = promtool.wait_with_output().unwrap();
+    if let Some(output) = run_with_stdin(Command::new("promtool").args(["check", "metrics"]), &text)
+    {
         assert!(
             output.status.success(),
             "promtool: {}{}\n{text}",
@@ -426,20 +419,8 @@ fn the_exposition_passes_promtools_rules() {
 
     // And the Python client's parser (what a Python scraper or test reads
     // it with), where it is installed: exit 77 means it is not.
-    let parser = Command::new("python3")
-        .args(["-c", PYTHON_PARSE])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn();
-    if let Ok(mut parser) = parser {
-        parser
-            .stdin
-            .take()
-            .unwrap()
-            .write_all(text.as_bytes())
-            .unwrap();
-        let output = parser.wait_with_output().unwrap();
+    if let Some(output) = run_with_stdin(Command::new("python3").args(["-c", PYTHON_PARSE]), &text)
+    {
         let stdout = String::from_utf8_lossy(&output.stdout);
         if output.status.code() != Some(77) {
             assert!(
@@ -551,31 +532,8 @@ fn io_token_balances_are_gauges_per_class_infinite_while_unlimited() {
 
 #[tokio::test]
 async fn a_gpu_ledger_report_becomes_gauges_per_device() {
-    use admission::gpu::backend::sim::{SimBackend, SimDevice};
-    use admission::gpu::backend::DeviceOrdinal;
-    use admission::gpu::{DeviceProfile, DeviceSet, MemoryOwnership, QueryService, QueueBounds};
-
-    let profile = DeviceProfile::builder(DeviceOrdinal(3))
-        .managed_capacity(80_000_000_000)
-        .max_active_attempts(4)
-        .cache_cap(16_000_000_000)
-        .build()
-        .unwrap();
-    // A ledger is only reachable through a service (its constructor is
-    // crate-private): one over a simulated device with room for the profile.
-    let sim = std::sync::Arc::new(SimBackend::new([SimDevice::new(3, 96_000_000_000)]));
-    let devices = DeviceSet::new(
-        vec![profile],
-        vec![MemoryOwnership::exclusive(DeviceOrdinal(3))],
-    )
-    .unwrap();
-    let bounds = QueueBounds::new(4, std::time::Duration::from_secs(1), 0).unwrap();
-    let service = QueryService::builder(sim, devices, bounds).build().unwrap();
-    let report = service
-        .device_ledger_reports()
-        .into_iter()
-        .find(|r| r.device == DeviceOrdinal(3))
-        .expect("the one device's ledger");
+    let service = gpu_service();
+    let report = gpu_ledger_report_of(&service);
     let recorder = DebuggingRecorder::new();
     let snapshotter = recorder.snapshotter();
     metrics::with_local_recorder(&recorder, || admission::export::record_gpu_ledger(&report));
@@ -623,4 +581,22 @@ async fn a_gpu_ledger_report_becomes_gauges_per_device() {
         _ => None,
     });
     assert_eq!(managed, Some(80e9));
+}
+
+/// Runs `command` with `input` on its standard input; `None` if it cannot
+/// be started (not installed).
+fn run_with_stdin(command: &mut Command, input: &str) -> Option<std::process::Output> {
+    let mut child = command
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .ok()?;
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(input.as_bytes())
+        .unwrap();
+    Some(child.wait_with_output().unwrap())
 }

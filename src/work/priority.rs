@@ -41,6 +41,18 @@ impl Priority {
     /// The highest priority: work the node needs to stay healthy.
     pub const HIGH: Priority = Priority(i8::MAX);
 
+    /// The named rungs, lowest first.
+    pub const RUNGS: [Priority; 8] = [
+        Priority::LOW,
+        Priority::BULK_LOW,
+        Priority::USER_LOW,
+        Priority::BULK_NORMAL,
+        Priority::NORMAL,
+        Priority::LOCKING_NORMAL,
+        Priority::USER_HIGH,
+        Priority::HIGH,
+    ];
+
     /// A priority from its raw ladder value.
     pub const fn new(value: i8) -> Self {
         Priority(value)
@@ -109,16 +121,8 @@ mod tests {
 
     #[test]
     fn the_ladder_orders_numerically_and_splits_at_zero() {
-        let ladder = [
-            Priority::LOW,
-            Priority::BULK_LOW,
-            Priority::USER_LOW,
-            Priority::BULK_NORMAL,
-            Priority::NORMAL,
-            Priority::LOCKING_NORMAL,
-            Priority::USER_HIGH,
-            Priority::HIGH,
-        ];
+        let ladder = Priority::RUNGS;
+        assert!(ladder.iter().all(|rung| rung.name().is_some()));
         assert!(ladder.windows(2).all(|pair| pair[0] < pair[1]));
         let elastic: Vec<bool> = ladder.iter().map(|p| p.is_elastic()).collect();
         assert_eq!(
