@@ -23,17 +23,20 @@ type Entry = (
     DebugValue,
 );
 
+/// Whether `key` carries every `(label, value)` of `labels`.
+fn has_labels(key: &CompositeKey, labels: &[(&str, &str)]) -> bool {
+    labels.iter().all(|&(l, v)| {
+        key.key()
+            .labels()
+            .any(|label| label.key() == l && label.value() == v)
+    })
+}
+
 fn counter(entries: &[Entry], name: &str, labels: &[(&str, &str)]) -> u64 {
     entries
         .iter()
         .filter(|(key, ..)| key.kind() == MetricKind::Counter && key.key().name() == name)
-        .filter(|(key, ..)| {
-            labels.iter().all(|&(l, v)| {
-                key.key()
-                    .labels()
-                    .any(|label| label.key() == l && label.value() == v)
-            })
-        })
+        .filter(|(key, ..)| has_labels(key, labels))
         .map(|(.., value)| match value {
             DebugValue::Counter(n) => *n,
             _ => 0,
@@ -41,24 +44,37 @@ fn counter(entries: &[Entry], name: &str, labels: &[(&str, &str)]) -> u64 {
         .sum()
 }
 
-fn gauge(entries: &[Entry], name: &str) -> Option<f64> {
+/// The first gauge named `name` that carries `labels`.
+fn gauge(entries: &[Entry], name: &str, labels: &[(&str, &str)]) -> Option<f64> {
     entries.iter().find_map(|(key, .., value)| match value {
-        DebugValue::Gauge(g) if key.key().name() == name => Some(g.into_inner()),
+        DebugValue::Gauge(g) if key.key().name() == name && has_labels(key, labels) => {
+            Some(g.into_inner())
+        }
         _ => None,
     })
 }
 
-#[test]
-fn every_outcome_is_counted_by_priority_and_gauges_show_the_levels() {
+/// What `f` returned and what it recorded through the `metrics` facade.
+fn recorded<R>(f: impl FnOnce() -> R) -> (R, Vec<Entry>) {
     let recorder = DebuggingRecorder::new();
     let snapshotter = recorder.snapshotter();
-    metrics::with_local_recorder(&recorder, || {
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_time()
-            .start_paused(true)
-            .build()
-            .unwrap();
-        runtime.block_on(async {
+    let value = metrics::with_local_recorder(&recorder, f);
+    (value, snapshotter.snapshot().into_vec())
+}
+
+/// A current-thread runtime with timers, its clock paused.
+fn paused_runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .start_paused(true)
+        .build()
+        .unwrap()
+}
+
+#[test]
+fn every_outcome_is_counted_by_priority_and_gauges_show_the_levels() {
+    let ((), entries) = recorded(|| {
+        paused_runtime().block_on(async {
             let t0 = Instant::now();
             let queue = WorkQueue::builder()
                 .total_slots(1)
@@ -77,7 +93,6 @@ fn every_outcome_is_counted_by_priority_and_gauges_show_the_levels() {
             let _permit = granted(&mut granted_later);
         });
     });
-    let entries = snapshotter.snapshot().into_vec();
     let requests = |labels: &[(&str, &str)]| counter(&entries, "admission_requests_total", labels);
     assert_eq!(
         requests(&[("priority", "normal"), ("outcome", "admitted")]),
@@ -100,23 +115,23 @@ fn every_outcome_is_counted_by_priority_and_gauges_show_the_levels() {
         && matches!(value, DebugValue::Histogram(samples) if samples.iter().any(|s| s.into_inner() == 0.002))));
     // The total is the sum of the per-priority gauges: not a series of
     // its own.
-    assert_eq!(gauge(&entries, "admission_queue_length"), None);
+    assert_eq!(gauge(&entries, "admission_queue_length", &[]), None);
     let waiting_at = |priority: &str| {
-        entries.iter().find_map(|(key, .., value)| match value {
-            DebugValue::Gauge(g)
-                if key.key().name() == "admission_queue_length_by_priority"
-                    && key.key().labels().any(|l| l.value() == priority) =>
-            {
-                Some(g.into_inner())
-            }
-            _ => None,
-        })
+        gauge(
+            &entries,
+            "admission_queue_length_by_priority",
+            &[("priority", priority)],
+        )
     };
     assert_eq!(waiting_at("normal"), Some(1.0));
     assert_eq!(waiting_at("user-high"), Some(1.0));
-    assert_eq!(gauge(&entries, "admission_slots_used"), Some(1.0));
-    assert_eq!(gauge(&entries, "admission_slots"), Some(1.0));
-    assert_eq!(gauge(&entries, "admission_slots_total"), None, "a gauge");
+    assert_eq!(gauge(&entries, "admission_slots_used", &[]), Some(1.0));
+    assert_eq!(gauge(&entries, "admission_slots", &[]), Some(1.0));
+    assert_eq!(
+        gauge(&entries, "admission_slots_total", &[]),
+        None,
+        "a gauge"
+    );
     assert!(
         entries.iter().all(|(key, ..)| {
             !key.key().name().starts_with("admission_slots")
@@ -133,15 +148,8 @@ fn every_outcome_is_counted_by_priority_and_gauges_show_the_levels() {
 
 #[test]
 fn two_named_queues_keep_their_series_apart() {
-    let recorder = DebuggingRecorder::new();
-    let snapshotter = recorder.snapshotter();
-    metrics::with_local_recorder(&recorder, || {
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_time()
-            .start_paused(true)
-            .build()
-            .unwrap();
-        runtime.block_on(async {
+    let ((), entries) = recorded(|| {
+        paused_runtime().block_on(async {
             let t0 = Instant::now();
             let cpu = WorkQueue::builder().name("cpu").build().unwrap();
             let io = WorkQueue::builder()
@@ -156,18 +164,7 @@ fn two_named_queues_keep_their_series_apart() {
             io.record_metrics();
         });
     });
-    let entries = snapshotter.snapshot().into_vec();
-    let slots = |queue: &str| {
-        entries.iter().find_map(|(key, .., value)| match value {
-            DebugValue::Gauge(g)
-                if key.key().name() == "admission_slots"
-                    && key.key().labels().any(|l| l.value() == queue) =>
-            {
-                Some(g.into_inner())
-            }
-            _ => None,
-        })
-    };
+    let slots = |queue: &str| gauge(&entries, "admission_slots", &[("queue", queue)]);
     assert_eq!((slots("cpu"), slots("io")), (Some(1.0), Some(3.0)));
     assert_eq!(
         counter(
@@ -214,12 +211,7 @@ fn exposition() -> String {
         .build_recorder();
     let handle = recorder.handle();
     metrics::with_local_recorder(&recorder, || {
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_time()
-            .start_paused(true)
-            .build()
-            .unwrap();
-        runtime.block_on(async {
+        paused_runtime().block_on(async {
             let t0 = Instant::now();
             let queue = WorkQueue::builder()
                 .name("http")
@@ -480,41 +472,23 @@ fn io_token_balances_are_gauges_per_class_infinite_while_unlimited() {
 
     let balances = |entries: &[Entry]| {
         let of = |class: &str| {
-            entries.iter().find_map(|(key, .., value)| match value {
-                DebugValue::Gauge(g)
-                    if key.key().name() == "admission_io_tokens_available"
-                        && key
-                            .key()
-                            .labels()
-                            .any(|l| l.key() == "class" && l.value() == class)
-                        && key
-                            .key()
-                            .labels()
-                            .any(|l| l.key() == "queue" && l.value() == "io") =>
-                {
-                    Some(g.into_inner())
-                }
-                _ => None,
-            })
+            gauge(
+                entries,
+                "admission_io_tokens_available",
+                &[("class", class), ("queue", "io")],
+            )
         };
         (of("regular"), of("elastic"))
     };
-    let unlimited = DebuggingRecorder::new();
-    let snapshotter = unlimited.snapshotter();
-    metrics::with_local_recorder(&unlimited, || {
+    let ((), unlimited) = recorded(|| {
         let queues =
             TokenQueues::with_builder(WorkQueue::builder().name("io"), 1_000, 500).unwrap();
         admission::export::record_io_tokens(&queues);
     });
     let infinite = Some(f64::INFINITY);
-    assert_eq!(
-        balances(&snapshotter.snapshot().into_vec()),
-        (infinite, infinite)
-    );
+    assert_eq!(balances(&unlimited), (infinite, infinite));
 
-    let limited = DebuggingRecorder::new();
-    let snapshotter = limited.snapshotter();
-    let expected = metrics::with_local_recorder(&limited, || {
+    let (expected, limited) = recorded(|| {
         let queues =
             TokenQueues::with_builder(WorkQueue::builder().name("io"), 1_000, 500).unwrap();
         queues.set_limits(Some(1_000), Some(500)).unwrap();
@@ -527,31 +501,15 @@ fn io_token_balances_are_gauges_per_class_infinite_while_unlimited() {
         (available(queues.regular()), available(queues.elastic()))
     });
     assert_eq!(expected.0, Some(300.0));
-    assert_eq!(balances(&snapshotter.snapshot().into_vec()), expected);
+    assert_eq!(balances(&limited), expected);
 }
 
 #[tokio::test]
 async fn a_gpu_ledger_report_becomes_gauges_per_device() {
     let service = gpu_service();
     let report = gpu_ledger_report_of(&service);
-    let recorder = DebuggingRecorder::new();
-    let snapshotter = recorder.snapshotter();
-    metrics::with_local_recorder(&recorder, || admission::export::record_gpu_ledger(&report));
-    let entries = snapshotter.snapshot().into_vec();
-    let on_device = |name: &str| {
-        entries.iter().find_map(|(key, .., value)| match value {
-            DebugValue::Gauge(g)
-                if key.key().name() == name
-                    && key
-                        .key()
-                        .labels()
-                        .any(|l| l.key() == "device" && l.value() == "3") =>
-            {
-                Some(g.into_inner())
-            }
-            _ => None,
-        })
-    };
+    let ((), entries) = recorded(|| admission::export::record_gpu_ledger(&report));
+    let on_device = |name: &str| gauge(&entries, name, &[("device", "3")]);
     let cache = report.cache_evictable_bytes + report.cache_pinned_bytes;
     assert_eq!(on_device("admission_gpu_managed_bytes"), Some(80e9));
     assert_eq!(
@@ -564,22 +522,8 @@ async fn a_gpu_ledger_report_becomes_gauges_per_device() {
         Some(f64::from(report.active_attempts))
     );
     // The service sets the same gauges for every device it has.
-    let recorder = DebuggingRecorder::new();
-    let snapshotter = recorder.snapshotter();
-    metrics::with_local_recorder(&recorder, || service.record_metrics());
-    let entries = snapshotter.snapshot().into_vec();
-    let managed = entries.iter().find_map(|(key, .., value)| match value {
-        DebugValue::Gauge(g)
-            if key.key().name() == "admission_gpu_managed_bytes"
-                && key
-                    .key()
-                    .labels()
-                    .any(|l| l.key() == "device" && l.value() == "3") =>
-        {
-            Some(g.into_inner())
-        }
-        _ => None,
-    });
+    let ((), entries) = recorded(|| service.record_metrics());
+    let managed = gauge(&entries, "admission_gpu_managed_bytes", &[("device", "3")]);
     assert_eq!(managed, Some(80e9));
 }
 
