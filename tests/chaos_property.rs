@@ -175,11 +175,7 @@ fn quiet_flaky_panics() {
 
 fn run(ops: Vec<Op>, setup: Setup) -> Result<(), TestCaseError> {
     quiet_flaky_panics();
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_time()
-        .start_paused(true)
-        .build()
-        .unwrap();
+    let runtime = common::paused_runtime();
     runtime.block_on(async move {
         let mut builder = WorkQueue::builder()
             .max_waiters(8)
@@ -404,11 +400,7 @@ mod tokens {
     type Admitted = (WorkInfo, SlotPermit<TokenGranter>);
 
     fn run_tokens(ops: Vec<TokenOp>) -> Result<(), TestCaseError> {
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_time()
-            .start_paused(true)
-            .build()
-            .unwrap();
+        let runtime = common::paused_runtime();
         runtime.block_on(async move {
             let queues = TokenQueues::new(4096, 4096).unwrap();
             let mut waiting: Vec<(WorkInfo, Spawn<admission::Admit<TokenGranter>>)> = Vec::new();

@@ -87,11 +87,7 @@ struct Policies {
 }
 
 fn run(ops: Vec<Op>, policies: Policies) -> Result<(), TestCaseError> {
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_time()
-        .start_paused(true)
-        .build()
-        .unwrap();
+    let runtime = common::paused_runtime();
     runtime.block_on(async move {
         let mut builder = WorkQueue::builder()
             .total_slots(2)
@@ -294,11 +290,7 @@ fn run_pool(
     use std::sync::{mpsc, Arc};
 
     const THREADS: usize = 2;
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_time()
-        .start_paused(true)
-        .build()
-        .unwrap();
+    let runtime = common::paused_runtime();
     runtime.block_on(async move {
         let mut queue = WorkQueue::builder()
             .max_waiters(6)

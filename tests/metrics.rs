@@ -62,15 +62,6 @@ fn recorded<R>(f: impl FnOnce() -> R) -> (R, Vec<Entry>) {
     (value, snapshotter.snapshot().into_vec())
 }
 
-/// A current-thread runtime with timers, its clock paused.
-fn paused_runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_current_thread()
-        .enable_time()
-        .start_paused(true)
-        .build()
-        .unwrap()
-}
-
 #[test]
 fn every_outcome_is_counted_by_priority_and_gauges_show_the_levels() {
     let ((), entries) = recorded(|| {

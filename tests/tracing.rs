@@ -80,11 +80,7 @@ impl<S: Subscriber + for<'a> LookupSpan<'a>> Layer<S> for Capture {
 fn each_wait_is_a_span_with_tenant_priority_outcome_and_wait_time() {
     let capture = Capture::default();
     let subscriber = tracing_subscriber::registry().with(capture.clone());
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_time()
-        .start_paused(true)
-        .build()
-        .unwrap();
+    let runtime = paused_runtime();
     tracing::subscriber::with_default(subscriber, || {
         runtime.block_on(async {
             let t0 = Instant::now();
@@ -164,11 +160,7 @@ fn each_wait_is_a_span_with_tenant_priority_outcome_and_wait_time() {
 fn a_cancelled_wait_records_its_outcome_and_wait_time() {
     let capture = Capture::default();
     let subscriber = tracing_subscriber::registry().with(capture.clone());
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_time()
-        .start_paused(true)
-        .build()
-        .unwrap();
+    let runtime = paused_runtime();
     tracing::subscriber::with_default(subscriber, || {
         runtime.block_on(async {
             let t0 = Instant::now();

@@ -12,6 +12,16 @@ use tokio_test::task::{self, Spawn};
 /// An admission request that has been polled by hand.
 pub type Pending = Spawn<Admit>;
 
+/// A current-thread runtime with timers, its clock paused: the tests
+/// advance time themselves.
+pub fn paused_runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .start_paused(true)
+        .build()
+        .unwrap()
+}
+
 /// Work for `tenant` at `priority` created at `t0 + created_ms`.
 pub fn work(tenant: u64, priority: i8, t0: Instant, created_ms: u64) -> WorkInfo {
     WorkInfo::builder()
