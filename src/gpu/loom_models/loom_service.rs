@@ -65,6 +65,13 @@ fn release(service: &QueryService, grant: MemoryGrant) {
         .expect("issued here");
 }
 
+/// Releases `grant` on a thread of its own, racing whatever the model's
+/// main thread does next.
+fn release_on_another_thread(service: &QueryService, grant: MemoryGrant) -> thread::JoinHandle<()> {
+    let service = service.clone();
+    thread::spawn(move || release(&service, grant))
+}
+
 /// Nothing is held and nothing is remembered: no grant, no slot, no
 /// queued or parked waiter, no waker.
 fn assert_idle(service: &QueryService) {
@@ -93,10 +100,7 @@ pub fn a_release_always_wakes_the_waiter_it_admits() {
         let service = service();
         let held = hold_the_slot(&service);
         let waiter = queue_behind(&service);
-        let releaser = {
-            let service = service.clone();
-            thread::spawn(move || release(&service, held))
-        };
+        let releaser = release_on_another_thread(&service, held);
         let submitted = tokio::time::Instant::now();
         let grant = loom::future::block_on(wait(&service.inner, waiter, None, submitted))
             .expect("admitted after the release");
@@ -118,10 +122,7 @@ pub fn dropping_an_admit_racing_the_release_that_admits_it_returns_everything() 
         let mut admit = Box::pin(service.resource_ticket(GIB).admit());
         let polled = admit.as_mut().poll(&mut Context::from_waker(Waker::noop()));
         assert!(polled.is_pending(), "queued behind the held slot");
-        let releaser = {
-            let service = service.clone();
-            thread::spawn(move || release(&service, held))
-        };
+        let releaser = release_on_another_thread(&service, held);
         drop(admit);
         releaser.join().expect("releaser");
         assert_idle(&service);
@@ -141,10 +142,7 @@ pub fn a_withdrawn_grant_passes_to_the_next_waiter() {
             .poll(&mut Context::from_waker(Waker::noop()))
             .is_pending());
         let younger = queue_behind(&service);
-        let releaser = {
-            let service = service.clone();
-            thread::spawn(move || release(&service, held))
-        };
+        let releaser = release_on_another_thread(&service, held);
         drop(older);
         releaser.join().expect("releaser");
         let submitted = tokio::time::Instant::now();
