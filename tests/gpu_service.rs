@@ -613,6 +613,18 @@ async fn observations_are_written_as_jsonl() {
     assert_eq!(lines[2]["waiter"], 1);
 }
 
+/// Device 0 with room for resident cache: 16 GiB, two attempts of two
+/// streams each, a 14 GiB cache cap.
+fn cache_profile() -> admission::gpu::DeviceProfile {
+    admission::gpu::DeviceProfile::builder(dev(0))
+        .managed_capacity(16 * GIB)
+        .max_active_attempts(2)
+        .streams_per_attempt(2)
+        .cache_cap(14 * GIB)
+        .build()
+        .unwrap()
+}
+
 /// Resident cache sits in the same arithmetic as grants: charged (or
 /// pinned) cache holds a waiter back, and evicting it admits the waiter at
 /// once, through the service's own transaction.
@@ -620,13 +632,7 @@ async fn observations_are_written_as_jsonl() {
 async fn an_evictor_is_asked_for_exactly_the_bytes_the_oldest_waiter_lacks() {
     use admission::gpu::{CacheChange, EvictionRequest};
 
-    let with_cache = admission::gpu::DeviceProfile::builder(dev(0))
-        .managed_capacity(16 * GIB)
-        .max_active_attempts(2)
-        .streams_per_attempt(2)
-        .cache_cap(14 * GIB)
-        .build()
-        .unwrap();
+    let with_cache = cache_profile();
     let asked: Arc<std::sync::Mutex<Vec<(u32, u64)>>> = Arc::default();
     let log = asked.clone();
     let rig = Rig::with(vec![with_cache], bounds(16, 4), move |builder| {
@@ -681,13 +687,7 @@ async fn an_evictor_is_asked_for_exactly_the_bytes_the_oldest_waiter_lacks() {
 async fn evicting_cache_admits_the_waiter_it_held_back() {
     use admission::gpu::{CacheChange, LedgerError};
 
-    let with_cache = admission::gpu::DeviceProfile::builder(dev(0))
-        .managed_capacity(16 * GIB)
-        .max_active_attempts(2)
-        .streams_per_attempt(2)
-        .cache_cap(14 * GIB)
-        .build()
-        .unwrap();
+    let with_cache = cache_profile();
     let rig = Rig::new(vec![with_cache], bounds(16, 4));
     // 16 GiB, floor 2 GiB: 13 GiB of cache leave 16 - 13 - 2 (one open
     // slot's floor) = 1 GiB, below the floor.
