@@ -33,6 +33,10 @@
 //! does) or it is written as a summary, which cannot be aggregated across
 //! instances.
 //!
+//! The recorder is the application's code: every call into it runs behind a
+//! panic catch of its own, so a recorder that panics loses that recording
+//! (counted in [`recorder_panics`]) and nothing else.
+//!
 //! Counters and the histogram are recorded when a request settles, outside
 //! the queue's lock, and without an allocation: each queue keeps the keys
 //! of its series for the named priority rungs (a priority between rungs is
@@ -59,7 +63,45 @@
 
 use std::time::Duration;
 
+use crate::sync::StdAtomicU64;
 use crate::work::Priority;
+
+/// Panics caught in the installed `metrics` recorder (see [`recorder_panics`]).
+static RECORDER_PANICS: StdAtomicU64 = StdAtomicU64::new(0);
+
+/// How many times the installed `metrics` recorder panicked while
+/// admission recorded through it. Each panic was caught and logged (the
+/// first, then at every power of two), and that one recording was lost;
+/// admission itself went on. Always 0 without the `metrics` feature.
+///
+/// The recorder is the application's code, called on admission's hot path
+/// (where a request settles, between a grant and the permit that returns
+/// it): a panic there must not unwind into admission, where it would leave
+/// a slot granted with nothing to return it. This count is the recorder's
+/// health; there is no `admission_*` metric of it, since reporting it would
+/// go through the recorder that failed.
+pub fn recorder_panics() -> u64 {
+    RECORDER_PANICS.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+/// Runs `record`, which calls the installed recorder, behind a panic
+/// boundary of its own (not a [`Boundary`](crate::health::Boundary): that
+/// reports panics through the recorder).
+#[cfg(feature = "metrics")]
+fn to_recorder(record: impl FnOnce()) {
+    if std::panic::catch_unwind(std::panic::AssertUnwindSafe(record)).is_err() {
+        let panics = RECORDER_PANICS
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+            .saturating_add(1);
+        if panics.is_power_of_two() {
+            tracing::error!(
+                target: "admission",
+                panics,
+                "the metrics recorder panicked; the panic was caught and that recording lost"
+            );
+        }
+    }
+}
 
 /// The outcome label of an admitted request.
 pub(crate) const ADMITTED: &str = "admitted";
@@ -79,7 +121,7 @@ fn priority_label(priority: Priority) -> metrics::SharedString {
 /// `metrics` feature.
 pub fn describe() {
     #[cfg(feature = "metrics")]
-    {
+    to_recorder(|| {
         use metrics::Unit;
         metrics::describe_counter!(
             "admission_requests_total",
@@ -165,7 +207,7 @@ pub fn describe() {
             Unit::Count,
             "Panics caught in user code the admission crate calls, by component."
         );
-    }
+    });
 }
 
 /// The named priority rungs, in the order of [`QueueKeys`]' tables.
@@ -265,7 +307,7 @@ pub(crate) fn settled(
     waited: Option<Duration>,
 ) {
     #[cfg(feature = "metrics")]
-    {
+    to_recorder(|| {
         let queue = keys.name;
         let rung = RUNGS.iter().position(|&rung| rung == priority);
         let requests = rung.zip(OUTCOMES.iter().position(|&known| known == outcome));
@@ -292,7 +334,7 @@ pub(crate) fn settled(
                 None => histogram(&wait_key(queue, priority_label(priority))),
             }
         }
-    }
+    });
 }
 
 /// The queue's levels (only called with the feature on: reading them takes
@@ -304,12 +346,14 @@ pub(crate) fn queue_levels(
     used: u64,
     total: u64,
 ) {
-    for &(priority, waiting) in by_priority {
-        metrics::gauge!("admission_queue_length_by_priority", "queue" => queue, "priority" => priority_label(priority))
-            .set(waiting as f64);
-    }
-    metrics::gauge!("admission_slots_used", "queue" => queue).set(used as f64);
-    metrics::gauge!("admission_slots", "queue" => queue).set(total as f64);
+    to_recorder(|| {
+        for &(priority, waiting) in by_priority {
+            metrics::gauge!("admission_queue_length_by_priority", "queue" => queue, "priority" => priority_label(priority))
+                .set(waiting as f64);
+        }
+        metrics::gauge!("admission_slots_used", "queue" => queue).set(used as f64);
+        metrics::gauge!("admission_slots", "queue" => queue).set(total as f64);
+    });
 }
 
 /// Sets `admission_io_tokens_available` for both classes of `queues`, from
@@ -327,8 +371,10 @@ pub fn record_io_tokens(queues: &crate::queue::TokenQueues) {
         } else {
             snapshot.available as f64
         };
-        metrics::gauge!("admission_io_tokens_available", "queue" => queue.name(), "class" => class)
-            .set(available);
+        to_recorder(|| {
+            metrics::gauge!("admission_io_tokens_available", "queue" => queue.name(), "class" => class)
+                .set(available);
+        });
     }
 }
 
@@ -340,7 +386,7 @@ pub fn record_io_tokens(queues: &crate::queue::TokenQueues) {
 #[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
 pub fn record_gpu_ledger(report: &crate::gpu::LedgerReport) {
     #[cfg(feature = "metrics")]
-    {
+    to_recorder(|| {
         let device = report.device.0.to_string();
         let cache = report
             .cache_evictable_bytes
@@ -352,24 +398,26 @@ pub fn record_gpu_ledger(report: &crate::gpu::LedgerReport) {
         metrics::gauge!("admission_gpu_cache_bytes", "device" => device.clone()).set(cache as f64);
         metrics::gauge!("admission_gpu_active_attempts", "device" => device)
             .set(f64::from(report.active_attempts));
-    }
+    });
 }
 
 /// The CPU controller's signal and mode.
 #[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
 pub(crate) fn cpu(runnable_per_worker: f64, idle: bool) {
     #[cfg(feature = "metrics")]
-    {
+    to_recorder(|| {
         metrics::gauge!("admission_cpu_runnable_per_worker").set(runnable_per_worker);
         metrics::gauge!("admission_cpu_idle").set(if idle { 1.0 } else { 0.0 });
-    }
+    });
 }
 
 /// A panic was caught in `component`'s user code.
 #[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
 pub(crate) fn callback_panicked(component: &'static str) {
     #[cfg(feature = "metrics")]
-    metrics::counter!("admission_callback_panics_total", "component" => component).increment(1);
+    to_recorder(|| {
+        metrics::counter!("admission_callback_panics_total", "component" => component).increment(1);
+    });
 }
 
 #[cfg(all(test, feature = "metrics"))]
@@ -428,14 +476,18 @@ pub(crate) const POOL_ABANDONED: &str = "abandoned";
 #[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
 pub(crate) fn pool_task(outcome: &'static str) {
     #[cfg(feature = "metrics")]
-    metrics::counter!("admission_pool_tasks_total", "outcome" => outcome).increment(1);
+    to_recorder(|| {
+        metrics::counter!("admission_pool_tasks_total", "outcome" => outcome).increment(1);
+    });
 }
 
 /// A CPU pool's levels (only called with the feature on, like
 /// [`queue_levels`]).
 #[cfg(feature = "metrics")]
 pub(crate) fn pool_levels(threads: usize, busy: usize, borrowed: usize) {
-    metrics::gauge!("admission_pool_threads").set(threads as f64);
-    metrics::gauge!("admission_pool_busy").set(busy as f64);
-    metrics::gauge!("admission_pool_borrowed").set(borrowed as f64);
+    to_recorder(|| {
+        metrics::gauge!("admission_pool_threads").set(threads as f64);
+        metrics::gauge!("admission_pool_busy").set(busy as f64);
+        metrics::gauge!("admission_pool_borrowed").set(borrowed as f64);
+    });
 }

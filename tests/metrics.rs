@@ -535,3 +535,81 @@ fn run_with_stdin(command: &mut Command, input: &str) -> Option<std::process::Ou
         .unwrap();
     Some(child.wait_with_output().unwrap())
 }
+
+/// A recorder that panics on every call: the application's code at its
+/// worst.
+struct PanickingRecorder;
+
+impl metrics::Recorder for PanickingRecorder {
+    fn describe_counter(
+        &self,
+        _: metrics::KeyName,
+        _: Option<metrics::Unit>,
+        _: metrics::SharedString,
+    ) {
+        panic!("recorder down")
+    }
+    fn describe_gauge(
+        &self,
+        _: metrics::KeyName,
+        _: Option<metrics::Unit>,
+        _: metrics::SharedString,
+    ) {
+        panic!("recorder down")
+    }
+    fn describe_histogram(
+        &self,
+        _: metrics::KeyName,
+        _: Option<metrics::Unit>,
+        _: metrics::SharedString,
+    ) {
+        panic!("recorder down")
+    }
+    fn register_counter(&self, _: &metrics::Key, _: &metrics::Metadata<'_>) -> metrics::Counter {
+        panic!("recorder down")
+    }
+    fn register_gauge(&self, _: &metrics::Key, _: &metrics::Metadata<'_>) -> metrics::Gauge {
+        panic!("recorder down")
+    }
+    fn register_histogram(
+        &self,
+        _: &metrics::Key,
+        _: &metrics::Metadata<'_>,
+    ) -> metrics::Histogram {
+        panic!("recorder down")
+    }
+}
+
+#[test]
+fn a_panicking_recorder_loses_its_recordings_and_nothing_else() {
+    let before = admission::export::recorder_panics();
+    let queue = WorkQueue::builder()
+        .total_slots(1)
+        .max_waiters(2)
+        .build()
+        .unwrap();
+    metrics::with_local_recorder(&PanickingRecorder, || {
+        paused_runtime().block_on(async {
+            let t0 = Instant::now();
+            admission::export::describe();
+            // Admitted at once, granted after a wait, cancelled, refused:
+            // every way a request settles records through the recorder.
+            let held = admit_now(&queue, work(1, 0, t0, 0));
+            let mut later = vec![("later", enqueue(&queue, work(1, 0, t0, 1)))];
+            let cancelled = enqueue(&queue, work(1, 0, t0, 2));
+            let full = queue.admit(work(1, 0, t0, 3)).await;
+            assert_eq!(full.unwrap_err(), AdmitError::QueueFull { max_waiters: 2 });
+            queue.record_metrics();
+            drop(cancelled);
+            drop(held);
+            let permits = granted(&mut later);
+            assert_eq!(queue.snapshot().granter.used, 1);
+            drop(permits);
+        });
+    });
+    let snapshot = queue.snapshot();
+    assert_eq!((snapshot.granter.used, snapshot.waiting), (0, 0));
+    // describe (its first call), two admissions, a cancellation, a
+    // refusal, the levels: each caught.
+    assert!(admission::export::recorder_panics() - before >= 6);
+}
