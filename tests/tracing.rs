@@ -237,3 +237,41 @@ fn each_io_interval_is_an_event_with_its_inputs_and_decision() {
         );
     }
 }
+
+/// A subscriber layer that panics whenever a span records a field: the
+/// application's code at its worst, called where a wait settles.
+struct PanicsOnRecord;
+
+impl<S: Subscriber> Layer<S> for PanicsOnRecord {
+    fn on_record(&self, _: &Id, _: &Record<'_>, _: Context<'_, S>) {
+        panic!("subscriber down")
+    }
+}
+
+#[test]
+fn a_subscriber_panicking_as_a_wait_settles_loses_no_slot_and_no_place() {
+    use std::panic::{catch_unwind, AssertUnwindSafe};
+
+    let subscriber = tracing_subscriber::registry().with(PanicsOnRecord);
+    let queue = WorkQueue::new(1).unwrap();
+    tracing::subscriber::with_default(subscriber, || {
+        paused_runtime().block_on(async {
+            let t0 = Instant::now();
+            let held = admit_now(&queue, work(1, 0, t0, 0));
+            let mut granted_later = enqueue(&queue, work(1, 0, t0, 1));
+            let cancelled = enqueue(&queue, work(1, 0, t0, 2));
+            // The waiter's outcome is recorded in its span as it leaves.
+            assert!(catch_unwind(AssertUnwindSafe(|| drop(cancelled))).is_err());
+            assert_eq!(queue.waiting(), 1, "the cancelled waiter left the queue");
+            drop(held);
+            // The grant is recorded in its span as it is observed.
+            assert!(catch_unwind(AssertUnwindSafe(|| granted_later.poll())).is_err());
+        });
+    });
+    let snapshot = queue.snapshot();
+    assert_eq!(
+        (snapshot.granter.used, snapshot.waiting),
+        (0, 0),
+        "the permit made before the panic returned the slot as it unwound"
+    );
+}

@@ -98,16 +98,20 @@ impl<G: Granter> Future for Admit<G> {
             let priority = work.priority();
             match attempt {
                 Attempt::Admitted { charge } => {
+                    coop.made_progress();
+                    *this.phase = Phase::Done;
+                    let shared = this.shared.take().expect("checked above");
+                    // The permit before anything that calls the
+                    // application's code (recorder, subscriber): if that
+                    // panics, the permit's drop still returns the slot.
+                    let permit = SlotPermit::new(shared, tenant, charge);
                     export::settled(
-                        &shared.keys,
+                        permit.keys(),
                         priority,
                         export::ADMITTED,
                         Some(Duration::ZERO),
                     );
-                    coop.made_progress();
-                    *this.phase = Phase::Done;
-                    let shared = this.shared.take().expect("checked above");
-                    return Poll::Ready(Ok(SlotPermit::new(shared, tenant, charge)));
+                    return Poll::Ready(Ok(permit));
                 }
                 Attempt::Rejected(error) => {
                     export::settled(&shared.keys, priority, error.reason(), None);
@@ -194,11 +198,13 @@ impl<G: Granter> Future for Admit<G> {
         let result = match observed {
             Observed::Pending => return Poll::Pending,
             Observed::Admitted { charge, waited } => {
-                export::settled(&shared.keys, priority, export::ADMITTED, Some(waited));
+                let shared = this.shared.take().expect("checked above");
+                // The permit first, as on the fast path.
+                let permit = SlotPermit::new(shared, tenant, charge);
+                export::settled(permit.keys(), priority, export::ADMITTED, Some(waited));
                 span.record("outcome", export::ADMITTED);
                 span.record("wait_us", waited.as_micros() as u64);
-                let shared = this.shared.take().expect("checked above");
-                Ok(SlotPermit::new(shared, tenant, charge))
+                Ok(permit)
             }
             Observed::Failed(error) => {
                 export::settled(&shared.keys, priority, error.reason(), None);
@@ -241,10 +247,12 @@ impl<G: Granter> PinnedDrop for Admit<G> {
             Some(shared),
         ) = (&*this.phase, this.shared.as_ref())
         {
-            export::settled(&shared.keys, *priority, export::CANCELLED, None);
-            record_outcome(span, export::CANCELLED, *since);
+            // Out of the queue before anything that calls the application's
+            // code (recorder, subscriber), which could panic here.
             let key = *key;
             shared.with_state(|state, granter, wakes| state.cancel(key, granter, wakes));
+            export::settled(&shared.keys, *priority, export::CANCELLED, None);
+            record_outcome(span, export::CANCELLED, *since);
         }
     }
 }

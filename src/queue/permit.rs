@@ -32,6 +32,11 @@ impl<G: Granter> SlotPermit<G> {
         }
     }
 
+    /// The metric keys of the queue this permit's slot belongs to.
+    pub(super) fn keys(&self) -> &crate::export::QueueKeys {
+        &self.shared.keys
+    }
+
     /// The tenant the slot is charged to.
     pub fn tenant(&self) -> TenantId {
         self.tenant
