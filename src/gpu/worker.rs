@@ -15,7 +15,10 @@
 //!   the root, without any further coordination.
 //! * **`depth`** counts jobs submitted and not yet finished: a cheap,
 //!   lock-free measure of how busy the device's blocking side is, used to
-//!   rank devices.
+//!   rank devices. A job leaves it when its work is done, *before* its
+//!   result is sent (or when it is dropped unrun, or unwinds): a caller
+//!   that has the result never sees its own job still counted, and ranks
+//!   devices on what is really queued.
 //! * **Shutdown** happens when the handle drops: the channel closes, the
 //!   thread finishes the jobs already queued, and the handle joins it. A
 //!   handle dropped on its own thread (a job holding the last reference)
@@ -148,6 +151,15 @@ impl StreamCounter {
     }
 }
 
+/// One job in a worker's depth: leaves it when dropped.
+struct Queued(Arc<AtomicU64>);
+
+impl Drop for Queued {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
 /// One OS thread running a device's blocking backend calls in FIFO order.
 /// See the [module documentation](self).
 pub struct DeviceWorker {
@@ -188,7 +200,6 @@ impl DeviceWorker {
     pub(crate) fn spawn_with(device: DeviceOrdinal, boundary: StdArc<Boundary>) -> Self {
         let (sender, receiver) = mpsc::channel::<Job>();
         let depth = Arc::new(AtomicU64::new(0));
-        let thread_depth = depth.clone();
         let spawned = std::thread::Builder::new()
             .name(format!("admission-{device}"))
             .spawn({
@@ -196,9 +207,9 @@ impl DeviceWorker {
                 move || {
                     while let Ok(job) = receiver.recv() {
                         // A panic is logged and counted by the boundary; the
-                        // job's reply guard tells its waiter.
+                        // job's reply guard tells its waiter, and its
+                        // `Queued` guard leaves the depth as it unwinds.
                         let _ = boundary.backstop(job);
-                        thread_depth.fetch_sub(1, Ordering::AcqRel);
                     }
                 }
             });
@@ -249,17 +260,25 @@ impl DeviceWorker {
 
     /// Queues `job` without waiting for it. Fails if the thread is gone.
     pub fn submit_detached(&self, job: impl FnOnce() + Send + 'static) -> Result<(), WorkerGone> {
+        self.queue(move |queued| {
+            job();
+            drop(queued);
+        })
+    }
+
+    /// Queues `job`, counted in the depth until it drops the [`Queued`] it
+    /// is given (when its work is done; also if it unwinds or is dropped
+    /// unrun). Fails if the thread is gone.
+    fn queue(&self, job: impl FnOnce(Queued) + Send + 'static) -> Result<(), WorkerGone> {
         let gone = WorkerGone {
             device: self.device,
         };
         let sender = self.sender.lock();
         let sender = sender.as_ref().ok_or(gone)?;
         self.depth.fetch_add(1, Ordering::AcqRel);
-        if sender.send(Box::new(job)).is_err() {
-            self.depth.fetch_sub(1, Ordering::AcqRel);
-            return Err(gone);
-        }
-        Ok(())
+        let queued = Queued(self.depth.clone());
+        // A failed send drops the job, and its `Queued` with it.
+        sender.send(Box::new(move || job(queued))).map_err(|_| gone)
     }
 
     /// Queues `job` and returns a future of its result. The job is queued
@@ -273,10 +292,13 @@ impl DeviceWorker {
         let device = self.device;
         let (reply, rx) = Reply::channel();
         let boundary = self.boundary.clone();
-        let queued = self.submit_detached(move || {
+        let queued = self.queue(move |queued| {
             // The panic is recorded before the reply is dropped unsent, so
             // a waiter that hears of it finds it in the health already.
-            if let Some(value) = boundary.call(job) {
+            let value = boundary.call(job);
+            // Out of the depth before the waiter hears of the result.
+            drop(queued);
+            if let Some(value) = value {
                 // The receiver may be gone (a cancelled caller); the job
                 // ran anyway, which is what the caller's rollback relies on.
                 let _ = reply.send(value);
@@ -326,8 +348,12 @@ mod tests {
         let b = worker.submit(|| 2);
         assert_eq!(a.await, Ok(true));
         assert_eq!(b.await, Ok(2));
-        // A job counts until the thread has finished it, which is just after
-        // it sent its result; joining the thread is what proves it drained.
+        // A job leaves the depth before its result is sent: a caller that
+        // has the result ranks devices without its own job counted.
+        assert_eq!(worker.depth(), 0);
+        let c = worker.submit(|| 3);
+        assert_eq!(c.await, Ok(3));
+        assert_eq!(worker.depth(), 0);
         worker.shutdown();
         assert_eq!(worker.depth(), 0);
     }
