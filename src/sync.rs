@@ -81,3 +81,15 @@ impl<T> Mutex<T> {
 pub(crate) fn recover<G>(poisoned: std::sync::PoisonError<G>) -> G {
     poisoned.into_inner()
 }
+
+/// Explores `f` under loom with the preemption bound from
+/// `LOOM_MAX_PREEMPTIONS`, or 3 when it is unset: what every in-crate loom
+/// model runs under.
+#[cfg(loom)]
+pub(crate) fn loom_model(f: impl Fn() + Sync + Send + 'static) {
+    let mut builder = loom::model::Builder::new();
+    if builder.preemption_bound.is_none() {
+        builder.preemption_bound = Some(3);
+    }
+    builder.check(f);
+}

@@ -70,6 +70,15 @@ impl Ticker {
     }
 
     /// Panics caught in the thread's ticks (none for a manual ticker).
+    /// The thread's handle, to wake it before its period is up; `None`
+    /// for a manual ticker or once stopped.
+    pub(crate) fn thread(&self) -> Option<std::thread::Thread> {
+        self.thread
+            .lock()
+            .as_ref()
+            .map(|handle| handle.thread().clone())
+    }
+
     pub(crate) fn health(&self) -> ComponentHealth {
         self.boundary.health()
     }

@@ -160,6 +160,58 @@ async fn an_idle_node_stops_enforcing_and_the_first_load_resumes_it() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn demand_past_the_total_while_idle_resumes_enforcing_before_any_load_shows() {
+    let script = Scripted::default();
+    let controller = controller(&script, 2);
+    let start = Instant::now();
+    while Instant::now() - start < Duration::from_secs(1) {
+        tokio::time::advance(Duration::from_millis(1)).await;
+        controller.step();
+    }
+    assert_eq!(controller.snapshot().mode, Mode::Idle);
+    // Within the total: still idle.
+    let mut held = hold(&controller, 2);
+    assert_eq!(controller.step().mode, Mode::Idle);
+    // One past it: the signal still reads nothing (a sample is an idle
+    // period away on the sampler thread), but the overrun ends idleness.
+    held.extend(hold(&controller, 1));
+    let tick = controller.step();
+    assert_eq!(tick.mode, Mode::Active);
+    assert_eq!(controller.queue().granter_snapshot().used, 3);
+    // The total is enforced: a request waits.
+    let mut waiter = common::enqueue(controller.queue(), work());
+    drop(held.pop());
+    drop(held.pop());
+    assert!(common::try_settle(&mut waiter).unwrap().is_ok());
+}
+
+#[test]
+fn demand_past_the_total_wakes_an_idle_sampler_thread() {
+    // An idle period far longer than the test may take: only the alarm can
+    // wake the sampler in time.
+    let controller = Controller::with_signal(|| CpuLoad::new(0, 2))
+        .initial_slots(2)
+        .min_slots(1)
+        .idle_period(Duration::from_secs(60))
+        .build()
+        .unwrap();
+    let wait_for = |mode: Mode, what: &str| {
+        let since = std::time::Instant::now();
+        while controller.snapshot().mode != mode {
+            assert!(since.elapsed() < Duration::from_secs(30), "never {what}");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    };
+    // A quiet second of real time on the sampler thread.
+    wait_for(Mode::Idle, "went idle");
+    let ticks = controller.snapshot().ticks;
+    let held = hold(&controller, 3);
+    wait_for(Mode::Active, "woke");
+    assert!(controller.snapshot().ticks > ticks);
+    drop(held);
+}
+
+#[tokio::test(start_paused = true)]
 async fn closing_fails_waiters_and_keeps_granted_permits() {
     let script = Scripted::default();
     let controller = controller(&script, 1);

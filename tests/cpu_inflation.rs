@@ -61,7 +61,7 @@ async fn rounds(
 }
 
 #[tokio::test(start_paused = true)]
-async fn holds_inflated_fourfold_cut_the_total_in_one_window() {
+async fn holds_inflated_fourfold_cut_the_total_after_eight_completions() {
     let controller = blind_controller(2);
     // The baseline: two at a time (the workers), 1 ms each; one more tick
     // reads the last round, closing a window of exactly 32 completions.
@@ -81,11 +81,13 @@ async fn holds_inflated_fourfold_cut_the_total_in_one_window() {
     );
 
     // A spike: eight at a time, each holding four times as long (what eight
-    // tasks sharing two workers look like). Four rounds make a window.
+    // tasks sharing two workers look like). The second round's tick reads
+    // the first round's eight completions: a spike beyond doubt, so the
+    // window closes early rather than at 32.
     controller.queue().set_total_slots(8).unwrap();
     let adjustments = rounds(
         &controller,
-        5,
+        2,
         8,
         Priority::NORMAL,
         Duration::from_millis(4),
@@ -93,10 +95,10 @@ async fn holds_inflated_fourfold_cut_the_total_in_one_window() {
     .await;
     let reading = controller.snapshot().inflation.unwrap();
     assert_eq!(reading.inflation, Some(4.0), "{reading:?}");
+    assert_eq!(reading.completions, 8, "{reading:?}");
     assert_eq!(
-        adjustments.last(),
-        Some(&Adjustment::Cut(2)),
-        "{adjustments:?}"
+        adjustments,
+        [Adjustment::Hold(Hold::Inflated), Adjustment::Cut(2)],
     );
     assert_eq!(controller.queue().granter_snapshot().total, 2);
     assert_eq!(reading.verdict, InflationVerdict::Cut { to: 2 });

@@ -82,3 +82,13 @@ fn a_tick_moves_the_total_while_a_release_grants() {
         assert_eq!(queue.granter_snapshot().used, 0);
     });
 }
+
+#[test]
+fn an_overrun_racing_the_idle_tick_is_never_lost() {
+    admission::grant::loom_models::an_overrun_racing_the_idle_tick_is_never_lost();
+}
+
+#[test]
+fn an_overrun_racing_the_tick_that_goes_idle_is_marked() {
+    admission::grant::loom_models::an_overrun_racing_the_tick_that_goes_idle_is_marked();
+}

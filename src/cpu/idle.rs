@@ -8,7 +8,12 @@
 //! one-second window boundaries, and leaves idle on the first sample that
 //! shows load (sooner than upstream, which also waits for a boundary: with
 //! enforcement off, a burst would otherwise run unchecked for up to a
-//! second).
+//! second). A sample is up to an idle period away, so the controller does
+//! not wait for it when demand shows first: the first grant past the slot
+//! total while idle wakes the sampler, and that tick leaves idle
+//! ([`SlotGranter`](crate::SlotGranter)'s overrun alarm). A spike that
+//! starts on an idle node is then cut as fast as one on a busy node (W4's
+//! 0.7x base load let the controller idle, and the cut came 250 ms late).
 //!
 //! Time is tokio's [`Instant`], so tests drive the detector (and the
 //! controller) with a paused clock; the sampler thread, outside any

@@ -19,7 +19,11 @@
 //! * **Inflation**: over a window of completions (at least
 //!   [`MIN_COMPLETIONS`], or [`MAX_WINDOW`] with at least a few), the
 //!   completion-weighted mean of each priority's mean hold over its
-//!   baseline. 1 means work runs as if alone.
+//!   baseline. 1 means work runs as if alone. While the workers are busy, a
+//!   window whose holds already say "spike" beyond doubt closes early
+//!   ([`EARLY_CLOSE`]: 8 completions at 3.5x, or 16 at 2.5x), so that a
+//!   spike from a total far above the workers is cut after a few
+//!   milliseconds of completions, not after 32 of them.
 //! * **Inversion**: in the same window, work of some priority finished past
 //!   its deadline, or waited for a grant more than half of what its
 //!   deadline allowed, while work of a lower priority completed: slots went
@@ -121,6 +125,28 @@ pub enum InflationVerdict {
     Hold,
 }
 
+/// Early closes of a window, as (completions at least, inflation at least):
+/// holds this inflated over this few completions are a spike beyond doubt.
+///
+/// Each row's false-alarm odds match the full window's (32 completions at
+/// [`CUT_AT`]): for exponential holds with no inflation at all, the mean of
+/// `n` reaches `k` times the baseline with probability at most
+/// `exp(-n (k - 1 - ln k))` (Chernoff), about 5·10⁻⁵ for each row, as for
+/// 32 at 2. A window that closes early is judged like any other, so the
+/// cut is in proportion to the inflation it measured.
+pub const EARLY_CLOSE: [(u64, f64); 2] = [(8, 3.5), (16, 2.5)];
+
+/// Whether a window of `completions` measuring `inflation` closes before
+/// [`MIN_COMPLETIONS`]: pure, a table in its tests.
+pub fn closes_early(completions: u64, inflation: Option<f64>) -> bool {
+    let Some(inflation) = inflation else {
+        return false;
+    };
+    EARLY_CLOSE
+        .iter()
+        .any(|&(at_least, inflated)| completions >= at_least && inflation >= inflated)
+}
+
 /// The rule on one reading: pure, a table in its tests.
 pub fn verdict(
     inflation: Option<f64>,
@@ -183,13 +209,15 @@ impl HoldInflation {
         now: Instant,
         total: u64,
         min_slots: u64,
+        holds_are_cpu: bool,
     ) -> Option<InflationReading> {
         let opened = *self.opened.get_or_insert(now);
         self.window.absorb(reported);
         let completions = self.window.completions();
         let age = now.saturating_duration_since(opened);
         let closes = completions >= MIN_COMPLETIONS
-            || (age >= MAX_WINDOW && completions >= MIN_SPARSE_COMPLETIONS);
+            || (age >= MAX_WINDOW && completions >= MIN_SPARSE_COMPLETIONS)
+            || (holds_are_cpu && closes_early(completions, self.inflation(&self.window)));
         if !closes {
             if age >= 4 * MAX_WINDOW {
                 // Too little work to say anything: start over.
@@ -366,6 +394,50 @@ mod tests {
         }
     }
 
+    #[test]
+    fn early_closes_as_a_table() {
+        // (completions, inflation) → closes before 32
+        let rows: &[(u64, Option<f64>, bool)] = &[
+            (7, Some(10.0), false),
+            (8, Some(3.5), true),
+            (8, Some(3.4), false),
+            (15, Some(3.4), false),
+            (16, Some(2.5), true),
+            (16, Some(2.4), false),
+            (31, Some(2.4), false),
+            (8, None, false),
+            (16, Some(f64::NAN), false),
+            (16, Some(f64::INFINITY), true),
+        ];
+        for &(completions, inflation, closes) in rows {
+            assert_eq!(
+                closes_early(completions, inflation),
+                closes,
+                "{completions} {inflation:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_window_closes_early_only_while_holds_are_cpu_queueing() {
+        let t0 = Instant::now();
+        let mut signal = HoldInflation::default();
+        signal.observe(window(&[(0, 32, 500, 32, 0)]), t0, 8, 2, true);
+        // Eight completions held four times as long, while the workers are
+        // not busy (IO, locks): no early close, the window stays open.
+        assert_eq!(
+            signal.observe(window(&[(0, 8, 2000, 0, 0)]), t0, 8, 2, false),
+            None
+        );
+        // The workers are busy now: the same eight close it, and the cut
+        // is in proportion.
+        let reading = signal
+            .observe(WorkWindow::default(), t0, 8, 2, true)
+            .expect("closed early");
+        assert_eq!((reading.completions, reading.inflation), (8, Some(4.0)));
+        assert_eq!(reading.verdict, InflationVerdict::Cut { to: 2 });
+    }
+
     fn window(rows: &[(i8, u64, u64, u64, u64)]) -> WorkWindow {
         // (priority, completions, mean hold µs, of which at base, late)
         let mut window = WorkWindow::default();
@@ -391,7 +463,7 @@ mod tests {
         let mut signal = HoldInflation::default();
         // 32 completions of 500 µs, all with a worker to themselves.
         let first = signal
-            .observe(window(&[(0, 32, 500, 32, 0)]), t0, 2, 1)
+            .observe(window(&[(0, 32, 500, 32, 0)]), t0, 2, 1, true)
             .expect("a full window");
         assert_eq!(first.inflation, None, "no baseline before this window");
         assert_eq!(
@@ -400,7 +472,7 @@ mod tests {
         );
         // The same work held three times as long at a higher total.
         let inflated = signal
-            .observe(window(&[(0, 32, 1500, 0, 0)]), t0, 6, 1)
+            .observe(window(&[(0, 32, 1500, 0, 0)]), t0, 6, 1, true)
             .expect("a full window");
         assert_eq!(inflated.inflation, Some(3.0));
         assert_eq!(inflated.verdict, InflationVerdict::Cut { to: 2 });
@@ -412,28 +484,37 @@ mod tests {
         let t0 = Instant::now();
         let mut signal = HoldInflation::default();
         assert_eq!(
-            signal.observe(window(&[(0, 10, 500, 10, 0)]), t0, 2, 1),
+            signal.observe(window(&[(0, 10, 500, 10, 0)]), t0, 2, 1, true),
             None
         );
         assert!(signal
-            .observe(window(&[(0, 22, 500, 22, 0)]), t0, 2, 1)
+            .observe(window(&[(0, 22, 500, 22, 0)]), t0, 2, 1, true)
             .is_some());
         // Sparse: 8 completions close a window only once it is 50 ms old.
-        assert_eq!(signal.observe(window(&[(0, 8, 500, 8, 0)]), t0, 2, 1), None);
+        assert_eq!(
+            signal.observe(window(&[(0, 8, 500, 8, 0)]), t0, 2, 1, true),
+            None
+        );
         assert!(signal
-            .observe(WorkWindow::default(), t0 + MAX_WINDOW, 2, 1)
+            .observe(WorkWindow::default(), t0 + MAX_WINDOW, 2, 1, true)
             .is_some());
         // Fewer than 8 for 200 ms: dropped.
         assert_eq!(
-            signal.observe(window(&[(0, 3, 500, 3, 0)]), t0 + MAX_WINDOW, 2, 1),
+            signal.observe(window(&[(0, 3, 500, 3, 0)]), t0 + MAX_WINDOW, 2, 1, true),
             None
         );
         assert_eq!(
-            signal.observe(WorkWindow::default(), t0 + 5 * MAX_WINDOW, 2, 1),
+            signal.observe(WorkWindow::default(), t0 + 5 * MAX_WINDOW, 2, 1, true),
             None
         );
         assert_eq!(
-            signal.observe(window(&[(0, 5, 500, 5, 0)]), t0 + 11 * MAX_WINDOW, 2, 1),
+            signal.observe(
+                window(&[(0, 5, 500, 5, 0)]),
+                t0 + 11 * MAX_WINDOW,
+                2,
+                1,
+                true
+            ),
             None,
             "the three old completions were dropped: 5 < 8"
         );
@@ -444,14 +525,14 @@ mod tests {
         let t0 = Instant::now();
         let mut signal = HoldInflation::default();
         assert!(signal.allows_increase(), "nothing to go by yet");
-        signal.observe(window(&[(0, 32, 500, 32, 0)]), t0, 2, 1);
+        signal.observe(window(&[(0, 32, 500, 32, 0)]), t0, 2, 1, true);
         assert!(
             !signal.allows_increase(),
             "one window, and it had no baseline"
         );
-        signal.observe(window(&[(0, 32, 520, 32, 0)]), t0, 2, 1);
+        signal.observe(window(&[(0, 32, 520, 32, 0)]), t0, 2, 1, true);
         assert!(!signal.allows_increase());
-        signal.observe(window(&[(0, 32, 510, 32, 0)]), t0, 2, 1);
+        signal.observe(window(&[(0, 32, 510, 32, 0)]), t0, 2, 1, true);
         assert!(signal.allows_increase());
         signal.increased();
         assert!(!signal.allows_increase());
@@ -461,18 +542,18 @@ mod tests {
     fn an_increase_taken_back_doubles_the_wait_for_the_next() {
         let t0 = Instant::now();
         let mut signal = HoldInflation::default();
-        signal.observe(window(&[(0, 32, 500, 32, 0)]), t0, 2, 1);
+        signal.observe(window(&[(0, 32, 500, 32, 0)]), t0, 2, 1, true);
         assert_eq!(signal.last().unwrap().increase_after, 2);
         for expected in [4, 8, 16, 32, 32] {
             signal.increased();
             // The next window says the CPU was full after all.
-            signal.observe(window(&[(0, 32, 750, 0, 0)]), t0, 3, 1);
+            signal.observe(window(&[(0, 32, 750, 0, 0)]), t0, 3, 1, true);
             assert_eq!(signal.last().unwrap().increase_after, expected);
         }
         // An increase that holds for two windows halves it.
         signal.increased();
-        signal.observe(window(&[(0, 32, 500, 32, 0)]), t0, 3, 1);
-        signal.observe(window(&[(0, 32, 500, 32, 0)]), t0, 3, 1);
+        signal.observe(window(&[(0, 32, 500, 32, 0)]), t0, 3, 1, true);
+        signal.observe(window(&[(0, 32, 500, 32, 0)]), t0, 3, 1, true);
         assert_eq!(signal.last().unwrap().increase_after, 16);
     }
 
@@ -485,6 +566,7 @@ mod tests {
             t0,
             2,
             1,
+            true,
         );
         let inverted = signal
             .observe(
@@ -492,6 +574,7 @@ mod tests {
                 t0,
                 2,
                 1,
+                true,
             )
             .unwrap();
         assert!(inverted.inversion);
@@ -503,6 +586,7 @@ mod tests {
                 t0,
                 2,
                 1,
+                true,
             )
             .unwrap();
         assert!(!fine.inversion);

@@ -16,7 +16,8 @@
 //! queue hands out at most `workers × max(1, threshold / 4)` grants before
 //! those tasks have actually started running (grant pacing), so a sampled
 //! signal cannot be outrun by a burst of admissions. When the node is idle
-//! the sampler slows to 250 ms and stops enforcing ([`Mode`]).
+//! the sampler slows to 250 ms and stops enforcing ([`Mode`]); the first
+//! admission past the total while idle wakes it and enforcement resumes.
 //!
 //! # A second signal, measured on admitted work
 //!
@@ -30,7 +31,8 @@
 //! So the controller also reads admitted work itself ([`inflation`]): how
 //! much longer each priority's work holds its slot than it does with a
 //! worker to itself. Holds inflated twofold cut the total in proportion at
-//! once (a spike is absorbed in one window of 32 completions); by 40%, or a
+//! once (a spike is absorbed in one window: 32 completions, or as few as 8
+//! when the inflation leaves no doubt); by 40%, or a
 //! higher priority finishing late while a lower one completes, take one
 //! slot; and the runnable rule may add a slot only after two windows in a
 //! row near the unloaded hold. Holds are trusted only while the workers are

@@ -79,6 +79,10 @@
 mod slot;
 mod token;
 
+#[cfg(loom)]
+#[doc(hidden)]
+pub mod loom_models;
+
 pub use slot::{SlotGranter, SlotSnapshot, SlotState};
 pub use token::{TokenBucket, TokenClass, TokenGranter, TokenSnapshot, TokenState};
 

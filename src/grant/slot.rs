@@ -11,7 +11,14 @@
 //! Enforcement can be switched off (the CPU controller does so while the
 //! node is idle and sampled slowly, as upstream does): `try_get` then always
 //! succeeds and still counts the slot, so the totals stay exact for when
-//! enforcement resumes.
+//! enforcement resumes. The first grant past the total while enforcement is
+//! off raises the *overrun* mark and rings the alarm set by the owner (the
+//! controller's sampler thread is then woken from its slow idle sleep): a
+//! spike that starts while the node is idle is seen at once, not up to an
+//! idle period later.
+
+use std::fmt;
+use std::sync::OnceLock;
 
 use crate::error::ConfigError;
 use crate::sync::{AtomicBool, AtomicU64, Ordering};
@@ -26,6 +33,20 @@ pub struct SlotGranter {
     /// The highest total a controller may move to; 0 when none is set.
     ceiling: AtomicU64,
     enforcing: AtomicBool,
+    /// Set by the first grant past the total while enforcement is off;
+    /// cleared by whoever reads it (the controller's tick).
+    overrun: AtomicBool,
+    overrun_alarm: OnceLock<OverrunAlarm>,
+}
+
+/// What the first overrun of an idle spell calls: something that returns
+/// at once (it runs under the queue's lock).
+struct OverrunAlarm(Box<dyn Fn() + Send + Sync>);
+
+impl fmt::Debug for OverrunAlarm {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.pad("OverrunAlarm")
+    }
 }
 
 /// Slots in use, kept under the owning queue's lock.
@@ -56,6 +77,8 @@ impl SlotGranter {
             total: AtomicU64::new(total),
             ceiling: AtomicU64::new(0),
             enforcing: AtomicBool::new(true),
+            overrun: AtomicBool::new(false),
+            overrun_alarm: OnceLock::new(),
         })
     }
 
@@ -86,6 +109,20 @@ impl SlotGranter {
     /// so that waiters are granted when it goes off.
     pub fn set_enforcing(&self, enforcing: bool) {
         self.enforcing.store(enforcing, Ordering::Release);
+    }
+
+    /// Whether a grant went past the total while enforcement was off, since
+    /// the last call; clears the mark, so that the next overrun rings the
+    /// alarm again.
+    pub(crate) fn take_overrun(&self) -> bool {
+        self.overrun.swap(false, Ordering::AcqRel)
+    }
+
+    /// Sets what the first overrun after [`take_overrun`](Self::take_overrun)
+    /// calls, under the queue's lock: it must return at once and must not
+    /// touch the queue. Only the first alarm set is kept.
+    pub(crate) fn set_overrun_alarm(&self, alarm: impl Fn() + Send + Sync + 'static) {
+        let _ = self.overrun_alarm.set(OverrunAlarm(Box::new(alarm)));
     }
 
     /// Declares the highest total that the total will be moved to (by a
@@ -129,13 +166,23 @@ impl Granter for SlotGranter {
     }
 
     fn try_get(&self, state: &mut SlotState, count: u64) -> bool {
-        match state.used.checked_add(count) {
-            Some(after) if after <= self.total() || !self.is_enforcing() => {
-                state.used = after;
-                true
-            }
-            _ => false,
+        let Some(after) = state.used.checked_add(count) else {
+            return false;
+        };
+        if after <= self.total() {
+            state.used = after;
+            return true;
         }
+        if self.is_enforcing() {
+            return false;
+        }
+        state.used = after;
+        if !self.overrun.swap(true, Ordering::AcqRel) {
+            if let Some(OverrunAlarm(alarm)) = self.overrun_alarm.get() {
+                alarm();
+            }
+        }
+        true
     }
 
     fn return_grant(&self, state: &mut SlotState, count: u64) {
@@ -181,6 +228,7 @@ impl Granter for SlotGranter {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::sync::{StdArc, StdAtomicU64};
 
     fn slots(total: u64) -> (SlotGranter, SlotState) {
         let granter = SlotGranter::new(total).unwrap();
@@ -233,6 +281,30 @@ mod tests {
         assert_eq!(slots.snapshot(&state), SlotSnapshot { used: 2, total: 1 });
         slots.set_enforcing(true);
         assert!(!slots.try_get(&mut state, 1));
+    }
+
+    #[test]
+    fn the_first_grant_past_the_total_while_not_enforcing_rings_the_alarm_once() {
+        let (slots, mut state) = slots(1);
+        let rung = StdArc::new(StdAtomicU64::new(0));
+        let counter = rung.clone();
+        slots.set_overrun_alarm(move || {
+            counter.fetch_add(1, Ordering::Relaxed);
+        });
+        // Within the total, or refused while enforcing: no overrun.
+        assert!(slots.try_get(&mut state, 1));
+        assert!(!slots.try_get(&mut state, 1));
+        assert!(!slots.take_overrun());
+        slots.set_enforcing(false);
+        for _ in 0..3 {
+            assert!(slots.try_get(&mut state, 1));
+        }
+        assert_eq!(rung.load(Ordering::Relaxed), 1, "rung once per mark");
+        assert!(slots.take_overrun());
+        assert!(!slots.take_overrun(), "reading clears the mark");
+        assert!(slots.try_get(&mut state, 1));
+        assert_eq!(rung.load(Ordering::Relaxed), 2, "cleared: armed again");
+        assert_eq!(slots.snapshot(&state).used, 5, "every grant counted");
     }
 
     #[test]

@@ -24,15 +24,7 @@ pub mod loom_domain;
 pub mod loom_ledger;
 pub mod loom_service;
 
-/// Explores `f` under loom with the preemption bound from
-/// `LOOM_MAX_PREEMPTIONS`, or 3 when it is unset.
-fn model(f: impl Fn() + Sync + Send + 'static) {
-    let mut builder = loom::model::Builder::new();
-    if builder.preemption_bound.is_none() {
-        builder.preemption_bound = Some(3);
-    }
-    builder.check(f);
-}
+use crate::sync::loom_model as model;
 
 /// Asserts a ledger's conservation invariant: what is spoken for (grants,
 /// cache, protection and one floor per open unprotected slot) fits the
