@@ -455,6 +455,7 @@ pub fn w1(bench: &Bench, dir: &Path, quick: bool) -> Result<Vec<SummaryRow>, Str
         System::SemaphoreWait { limit: WORKERS },
         System::TowerShed { limit: WORKERS },
         System::admission(),
+        System::AdmissionDefaults,
     ];
     let mut rows = Vec::new();
     let mut heaviest = Vec::new();
