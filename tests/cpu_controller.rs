@@ -175,8 +175,10 @@ async fn demand_past_the_total_while_idle_resumes_enforcing_before_any_load_show
     // One past it: the signal still reads nothing (a sample is an idle
     // period away on the sampler thread), but the overrun ends idleness.
     held.extend(hold(&controller, 1));
+    assert_eq!(controller.snapshot().idle_overruns, 0);
     let tick = controller.step();
     assert_eq!(tick.mode, Mode::Active);
+    assert_eq!(controller.snapshot().idle_overruns, 1);
     assert_eq!(controller.queue().granter_snapshot().used, 3);
     // The total is enforced: a request waits.
     let mut waiter = common::enqueue(controller.queue(), work());

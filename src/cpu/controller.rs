@@ -182,6 +182,7 @@ struct Stats {
     samples: u64,
     increases: u64,
     decreases: u64,
+    idle_overruns: u64,
     last_load: Option<CpuLoad>,
     last_adjustment: Option<Adjustment>,
     recent: VecDeque<Decision>,
@@ -260,6 +261,9 @@ pub struct ControllerSnapshot {
     pub increases: u64,
     /// Slot decreases so far.
     pub decreases: u64,
+    /// Times an admission past the total while idle ended idleness (the
+    /// slot granter's overrun alarm, which wakes the sampler at once).
+    pub idle_overruns: u64,
     /// The most recent changes of the total, oldest first.
     pub recent: Vec<Decision>,
     /// Runtime-wide figures, when built for a runtime.
@@ -334,6 +338,7 @@ impl Controller {
             samples: stats.samples,
             increases: stats.increases,
             decreases: stats.decreases,
+            idle_overruns: stats.idle_overruns,
             recent: stats.recent.iter().copied().collect(),
             runtime: stats.runtime,
             queue: self.core.queue.snapshot(),
@@ -392,6 +397,7 @@ impl Core {
         // alarm, which woke this tick early).
         if mode_before == Mode::Idle && self.queue.granter().take_overrun() {
             idle.force_active(now);
+            stats.idle_overruns = stats.idle_overruns.saturating_add(1);
         }
         let mode = idle.observe(load.per_worker(), now);
         if mode != mode_before {
