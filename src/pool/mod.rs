@@ -89,6 +89,16 @@
 //! revisiting only where the pool's threads and the workers have cores of
 //! their own.
 //!
+//! Where the CPU goes with this design, sampled with `perf record` over a
+//! W2-pool run (999 Hz on both cores, per second of the loaded run): pool
+//! threads 86% of the machine, tokio workers 7.5% (about 13 µs of worker
+//! time per request, taking in, refusing and answering 11,600 requests a
+//! second), the generator under 0.1%, idle about 6%. Closures completed at
+//! 77% of C (74.6% within the SLO). Since C is what both cores do with
+//! nothing but the work, the workers' share and the idle time alone put
+//! 95% of C out of reach on two cores: the target needs cores for the
+//! workers beside the pool's.
+//!
 //! A pool thread returns slots outside any runtime, so the queue's clock
 //! reads there (hold times, for early rejection) are the real clock even in
 //! a test that paused tokio's; deadlines are timed by the caller's task, on
