@@ -302,6 +302,38 @@ async fn close_refuses_queued_work_lets_running_work_finish_and_joins() {
     assert_eq!((snapshot.busy, snapshot.queue.granter.used), (0, 0));
 }
 
+#[tokio::test]
+async fn threads_that_spin_before_waiting_run_every_job_and_close_joins_them() {
+    let pool = CpuPool::builder()
+        .threads(2)
+        .spin_before_wait(CpuPoolBuilder::MAX_SPIN_BEFORE_WAIT)
+        .build()
+        .unwrap();
+    // One at a time (each thread spins after its job, and the next job
+    // arrives while it does or after it slept), then a burst.
+    for i in 0..20u64 {
+        assert_eq!(
+            pool.spawn(work(1, Priority::NORMAL), move || i * 2).await,
+            Ok(i * 2)
+        );
+    }
+    let burst: Vec<_> = (0..50u64)
+        .map(|i| pool.spawn(work(i % 3, Priority::NORMAL), move || i))
+        .collect();
+    let results = futures::future::join_all(burst).await;
+    assert_eq!(
+        results.into_iter().map(Result::unwrap).collect::<Vec<_>>(),
+        (0..50).collect::<Vec<_>>()
+    );
+    // A thread spinning as the pool closes sees the closed channel, and
+    // close joins it (this returns only once both threads are gone).
+    pool.close();
+    let snapshot = pool.snapshot();
+    assert!(snapshot.closed);
+    assert_eq!((snapshot.completed, snapshot.busy), (70, 0));
+    assert_eq!(snapshot.queue.granter.used, 0);
+}
+
 /// Sends on its channel when dropped: at the end of the thread whose
 /// thread-local it is.
 struct OnThreadExit(mpsc::Sender<()>);
@@ -412,6 +444,13 @@ fn bad_settings_are_refused_naming_the_field() {
     assert_eq!(
         field(CpuPool::builder().thread_name("pool\0name")),
         "thread_name"
+    );
+    assert_eq!(
+        field(
+            CpuPool::builder()
+                .spin_before_wait(CpuPoolBuilder::MAX_SPIN_BEFORE_WAIT + Duration::from_nanos(1))
+        ),
+        "spin_before_wait"
     );
     assert_eq!(
         field(

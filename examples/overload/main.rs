@@ -190,6 +190,7 @@ fn bench(options: &Options) -> Result<Bench, String> {
         MEAN_SERVICE,
         calibration_length(quick),
         42,
+        WORKERS,
     )?;
     if !(capacity.is_finite() && capacity > 0.0) {
         return Err(format!(
@@ -216,6 +217,7 @@ fn bench(options: &Options) -> Result<Bench, String> {
         service: options.service,
         handler: options.handler,
         signal: options.signal,
+        workers: WORKERS,
     };
     let spec = runner::RunSpec::new(
         vec![runner::Class {
@@ -233,23 +235,25 @@ fn bench(options: &Options) -> Result<Bench, String> {
     Ok(bench)
 }
 
-/// `bench` with C calibrated for handlers that never yield (W2-pool's),
-/// unless it already is.
-fn never_yields_bench(bench: &Bench, quick: bool) -> Result<Bench, String> {
-    if bench.handler == Handler::NEVER_YIELDS {
+/// `bench` with C calibrated for handlers that never yield (W2-pool's) on
+/// a runtime of `workers`, unless it already is.
+fn never_yields_bench(bench: &Bench, quick: bool, workers: usize) -> Result<Bench, String> {
+    if bench.handler == Handler::NEVER_YIELDS && bench.workers == workers {
         return Ok(bench.clone());
     }
-    eprintln!("  w2-pool: calibrating C for handlers that never yield ...");
+    eprintln!("  w2-pool: calibrating C for handlers that never yield on {workers} worker(s) ...");
     let capacity = runner::calibrate_capacity(
         bench.units,
         Handler::NEVER_YIELDS,
         MEAN_SERVICE,
         calibration_length(quick),
         42,
+        workers,
     )?;
     Ok(Bench {
         capacity,
         handler: Handler::NEVER_YIELDS,
+        workers,
         ..bench.clone()
     })
 }
@@ -287,14 +291,18 @@ fn run_scenario(
         "w8" => scenarios::w2_variant(bench, dir, "w8", Awaits::SharedMutex),
         "w9" => scenarios::w2_variant(bench, dir, "w9", Awaits::Io),
         "matrix" => scenarios::matrix(bench),
-        "w2-pool" => {
-            let systems: Vec<System> = scenarios::pool_systems()
+        "w2-pool" | "w2-pool-split" => {
+            // Split: one worker and one pool thread, each with a core of
+            // its own, as the pool's docs advise when both compute.
+            let threads = if name == "w2-pool" { WORKERS } else { 1 };
+            let systems: Vec<System> = scenarios::pool_systems(threads, name != "w2-pool")
                 .into_iter()
                 .filter(|system| {
                     only.is_empty() || only.iter().any(|o| system.name().starts_with(o.as_str()))
                 })
                 .collect();
-            scenarios::w2_pool(&never_yields_bench(bench, quick)?, dir, &systems)
+            let bench = never_yields_bench(bench, quick, threads)?;
+            scenarios::w2_pool(&bench, dir, &systems, name)
         }
         _ => Err(format!("no scenario named {name}")),
     }
@@ -302,7 +310,9 @@ fn run_scenario(
 
 fn classes_of(name: &str) -> &'static [&'static str] {
     match name {
-        "w2" | "w2-local" | "w2-pool" | "w8" | "w9" | "matrix" => &["high", "normal", "low"],
+        "w2" | "w2-local" | "w2-pool" | "w2-pool-split" | "w8" | "w9" | "matrix" => {
+            &["high", "normal", "low"]
+        }
         "w4" => &["high", "normal"],
         "w6" => &["foreground"],
         "w7" => &gpu::CLASSES,
@@ -379,6 +389,7 @@ fn main() {
         MEAN_SERVICE,
         calibration_length(options.quick),
         42,
+        bench.workers,
     )
     .inspect_err(|error| eprintln!("calibration after the run failed: {error}"))
     .ok();
@@ -423,6 +434,7 @@ mod smoke {
             service: Service::Exponential,
             handler,
             signal,
+            workers: WORKERS,
         }
     }
 
@@ -562,7 +574,7 @@ mod smoke {
     /// still waiting then is not served, and nothing panics.
     #[test]
     fn a_closed_semaphore_ends_its_waiters_unserved() {
-        let runtime = runner::runtime().unwrap();
+        let runtime = runner::runtime(WORKERS).unwrap();
         let sut = systems::Sut::build(
             System::SemaphoreWait { limit: 0 },
             runtime.handle(),
@@ -598,8 +610,8 @@ mod smoke {
     fn a_tiny_w2_pool_runs_the_pool_and_its_alternatives() {
         let bench = tiny_bench(Handler::YIELD, SignalSource::GlobalQueueAndProbe);
         let dir = temp_dir("pool");
-        let systems = scenarios::pool_systems();
-        let rows = scenarios::w2_pool(&bench, &dir, &systems).unwrap();
+        let systems = scenarios::pool_systems(WORKERS, true);
+        let rows = scenarios::w2_pool(&bench, &dir, &systems, "w2-pool").unwrap();
         assert_eq!(rows.len(), systems.len());
         assert_filled_in(&rows);
         for row in &rows {

@@ -36,6 +36,8 @@ pub struct Bench {
     pub handler: Handler,
     /// How the CPU controller reads the runtime.
     pub signal: SignalSource,
+    /// The runtime's worker threads ([`WORKERS`], but for W2-pool-split).
+    pub workers: usize,
 }
 
 /// The signal's name on the command line: `stable` is what every crate
@@ -154,9 +156,9 @@ impl RunResult {
     }
 }
 
-pub fn runtime() -> Result<tokio::runtime::Runtime, String> {
+pub fn runtime(workers: usize) -> Result<tokio::runtime::Runtime, String> {
     tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(WORKERS)
+        .worker_threads(workers)
         .enable_all()
         .build()
         .map_err(|error| format!("cannot start a tokio runtime: {error}"))
@@ -172,8 +174,9 @@ pub fn calibrate_capacity(
     mean_service: Duration,
     length: Duration,
     seed: u64,
+    workers: usize,
 ) -> Result<f64, String> {
-    let runtime = runtime()?;
+    let runtime = runtime(workers)?;
     let env = HandlerEnv::new(units, Handler::computing(handler.yielding));
     let done = Arc::new(AtomicU64::new(0));
     let stop = Arc::new(AtomicBool::new(false));
@@ -188,7 +191,7 @@ pub fn calibrate_capacity(
         Service::Exponential,
         seed,
     ));
-    for client in 0..4 * WORKERS {
+    for client in 0..4 * workers {
         let (env, done, stop, services) =
             (env.clone(), done.clone(), stop.clone(), services.clone());
         runtime.spawn(async move {
@@ -196,7 +199,7 @@ pub fn calibrate_capacity(
             while !stop.load(Ordering::Relaxed) {
                 env.serve(services[i % services.len()].service).await;
                 done.fetch_add(1, Ordering::Relaxed);
-                i += 4 * WORKERS;
+                i += 4 * workers;
             }
         });
     }
@@ -213,7 +216,7 @@ pub fn calibrate_capacity(
 /// Runs `spec` against `system` and collects every request's outcome; an
 /// error when the run could not be set up.
 pub fn run(bench: &Bench, system: System, spec: &RunSpec) -> Result<RunResult, String> {
-    let runtime = runtime()?;
+    let runtime = runtime(bench.workers)?;
     let env = HandlerEnv::new(bench.units, spec.handler.unwrap_or(bench.handler));
     let sut = Sut::build(
         system,

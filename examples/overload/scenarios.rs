@@ -14,9 +14,22 @@ use crate::stats::{self, Outcome, Record};
 use crate::systems::System;
 
 /// The scenarios by name, in the order `all` runs them.
-pub const NAMES: [&str; 14] = [
-    "w2", "w1", "w3a", "w3b", "w3c", "w4", "w5", "w6", "w7", "w8", "w9", "w2-local", "matrix",
+pub const NAMES: [&str; 15] = [
+    "w2",
+    "w1",
+    "w3a",
+    "w3b",
+    "w3c",
+    "w4",
+    "w5",
+    "w6",
+    "w7",
+    "w8",
+    "w9",
+    "w2-local",
+    "matrix",
     "w2-pool",
+    "w2-pool-split",
 ];
 
 const HIGH: Class = Class {
@@ -288,17 +301,29 @@ pub fn w2(
     Ok(rows)
 }
 
-/// The systems of W2-pool, in table order: the CPU pool, then what users
-/// would otherwise reach for, each with as many threads as the runtime
-/// has workers (C is the runtime's capacity); `no-admission` computing on
-/// the workers for reference.
-pub fn pool_systems() -> Vec<System> {
-    vec![
-        System::Pool { threads: WORKERS },
-        System::BlockingSemaphore { limit: WORKERS },
-        System::Rayon { threads: WORKERS },
+/// The systems of W2-pool, in table order: the CPU pool (also with its
+/// threads spinning 100 µs before they sleep, where they have cores of
+/// their own: `spin`), then what users would otherwise reach for, each
+/// with `threads` threads (as many as the runtime has workers: C is the
+/// runtime's capacity); `no-admission` computing on the workers for
+/// reference.
+pub fn pool_systems(threads: usize, spin: bool) -> Vec<System> {
+    let mut pools = vec![System::Pool {
+        threads,
+        spin_us: 0,
+    }];
+    if spin {
+        pools.push(System::Pool {
+            threads,
+            spin_us: 100,
+        });
+    }
+    pools.extend([
+        System::BlockingSemaphore { limit: threads },
+        System::Rayon { threads },
         System::NoAdmission,
-    ]
+    ]);
+    pools
 }
 
 /// W2-pool: W2 at 3x with handlers that never yield, their computation
@@ -307,16 +332,29 @@ pub fn pool_systems() -> Vec<System> {
 /// oneshot; plus the high class alone at its rate through the pool, for
 /// every row's "high p99 under load vs alone". Whatever `--handler` says,
 /// handlers never yield; `bench` should be calibrated for that (see
-/// `main.rs`).
-pub fn w2_pool(bench: &Bench, dir: &Path, systems: &[System]) -> Result<Vec<SummaryRow>, String> {
-    let name = "w2-pool";
+/// `main.rs`). W2-pool-split (`name`) runs the same on a runtime of one
+/// worker with one pool thread, so that on two cores each has a core of
+/// its own, and C is one worker's.
+pub fn w2_pool(
+    bench: &Bench,
+    dir: &Path,
+    systems: &[System],
+    name: &str,
+) -> Result<Vec<SummaryRow>, String> {
     let bench = Bench {
         handler: Handler::NEVER_YIELDS,
         ..bench.clone()
     };
     let spec = w2_spec(bench.capacity, Dispatch::Remote);
     eprintln!("  {name}: high class alone through the pool ...");
-    let alone = high_alone(&bench, System::Pool { threads: WORKERS }, Dispatch::Remote)?;
+    let alone = high_alone(
+        &bench,
+        System::Pool {
+            threads: bench.workers,
+            spin_us: 0,
+        },
+        Dispatch::Remote,
+    )?;
     let (rows, series) = compare(&bench, name, systems, &spec, 3.0, |_, result, summary| {
         high_figures(alone, result, summary)
     })?;

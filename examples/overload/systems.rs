@@ -45,8 +45,9 @@ pub enum System {
     AdmissionDefaults,
     /// This crate's `CpuPool` of `threads` threads: the handler's
     /// computation runs on the pool, queued by the admission queue
-    /// (`admission`'s queue settings, deadlines carried).
-    Pool { threads: usize },
+    /// (`admission`'s queue settings, deadlines carried); `spin_us`
+    /// microseconds of `CpuPoolBuilder::spin_before_wait`.
+    Pool { threads: usize, spin_us: u64 },
     /// `spawn_blocking` behind a `tokio::sync::Semaphore` of `limit`
     /// permits: the computation on tokio's blocking pool, waiters in FIFO.
     BlockingSemaphore { limit: usize },
@@ -126,7 +127,11 @@ impl System {
             System::TowerShed { limit } => format!("tower-shed({limit})"),
             System::Admission { name, .. } => (*name).into(),
             System::AdmissionDefaults => "admission-defaults".into(),
-            System::Pool { threads } => format!("cpu-pool({threads})"),
+            System::Pool {
+                threads,
+                spin_us: 0,
+            } => format!("cpu-pool({threads})"),
+            System::Pool { threads, spin_us } => format!("cpu-pool({threads},spin{spin_us}us)"),
             System::BlockingSemaphore { limit } => format!("blocking-semaphore({limit})"),
             System::Rayon { threads } => format!("rayon-spawn({threads})"),
         }
@@ -270,9 +275,10 @@ impl Sut {
                     _controller: Some(controller),
                 }
             }
-            System::Pool { threads } => {
+            System::Pool { threads, spin_us } => {
                 let pool = CpuPool::builder()
                     .threads(threads)
+                    .spin_before_wait(Duration::from_micros(spin_us))
                     .queue(admission_queue(slo, true, true))
                     .build()
                     .map_err(|error| format!("{}: {error}", system.name()))?;

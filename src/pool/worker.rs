@@ -24,6 +24,7 @@
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
 
 use super::task::PoolError;
 use super::PoolSnapshot;
@@ -119,6 +120,8 @@ pub(crate) struct PoolShared {
     threads: usize,
     max_borrowed: usize,
     thread_name: String,
+    /// How long a thread that finds no job polls for one before it sleeps.
+    spin_before_wait: Duration,
     dispatch: StdMutex<Dispatch>,
     backstop: Boundary,
 }
@@ -130,6 +133,7 @@ impl PoolShared {
         threads: usize,
         max_borrowed: usize,
         thread_name: String,
+        spin_before_wait: Duration,
     ) -> (StdArc<Self>, mpsc::Receiver<Job>) {
         let (sender, receiver) = mpsc::channel();
         let shared = PoolShared {
@@ -137,6 +141,7 @@ impl PoolShared {
             threads,
             max_borrowed,
             thread_name,
+            spin_before_wait,
             dispatch: StdMutex::new(Dispatch {
                 sender: Some(sender),
                 ..Dispatch::default()
@@ -240,7 +245,7 @@ impl PoolShared {
     /// channel drained.
     pub(super) fn thread_loop(self: StdArc<Self>, jobs: StdArc<StdMutex<mpsc::Receiver<Job>>>) {
         loop {
-            let job = jobs.lock().unwrap_or_else(recover).recv();
+            let job = self.next_job(&jobs.lock().unwrap_or_else(recover));
             let Ok(job) = job else { return };
             {
                 let mut dispatch = self.lock();
@@ -248,6 +253,27 @@ impl PoolShared {
             }
             self.run_guarded(job);
         }
+    }
+
+    /// The next job, or an error once the pool is closed and the channel
+    /// drained. With a spin set, the channel is polled for that long before
+    /// the thread sleeps in `recv` (see `CpuPoolBuilder::spin_before_wait`).
+    fn next_job(&self, jobs: &mpsc::Receiver<Job>) -> Result<Job, mpsc::RecvError> {
+        if !self.spin_before_wait.is_zero() {
+            let started = Instant::now();
+            loop {
+                match jobs.try_recv() {
+                    Ok(job) => return Ok(job),
+                    Err(mpsc::TryRecvError::Disconnected) => return Err(mpsc::RecvError),
+                    Err(mpsc::TryRecvError::Empty) => {}
+                }
+                if started.elapsed() >= self.spin_before_wait {
+                    break;
+                }
+                std::hint::spin_loop();
+            }
+        }
+        jobs.recv()
     }
 
     /// Runs one job behind the thread's backstop.
