@@ -133,27 +133,32 @@ async fn a_raised_total_grants_waiters_and_the_snapshot_tells_the_story() {
     assert_eq!(snapshot.source, None);
 }
 
-#[tokio::test(start_paused = true)]
-async fn an_idle_node_stops_enforcing_and_the_first_load_resumes_it() {
-    let script = Scripted::default();
-    let controller = controller(&script, 1);
+/// A controller (see [`controller`]) after a quiet second: idle at the
+/// window boundary.
+async fn idle_controller(script: &Scripted, initial: u64) -> Controller {
+    let controller = controller(script, initial);
     let start = Instant::now();
-    // A quiet second: idle at the window boundary.
     while Instant::now() - start < Duration::from_secs(1) {
         tokio::time::advance(Duration::from_millis(1)).await;
         controller.step();
     }
     assert_eq!(controller.snapshot().mode, Mode::Idle);
-    assert_eq!(controller.step().adjustment, Adjustment::Hold(Hold::Idle));
+    controller
+}
 
-    // Not enforcing: admissions beyond the total get in at once.
-    let held = hold(&controller, 3);
-    assert_eq!(controller.queue().granter_snapshot().used, 3);
+#[tokio::test(start_paused = true)]
+async fn an_idle_node_stops_enforcing_and_the_first_load_resumes_it() {
+    let script = Scripted::default();
+    let controller = idle_controller(&script, 1).await;
+    assert_eq!(controller.step().adjustment, Adjustment::Hold(Hold::Idle));
+    let held = hold(&controller, 1);
+    assert_eq!(controller.step().mode, Mode::Idle, "within the total");
 
     // Load shows up: enforcing again, and the total is back in charge.
     script.set(5);
     let tick = controller.step();
     assert_eq!(tick.mode, Mode::Active);
+    assert_eq!(controller.snapshot().idle_overruns, 0, "the load did it");
     let mut waiter = common::enqueue(controller.queue(), work());
     drop(held);
     assert!(common::try_settle(&mut waiter).unwrap().is_ok());
@@ -162,18 +167,13 @@ async fn an_idle_node_stops_enforcing_and_the_first_load_resumes_it() {
 #[tokio::test(start_paused = true)]
 async fn demand_past_the_total_while_idle_resumes_enforcing_before_any_load_shows() {
     let script = Scripted::default();
-    let controller = controller(&script, 2);
-    let start = Instant::now();
-    while Instant::now() - start < Duration::from_secs(1) {
-        tokio::time::advance(Duration::from_millis(1)).await;
-        controller.step();
-    }
-    assert_eq!(controller.snapshot().mode, Mode::Idle);
+    let controller = idle_controller(&script, 2).await;
     // Within the total: still idle.
     let mut held = hold(&controller, 2);
     assert_eq!(controller.step().mode, Mode::Idle);
-    // One past it: the signal still reads nothing (a sample is an idle
-    // period away on the sampler thread), but the overrun ends idleness.
+    // One past it, admitted at once (not enforcing): the signal still
+    // reads nothing (a sample is an idle period away on the sampler
+    // thread), but the overrun ends idleness.
     held.extend(hold(&controller, 1));
     assert_eq!(controller.snapshot().idle_overruns, 0);
     let tick = controller.step();
