@@ -75,6 +75,10 @@
 //! rayon pool's `spawn` with a oneshot, each with as many threads as the
 //! runtime has workers. Its C is that of handlers that never yield: with
 //! another `--handler`, the scenario calibrates it again for itself.
+//! W2-pool-split runs the same on a runtime of one worker beside one pool
+//! thread (each with a core of its own on two cores, as the pool's docs
+//! advise when the workers also compute), C calibrated on that one worker,
+//! and adds the pool with `spin_before_wait` of 100 µs.
 //!
 //! W6 (IO admission on a fjall database) is compiled in with the `fjall`
 //! feature only; without it, W6 says so and reports nothing. W7 (GPU query
