@@ -113,9 +113,11 @@ fn a_cpu_flood_shrinks_the_total_and_io_bound_work_grows_it_back() {
     assert!(total() <= 64, "never above max_slots");
     io.store(true, Ordering::Relaxed);
 
+    // One cut in proportion to the holds' inflation may do all of the
+    // shrinking; growing back is a slot at a time.
     let snapshot = controller.snapshot();
     assert!(
-        snapshot.decreases >= 8 && snapshot.increases >= 8,
+        snapshot.decreases >= 1 && snapshot.increases >= 8,
         "{snapshot:?}"
     );
     assert!(snapshot.runtime.is_some_and(|r| r.workers == 2));

@@ -411,18 +411,13 @@ impl Core {
         let mut adjustment = Adjustment::Hold(Hold::Idle);
         let adjuster = self.adjuster;
         // Held slots can only be CPU queueing while the workers are busy;
-        // otherwise longer holds are waits on IO or locks, and every
-        // completion is a fair baseline (see `inflation.rs`). Without a
-        // runtime to ask (an injected signal) the holds are trusted.
+        // otherwise longer holds are waits on IO or locks (see
+        // `inflation.rs`). Without a runtime to ask (an injected signal) the
+        // holds are trusted.
         let cpu_busy = stats
             .runtime
             .is_none_or(|r| r.busy_ratio / (r.workers.max(1) as f64) >= inflation::CPU_BUSY);
-        let base_concurrency = if cpu_busy {
-            u64::from(load.workers)
-        } else {
-            u64::MAX
-        };
-        let reported = self.queue.take_work(base_concurrency);
+        let reported = self.queue.take_work(u64::from(load.workers));
         let total_now = self.queue.granter().total();
         let reading = inflation.observe(reported, now, total_now, adjuster.min_slots(), cpu_busy);
         let verdict = reading.map(|r| r.verdict).filter(|_| cpu_busy);

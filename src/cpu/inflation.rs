@@ -46,9 +46,15 @@
 //! ([`CPU_BUSY`] of their time, from tokio's busy-time metric over the last
 //! 10 ms, with a controller built for a runtime). Otherwise longer holds are waits on IO,
 //! timers or locks, which more slots do not make worse: the verdict is
-//! ignored, increases need no good windows, and every completion counts
-//! toward the baseline, so it follows work whose cost changed (a service
-//! that turns from computing to waiting keeps no stale, short baseline).
+//! ignored and increases need no good windows. The baseline still learns
+//! only from work admitted at base concurrency when a window has any: at
+//! 0.7x load a total of 6 on 2 workers makes holds twice their unloaded
+//! value with the workers 75% busy, and a baseline learned from those
+//! halved the inflation the next spike showed, so the cut came a slot per
+//! window instead of at once (W4: 54 ms once). A window with no such work
+//! teaches from every completion, so the baseline follows work that never
+//! runs at low concurrency any more (a service that turns from computing
+//! to waiting keeps no stale, short baseline).
 //!
 //! Work that waits on IO holds its slot without using the CPU, so raising
 //! the total does not inflate its holds until the CPU is busy: the signal
@@ -229,7 +235,7 @@ impl HoldInflation {
         let window = std::mem::take(&mut self.window);
         self.opened = Some(now);
         let inflation = self.inflation(&window);
-        self.learn_baselines(&window);
+        self.learn_baselines(&window, !holds_are_cpu);
         let inversion = inverted(&window);
         let verdict = verdict(inflation, inversion, total, min_slots);
         self.good_in_a_row = match verdict {
@@ -324,14 +330,20 @@ impl HoldInflation {
 
     /// Each priority's baseline moves toward the mean hold of its work
     /// admitted at base concurrency, by a weight that grows with how many
-    /// such completions the window had.
-    fn learn_baselines(&mut self, window: &WorkWindow) {
+    /// such completions the window had. With `or_every_completion` (the
+    /// workers were not busy), a priority with no such work in the window
+    /// learns from all of its completions instead.
+    fn learn_baselines(&mut self, window: &WorkWindow, or_every_completion: bool) {
         for (priority, holds) in &window.priorities {
-            if holds.base_completions == 0 {
+            let (completions, held) = if holds.base_completions > 0 {
+                (holds.base_completions, holds.base_held)
+            } else if or_every_completion && holds.completions > 0 {
+                (holds.completions, holds.held)
+            } else {
                 continue;
-            }
-            let mean = holds.base_held.as_secs_f64() / holds.base_completions as f64;
-            let n = holds.base_completions as f64;
+            };
+            let mean = held.as_secs_f64() / completions as f64;
+            let n = completions as f64;
             let weight = n / (n + MIN_COMPLETIONS as f64);
             let learned = match self.baselines.get(priority) {
                 Some(old) => old.as_secs_f64() * (1.0 - weight) + mean * weight,
@@ -416,6 +428,38 @@ mod tests {
                 "{completions} {inflation:?}"
             );
         }
+    }
+
+    #[test]
+    fn idle_workers_teach_from_base_work_when_there_is_some_and_else_from_all() {
+        let t0 = Instant::now();
+        // Workers not busy: 8 completions at base concurrency (500 µs) and
+        // 24 that shared the workers (1500 µs). Only the 8 teach.
+        let mut mixed = window(&[(0, 32, 1500, 0, 0)]);
+        mixed.priorities.values_mut().for_each(|holds| {
+            holds.base_completions = 8;
+            holds.base_held = Duration::from_micros(8 * 500);
+        });
+        let mut signal = HoldInflation::default();
+        signal.observe(mixed, t0, 6, 2, false);
+        assert_eq!(
+            signal.baseline(Priority::NORMAL),
+            Some(Duration::from_micros(500))
+        );
+        // A window with no base work at all, workers still not busy: it
+        // teaches from every completion (the work's cost changed).
+        signal.observe(window(&[(0, 32, 2500, 0, 0)]), t0, 6, 2, false);
+        assert_eq!(
+            signal.baseline(Priority::NORMAL),
+            Some(Duration::from_micros(1500)),
+            "halfway: 32 completions weigh 32 / (32 + 32)"
+        );
+        // The same window while the workers are busy teaches nothing.
+        signal.observe(window(&[(0, 32, 9000, 0, 0)]), t0, 6, 2, true);
+        assert_eq!(
+            signal.baseline(Priority::NORMAL),
+            Some(Duration::from_micros(1500))
+        );
     }
 
     #[test]
