@@ -142,6 +142,12 @@ pub enum InflationVerdict {
 /// cut is in proportion to the inflation it measured.
 pub const EARLY_CLOSE: [(u64, f64); 2] = [(8, 3.5), (16, 2.5)];
 
+// `HoldInflation::observe` computes the inflation only from
+// MIN_SPARSE_COMPLETIONS on.
+const _: () = assert!(
+    EARLY_CLOSE[0].0 >= MIN_SPARSE_COMPLETIONS && EARLY_CLOSE[1].0 >= MIN_SPARSE_COMPLETIONS
+);
+
 /// Whether a window of `completions` measuring `inflation` closes before
 /// [`MIN_COMPLETIONS`]: pure, a table in its tests.
 pub fn closes_early(completions: u64, inflation: Option<f64>) -> bool {
@@ -221,9 +227,17 @@ impl HoldInflation {
         self.window.absorb(reported);
         let completions = self.window.completions();
         let age = now.saturating_duration_since(opened);
+        // Every way to close needs at least MIN_SPARSE_COMPLETIONS (the
+        // smallest early close too): below that the inflation is not worth
+        // computing, and above it the one computed here is the reading's.
+        let inflation = if completions >= MIN_SPARSE_COMPLETIONS {
+            self.inflation(&self.window)
+        } else {
+            None
+        };
         let closes = completions >= MIN_COMPLETIONS
             || (age >= MAX_WINDOW && completions >= MIN_SPARSE_COMPLETIONS)
-            || (holds_are_cpu && closes_early(completions, self.inflation(&self.window)));
+            || (holds_are_cpu && closes_early(completions, inflation));
         if !closes {
             if age >= 4 * MAX_WINDOW {
                 // Too little work to say anything: start over.
@@ -234,7 +248,6 @@ impl HoldInflation {
         }
         let window = std::mem::take(&mut self.window);
         self.opened = Some(now);
-        let inflation = self.inflation(&window);
         self.learn_baselines(&window, !holds_are_cpu);
         let inversion = inverted(&window);
         let verdict = verdict(inflation, inversion, total, min_slots);
