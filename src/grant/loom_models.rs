@@ -10,17 +10,26 @@
 //! lost, and that the alarm rings once for it.
 
 use std::future::Future;
+use std::pin::Pin;
 use std::task::{Context, Poll, Waker};
 
 use crate::sync::{loom_model as model, Arc, AtomicU64, Ordering};
-use crate::{Priority, SlotPermit, TenantId, WorkInfo, WorkQueue};
+use crate::{Admit, Priority, SlotPermit, TenantId, WorkInfo, WorkQueue};
 
-fn admit_now(queue: &WorkQueue) -> Option<SlotPermit> {
-    let mut admit = Box::pin(queue.admit(WorkInfo::new(TenantId::SYSTEM, Priority::NORMAL)));
+/// Polls `admit` once with a waker that does nothing: the permit, or the
+/// request back if it waits.
+fn poll_once(mut admit: Pin<Box<Admit>>) -> Result<SlotPermit, Pin<Box<Admit>>> {
     match admit.as_mut().poll(&mut Context::from_waker(Waker::noop())) {
-        Poll::Ready(result) => Some(result.expect("admitted")),
-        Poll::Pending => None,
+        Poll::Ready(result) => Ok(result.expect("admitted")),
+        Poll::Pending => Err(admit),
     }
+}
+
+/// Asks `queue` for a slot and polls once.
+fn admit_now(queue: &WorkQueue) -> Result<SlotPermit, Pin<Box<Admit>>> {
+    poll_once(Box::pin(
+        queue.admit(WorkInfo::new(TenantId::SYSTEM, Priority::NORMAL)),
+    ))
 }
 
 /// A queue of one slot, held, with an alarm that counts its rings.
@@ -31,7 +40,7 @@ fn held_queue() -> (WorkQueue, SlotPermit, Arc<AtomicU64>) {
     queue.granter().set_overrun_alarm(move || {
         counter.fetch_add(1, Ordering::Relaxed);
     });
-    let held = admit_now(&queue).expect("a free slot");
+    let held = admit_now(&queue).unwrap_or_else(|_| panic!("a free slot"));
     (queue, held, rings)
 }
 
@@ -59,7 +68,7 @@ pub fn an_overrun_racing_the_idle_tick_is_never_lost() {
         let extra = granting
             .join()
             .unwrap()
-            .expect("not enforcing: admitted at once");
+            .unwrap_or_else(|_| panic!("not enforcing: admitted at once"));
         let woke = tick.join().unwrap();
         assert!(
             woke || queue.granter().take_overrun(),
@@ -81,14 +90,7 @@ pub fn an_overrun_racing_the_tick_that_goes_idle_is_marked() {
         let (queue, held, rings) = held_queue();
         let granting = {
             let queue = queue.clone();
-            loom::thread::spawn(move || {
-                let mut admit =
-                    Box::pin(queue.admit(WorkInfo::new(TenantId::SYSTEM, Priority::NORMAL)));
-                match admit.as_mut().poll(&mut Context::from_waker(Waker::noop())) {
-                    Poll::Ready(result) => Ok(result.expect("admitted")),
-                    Poll::Pending => Err(admit),
-                }
-            })
+            loom::thread::spawn(move || admit_now(&queue))
         };
         let tick = {
             let queue = queue.clone();
@@ -99,16 +101,9 @@ pub fn an_overrun_racing_the_tick_that_goes_idle_is_marked() {
         };
         let first = granting.join().unwrap();
         tick.join().unwrap();
-        let extra = match first {
-            Ok(permit) => permit,
-            Err(mut waiting) => match waiting
-                .as_mut()
-                .poll(&mut Context::from_waker(Waker::noop()))
-            {
-                Poll::Ready(result) => result.expect("admitted"),
-                Poll::Pending => panic!("enforcement is off: the waiter must be granted"),
-            },
-        };
+        let extra = first
+            .or_else(poll_once)
+            .unwrap_or_else(|_| panic!("enforcement is off: the waiter must be granted"));
         assert!(
             queue.granter().take_overrun(),
             "the idle spell's overrun is not marked"
