@@ -247,6 +247,41 @@ async fn a_waiter_left_with_less_time_than_a_slot_is_held_is_refused_not_granted
 }
 
 #[tokio::test(start_paused = true)]
+async fn at_light_load_the_wait_is_counted_in_holds_not_in_recent_completions() {
+    let t0 = Instant::now();
+    let queue = WorkQueue::builder()
+        .total_slots(1)
+        .early_rejection(true)
+        .build()
+        .unwrap();
+    // Light load: one request every 10 ms, each holding the slot for 1 ms.
+    // Work completes at 100 a second, but a busy slot frees up at 1,000.
+    for i in 0..10 {
+        let permit = admit_now(&queue, work(1, 0, t0, i));
+        tokio::time::advance(ms(1)).await;
+        drop(permit);
+        tokio::time::advance(ms(9)).await;
+        queue.maintain();
+    }
+    let _held = admit_now(&queue, work(1, 0, t0, 100));
+    let _queued: Vec<Pending> = (0..2)
+        .map(|i| enqueue(&queue, work(2, 0, t0, 101 + i)))
+        .collect();
+    // Two ahead and its own grant at 1,000 a second, plus a 1 ms hold:
+    // 4 ms. At the completion rate it would have read as 31 ms.
+    let mut in_time = tokio_test::task::spawn(queue.admit(with_timeout(0, ms(8))));
+    assert!(in_time.poll().is_pending(), "refused though it fits");
+    // The estimate still refuses what it says will not fit.
+    match queue.admit(with_timeout(0, ms(3))).await {
+        Err(AdmitError::WouldMissDeadline {
+            expected,
+            remaining,
+        }) => assert_eq!((expected, remaining), (ms(5), ms(3))),
+        other => panic!("expected an early rejection, got {other:?}"),
+    }
+}
+
+#[tokio::test(start_paused = true)]
 async fn without_early_rejection_the_same_request_waits() {
     let (queue, _held, _queued) = draining_at_a_thousand_per_second(false, 4).await;
     let mut doomed = tokio_test::task::spawn(queue.admit(with_timeout(0, ms(3))));

@@ -489,9 +489,11 @@ impl WorkQueueBuilder {
     /// Turns on early rejection: a request with a deadline is refused with
     /// [`AdmitError::WouldMissDeadline`](crate::AdmitError::WouldMissDeadline)
     /// when it could not complete in time: at once, when the requests of its
-    /// priority or higher already waiting (at the rate admitted work has
-    /// recently been completing) plus the time work typically holds a slot
-    /// would outlast its deadline; and while it waits, when less time is left
+    /// priority or higher already waiting (at the rate busy slots free up,
+    /// the total over the typical hold, or the rate admitted work has
+    /// recently been completing where that is faster) plus the time work
+    /// typically holds a slot would outlast its deadline; and while it
+    /// waits, when less time is left
     /// than work typically holds a slot. The queue then times how long each
     /// slot is held (two clock reads per admission). Off by default.
     pub fn early_rejection(mut self, on: bool) -> Self {

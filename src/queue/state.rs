@@ -203,32 +203,85 @@ pub(crate) struct Limits {
 
 /// How fast the queue drains, for early rejection: the rate at which
 /// admitted work completes, smoothed over windows of at least
-/// [`RATE_WINDOW`], and how long admitted work of each priority holds its
+/// [`RATE_WINDOW`]; how long admitted work of each priority holds its
 /// slot (an EWMA per priority: bulk work that holds slots for milliseconds
-/// says nothing about how long a short user request will).
+/// says nothing about how long a short user request will); and how long
+/// any admitted work holds one (an EWMA over every completion), for the
+/// rate at which busy slots free up.
 #[derive(Debug)]
 struct Drain {
     since: Instant,
     completions: u64,
     per_sec: f64,
     hold: BTreeMap<Priority, Duration>,
+    any_hold: Option<Duration>,
+    /// When a timed hold last began or ended.
+    last_event: Option<Instant>,
+}
+
+/// How many typical holds may pass without a hold beginning or ending
+/// before the slots count as stalled: their holds then say nothing about
+/// how fast they will free up (an exponential hold lasts four times its
+/// mean once in fifty).
+const STALLED_AFTER_HOLDS: u32 = 4;
+
+/// The EWMA of holds, weight 0.1. In integer nanoseconds: a hold may be as
+/// long as the uptime, and nine tenths of one plus a tenth of another
+/// never overflows there.
+fn mix_hold(hold: &mut Duration, held: Duration) {
+    let mixed = (hold.as_nanos() * 9 + held.as_nanos()) / 10;
+    *hold = Duration::from_nanos(u64::try_from(mixed).unwrap_or(u64::MAX));
 }
 
 impl Drain {
-    fn held(&mut self, priority: Priority, held: Duration) {
-        // In integer nanoseconds: a hold may be as long as the uptime, and
-        // nine tenths of one plus a tenth of another never overflows there.
+    fn held(&mut self, priority: Priority, held: Duration, now: Instant) {
+        self.last_event = Some(now);
         self.hold
             .entry(priority)
-            .and_modify(|hold| {
-                let mixed = (hold.as_nanos() * 9 + held.as_nanos()) / 10;
-                *hold = Duration::from_nanos(u64::try_from(mixed).unwrap_or(u64::MAX));
-            })
+            .and_modify(|hold| mix_hold(hold, held))
             .or_insert(held);
+        match &mut self.any_hold {
+            Some(hold) => mix_hold(hold, held),
+            None => self.any_hold = Some(held),
+        }
     }
 
     fn hold(&self, priority: Priority) -> Option<Duration> {
         self.hold.get(&priority).copied()
+    }
+
+    /// Grants a second that a request which has to wait can count on.
+    ///
+    /// A request waits only while every unit is taken, and then, by
+    /// Little's law, `capacity` units each held for the typical hold free
+    /// up at `capacity / hold` a second, however fast work happened to
+    /// complete lately. The completion rate alone is the drain rate only
+    /// under overload: at light load it is the arrival rate, far below
+    /// what the slots drain at, and a short queue would then look hours
+    /// long (one slot, 0.3 of its capacity offered, and two requests ahead
+    /// read as 5 ms of wait for 1.5 ms of work, refusing high-priority
+    /// work that would have made its deadline). So the faster of the two:
+    /// the completion rate still counts where the hold is unknown (no
+    /// slots: tokens are never returned) and where work completes faster
+    /// than its holds say (holds that overlap on more units than the total,
+    /// bypass work). And the completion rate alone where no hold has begun
+    /// or ended for [`STALLED_AFTER_HOLDS`] typical holds: slots held far
+    /// past their typical hold (stalled work, a dependency that hangs) free
+    /// up at no rate the typical hold could tell, and the completion rate,
+    /// falling window by window, is then the one that knows.
+    fn grants_per_sec(&self, capacity: Option<u64>, now: Instant) -> f64 {
+        let freed = match (capacity, self.any_hold, self.last_event) {
+            (Some(capacity), Some(hold), Some(last))
+                if capacity > 0
+                    && !hold.is_zero()
+                    && now.saturating_duration_since(last)
+                        <= hold.saturating_mul(STALLED_AFTER_HOLDS) =>
+            {
+                capacity as f64 / hold.as_secs_f64()
+            }
+            _ => 0.0,
+        };
+        self.per_sec.max(freed)
     }
 
     /// A request of `priority` was refused because of the typical hold (the
@@ -338,6 +391,8 @@ impl QueueState {
                 since: now,
                 completions: 0,
                 per_sec: 0.0,
+                any_hold: None,
+                last_event: None,
                 hold: BTreeMap::new(),
             },
             elastic_held: 0,
@@ -438,7 +493,7 @@ impl QueueState {
         self.rescale_epochs(now);
         self.close_epochs(now);
         self.drain.update(now, self.is_busy());
-        if let Some(error) = self.doomed(work, now) {
+        if let Some(error) = self.doomed(work, now, grants.capacity()) {
             return self.reject(work, error);
         }
         Attempt::Queued {
@@ -506,20 +561,24 @@ impl QueueState {
     /// The charge of a slot granted now; the clock is read only when slot
     /// holds are timed.
     fn charge_now(
-        &self,
+        &mut self,
         priority: Priority,
         count: u64,
         now: Option<Instant>,
         accounted: bool,
         deadline: Option<Instant>,
     ) -> Charge {
+        let admitted_at = (self.limits.early_rejection || self.limits.report_work)
+            .then(|| now.unwrap_or_else(Instant::now));
+        if let Some(at) = admitted_at {
+            self.drain.last_event = Some(at);
+        }
         Charge {
             accounted,
             generation: self.generation,
             count,
             priority,
-            admitted_at: (self.limits.early_rejection || self.limits.report_work)
-                .then(|| now.unwrap_or_else(Instant::now)),
+            admitted_at,
             concurrency: self.in_flight,
             deadline,
         }
@@ -548,19 +607,27 @@ impl QueueState {
         Attempt::Rejected(error)
     }
 
-    /// With early rejection on: the error for a request that, at the recent
-    /// completion rate, would not complete before its deadline.
+    /// With early rejection on: the error for a request that, at the rate
+    /// the queue drains, would not complete before its deadline.
     ///
     /// The wait is estimated in grants: the waiting requests of its own
     /// tenant at its priority or higher (served before it), plus one grant
     /// for each other tenant ahead of its tenant in the fair-share order
     /// (each is served before it is), plus the grant of its own slot; at
-    /// the completion rate, plus the time work typically holds a slot. The
+    /// the drain rate ([`Drain::grants_per_sec`], with the granter's
+    /// `capacity`), plus the time work typically holds a slot. The
     /// backlog of a heavier tenant does not count against a lighter one,
     /// which is served first.
-    fn doomed(&mut self, work: &WorkInfo, now: Instant) -> Option<AdmitError> {
+    fn doomed(
+        &mut self,
+        work: &WorkInfo,
+        now: Instant,
+        capacity: Option<u64>,
+    ) -> Option<AdmitError> {
         let deadline = work.deadline()?;
-        if !self.limits.early_rejection || self.drain.per_sec <= 0.0 {
+        // No completion yet (nor a window closed): nothing to estimate from.
+        let per_sec = self.drain.grants_per_sec(capacity, now);
+        if !self.limits.early_rejection || self.drain.per_sec <= 0.0 || per_sec <= 0.0 {
             return None;
         }
         let id = work.tenant();
@@ -588,8 +655,7 @@ impl QueueState {
         let grants = own + tenants_ahead + 1;
         // After a stall the rate may be vanishingly small: the wait then
         // saturates (and the request is refused) rather than overflowing.
-        let wait = Duration::try_from_secs_f64(grants as f64 / self.drain.per_sec)
-            .unwrap_or(Duration::MAX);
+        let wait = Duration::try_from_secs_f64(grants as f64 / per_sec).unwrap_or(Duration::MAX);
         let hold = self.drain.hold(work.priority()).unwrap_or_default();
         let expected = wait.saturating_add(hold);
         let remaining = deadline.saturating_duration_since(now);
@@ -962,7 +1028,7 @@ impl QueueState {
         if let Some(admitted_at) = charge.admitted_at {
             let now = Instant::now();
             let held = now.saturating_duration_since(admitted_at);
-            self.drain.held(charge.priority, held);
+            self.drain.held(charge.priority, held, now);
             if self.limits.report_work {
                 let base = charge.concurrency <= self.base_concurrency;
                 let late = charge.deadline.is_some_and(|deadline| now > deadline);
