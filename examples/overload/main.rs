@@ -86,6 +86,7 @@
 //! needs no feature and no GPU.
 
 mod gpu;
+mod ideal;
 #[cfg(feature = "fjall")]
 mod ingest;
 mod load;
@@ -608,8 +609,9 @@ mod smoke {
 
     /// W2-pool at toy size: the pool and its alternatives each run to a
     /// filled-in row with the high class's figures against its p99 alone,
-    /// handlers that never yield whatever the bench says; the pool is
-    /// checked for priority inversion like every admission system.
+    /// handlers that never yield whatever the bench says; the pool (and
+    /// the ideal scheduler, simulated beside them) is checked for priority
+    /// inversion like every admission system.
     #[test]
     fn a_tiny_w2_pool_runs_the_pool_and_its_alternatives() {
         let bench = tiny_bench(Handler::YIELD, SignalSource::GlobalQueueAndProbe);
@@ -621,8 +623,10 @@ mod smoke {
         for row in &rows {
             assert_eq!(row.extra["handler"], "never-yields", "{}", row.system);
             assert!(row.extra["high_p99_vs_alone"].is_number(), "{}", row.system);
+            let ideal = row.system == format!("ideal({WORKERS})");
             let pool = row.system.starts_with("cpu-pool");
-            assert_eq!(row.inversions.is_some(), pool, "{}", row.system);
+            assert_eq!(row.inversions.is_some(), pool || ideal, "{}", row.system);
+            assert_eq!(row.extra.contains_key("simulated"), ideal, "{}", row.system);
         }
         let table = scenario_table("w2-pool", &rows);
         for name in ["cpu-pool(2)", "blocking-semaphore(2)", "rayon-spawn(2)"] {
@@ -656,6 +660,12 @@ mod smoke {
         let exceeded = report::run_problems(2_000.0, Some(2_000.0), &rows);
         assert_eq!(exceeded.len(), 1);
         assert!(exceeded[0].contains("118.0% of C"), "{exceeded:?}");
+        // The ideal scheduler's row is simulated: over C says nothing of C.
+        let mut simulated = rows.clone();
+        simulated[0]
+            .extra
+            .insert("simulated".into(), serde_json::json!(true));
+        assert!(report::run_problems(2_000.0, Some(2_000.0), &simulated).is_empty());
 
         let run = run_info(&rows);
         assert!(!run.valid());

@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 use admission::cpu::SignalSource;
 use admission::{Priority, TenantId, TenantWeight};
 
+use crate::ideal;
 use crate::load::{
     generate, schedule, Delivery, Dispatch, Handler, HandlerEnv, Outcomes, Planned, Service,
     Stream, WorkUnits,
@@ -156,6 +157,41 @@ impl RunResult {
     }
 }
 
+/// The ideal scheduler's run of `spec`: the same schedule as a real run,
+/// its servers as fast in total as the calibrated C.
+fn simulate_ideal(bench: &Bench, servers: usize, spec: &RunSpec) -> RunResult {
+    let length = spec.length.unwrap_or(bench.warmup + bench.measure);
+    let plan = schedule(
+        &spec.streams,
+        length,
+        bench.mean_service,
+        bench.service,
+        bench.seed,
+    );
+    let priorities: Vec<Priority> = spec.classes.iter().map(|class| class.priority).collect();
+    // `servers` servers at one request per mean service time each would
+    // serve `servers / mean` a second; the real runtime serves C.
+    let speedup = bench.capacity * bench.mean_service.as_secs_f64() / servers.max(1) as f64;
+    RunResult {
+        records: ideal::simulate(
+            &plan,
+            &priorities,
+            servers,
+            bench.slo,
+            bench.mean_service,
+            speedup,
+        ),
+        delivery: Delivery {
+            lateness: vec![Duration::ZERO],
+            delivered_frac: 1.0,
+        },
+        length,
+        warmup: bench.warmup,
+        slot_totals: Vec::new(),
+        background_done: 0,
+    }
+}
+
 pub fn runtime(workers: usize) -> Result<tokio::runtime::Runtime, String> {
     tokio::runtime::Builder::new_multi_thread()
         .worker_threads(workers)
@@ -216,6 +252,9 @@ pub fn calibrate_capacity(
 /// Runs `spec` against `system` and collects every request's outcome; an
 /// error when the run could not be set up.
 pub fn run(bench: &Bench, system: System, spec: &RunSpec) -> Result<RunResult, String> {
+    if let System::Ideal { servers } = system {
+        return Ok(simulate_ideal(bench, servers, spec));
+    }
     let runtime = runtime(bench.workers)?;
     let env = HandlerEnv::new(bench.units, spec.handler.unwrap_or(bench.handler));
     let sut = Sut::build(

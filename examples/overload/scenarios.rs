@@ -131,7 +131,14 @@ fn row(
             result.delivery.delivered_frac * 100.0
         ));
     }
-    if goodput_frac > 1.0 {
+    // The ideal scheduler's servers are as fast as C on average; on one
+    // schedule's draws it may serve a little more, which says nothing
+    // about the calibration.
+    let simulated = matches!(system, System::Ideal { .. });
+    if simulated {
+        extra.insert("simulated".into(), json!(true));
+    }
+    if goodput_frac > 1.0 && !simulated {
         invalid_reasons.push(format!(
             "goodput {:.1}% of C: C was calibrated low",
             goodput_frac * 100.0
@@ -305,7 +312,8 @@ pub fn w2(
 /// threads spinning 100 µs before they sleep, where they have cores of
 /// their own: `spin`), then what users would otherwise reach for, each
 /// with `threads` threads (as many as the runtime has workers: C is the
-/// runtime's capacity); `no-admission` computing on the workers for
+/// runtime's capacity); `no-admission` computing on the workers, and the
+/// ideal non-preemptive scheduler of `threads` servers (`ideal.rs`), for
 /// reference.
 pub fn pool_systems(threads: usize, spin: bool) -> Vec<System> {
     let mut pools = vec![System::Pool {
@@ -322,6 +330,7 @@ pub fn pool_systems(threads: usize, spin: bool) -> Vec<System> {
         System::BlockingSemaphore { limit: threads },
         System::Rayon { threads },
         System::NoAdmission,
+        System::Ideal { servers: threads },
     ]);
     pools
 }
@@ -330,7 +339,9 @@ pub fn pool_systems(threads: usize, spin: bool) -> Vec<System> {
 /// moved off the workers: through the CPU pool (the admission queue is its
 /// only queue), `spawn_blocking` behind a semaphore, and rayon with a
 /// oneshot; plus the high class alone at its rate through the pool, for
-/// every row's "high p99 under load vs alone". Whatever `--handler` says,
+/// every row's "high p99 under load vs alone" (the ideal scheduler's row
+/// against the ideal scheduler's own run alone, so that its ratio is the
+/// price of non-preemption itself). Whatever `--handler` says,
 /// handlers never yield; `bench` should be calibrated for that (see
 /// `main.rs`). W2-pool-split (`name`) runs the same on a runtime of one
 /// worker with one pool thread, so that on two cores each has a core of
@@ -355,9 +366,28 @@ pub fn w2_pool(
         },
         Dispatch::Remote,
     )?;
-    let (rows, series) = compare(&bench, name, systems, &spec, 3.0, |_, result, summary| {
-        high_figures(alone, result, summary)
-    })?;
+    let ideal_alone = high_alone(
+        &bench,
+        System::Ideal {
+            servers: bench.workers,
+        },
+        Dispatch::Remote,
+    )?;
+    let (rows, series) = compare(
+        &bench,
+        name,
+        systems,
+        &spec,
+        3.0,
+        |system, result, summary| {
+            let alone = if matches!(system, System::Ideal { .. }) {
+                ideal_alone
+            } else {
+                alone
+            };
+            high_figures(alone, result, summary)
+        },
+    )?;
     plot_all(dir, name, &spec.classes, series);
     Ok(rows)
 }
@@ -494,6 +524,7 @@ pub fn w1(bench: &Bench, dir: &Path, quick: bool) -> Result<Vec<SummaryRow>, Str
         System::TowerShed { limit: WORKERS },
         System::admission(),
         System::AdmissionDefaults,
+        System::Ideal { servers: WORKERS },
     ];
     let mut rows = Vec::new();
     let mut heaviest = Vec::new();

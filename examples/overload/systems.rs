@@ -55,6 +55,10 @@ pub enum System {
     /// does on the global pool), the result back through a oneshot: no
     /// bound, rayon's own queue.
     Rayon { threads: usize },
+    /// Not a system but the reference row: the ideal non-preemptive
+    /// scheduler of `servers` servers, simulated over the run's schedule
+    /// (see `ideal.rs`). Nothing is built or run for it.
+    Ideal { servers: usize },
 }
 
 impl System {
@@ -115,7 +119,10 @@ impl System {
     pub fn orders_by_priority(&self) -> bool {
         matches!(
             self,
-            System::Admission { .. } | System::AdmissionDefaults | System::Pool { .. }
+            System::Admission { .. }
+                | System::AdmissionDefaults
+                | System::Pool { .. }
+                | System::Ideal { .. }
         )
     }
 
@@ -134,6 +141,7 @@ impl System {
             System::Pool { threads, spin_us } => format!("cpu-pool({threads},spin{spin_us}us)"),
             System::BlockingSemaphore { limit } => format!("blocking-semaphore({limit})"),
             System::Rayon { threads } => format!("rayon-spawn({threads})"),
+            System::Ideal { servers } => format!("ideal({servers})"),
         }
     }
 }
@@ -286,6 +294,12 @@ impl Sut {
                 Kind::Pool(pool)
             }
             System::BlockingSemaphore { limit } => Kind::Blocking(Arc::new(Semaphore::new(limit))),
+            System::Ideal { .. } => {
+                return Err(format!(
+                    "{} is simulated over the schedule, not built on a runtime",
+                    system.name()
+                ))
+            }
             System::Rayon { threads } => Kind::Rayon {
                 pool: rayon::ThreadPoolBuilder::new()
                     .num_threads(threads)
