@@ -74,6 +74,16 @@ impl<T> Mutex<T> {
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
+
+    /// The guard if the lock is free now; `None` if someone holds it (this
+    /// thread included: it never blocks, so it cannot deadlock).
+    pub(crate) fn try_lock(&self) -> Option<MutexGuard<'_, T>> {
+        match self.inner.try_lock() {
+            Ok(guard) => Some(guard),
+            Err(std::sync::TryLockError::Poisoned(poisoned)) => Some(poisoned.into_inner()),
+            Err(std::sync::TryLockError::WouldBlock) => None,
+        }
+    }
 }
 
 /// The guard of a poisoned [`StdMutex`]: what it protects is only ever

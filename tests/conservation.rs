@@ -283,6 +283,7 @@ fn run_pool(
     max_borrowed: usize,
     early_rejection: bool,
     epoch_lifo: bool,
+    collect_grants: bool,
 ) -> Result<(), TestCaseError> {
     use admission::pool::{CpuPool, PoolError, PoolTask};
     use std::pin::Pin;
@@ -305,6 +306,7 @@ fn run_pool(
         let pool = CpuPool::builder()
             .threads(THREADS)
             .max_borrowed(max_borrowed)
+            .collect_grants(collect_grants)
             .queue(queue)
             .build()
             .unwrap();
@@ -443,14 +445,16 @@ proptest! {
     /// The same property through the CPU pool: whatever is spawned, dropped,
     /// released, timed out or closed, every slot comes back, every thread
     /// ends idle, no closure runs twice, and every future that settles says
-    /// truly whether its closure ran.
+    /// truly whether its closure ran; with the caller's task handing jobs
+    /// over and with the threads collecting grants.
     #[test]
     fn through_the_pool_every_slot_comes_back_and_no_closure_runs_twice(
         ops in prop::collection::vec(pool_op(), 1..60),
         max_borrowed in 0..2usize,
         early_rejection in any::<bool>(),
         epoch_lifo in any::<bool>(),
+        collect_grants in any::<bool>(),
     ) {
-        run_pool(ops, max_borrowed, early_rejection, epoch_lifo)?;
+        run_pool(ops, max_borrowed, early_rejection, epoch_lifo, collect_grants)?;
     }
 }

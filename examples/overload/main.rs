@@ -629,7 +629,13 @@ mod smoke {
             assert_eq!(row.extra.contains_key("simulated"), ideal, "{}", row.system);
         }
         let table = scenario_table("w2-pool", &rows);
-        for name in ["cpu-pool(2)", "blocking-semaphore(2)", "rayon-spawn(2)"] {
+        for name in [
+            "cpu-pool(2)",
+            "cpu-pool(2,collect)",
+            "cpu-pool(2,spin100us,collect)",
+            "blocking-semaphore(2)",
+            "rayon-spawn(2)",
+        ] {
             assert!(table.contains(name), "{name} missing from\n{table}");
         }
         assert!(dir.join("w2-pool-high-p99.svg").exists());

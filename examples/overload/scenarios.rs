@@ -308,23 +308,25 @@ pub fn w2(
     Ok(rows)
 }
 
-/// The systems of W2-pool, in table order: the CPU pool (also with its
-/// threads spinning 100 µs before they sleep, where they have cores of
-/// their own: `spin`), then what users would otherwise reach for, each
-/// with `threads` threads (as many as the runtime has workers: C is the
+/// The systems of W2-pool, in table order: the CPU pool, with the
+/// caller's task handing each job over and with the threads collecting
+/// their grants (each also with its threads spinning 100 µs before they
+/// sleep, where they have cores of their own: `spin`), then what users
+/// would otherwise reach for, each with `threads` threads (as many as the runtime has workers: C is the
 /// runtime's capacity); `no-admission` computing on the workers, and the
 /// ideal non-preemptive scheduler of `threads` servers (`ideal.rs`), for
 /// reference.
 pub fn pool_systems(threads: usize, spin: bool) -> Vec<System> {
-    let mut pools = vec![System::Pool {
-        threads,
-        spin_us: 0,
-    }];
-    if spin {
-        pools.push(System::Pool {
-            threads,
-            spin_us: 100,
-        });
+    let spins: &[u64] = if spin { &[0, 100] } else { &[0] };
+    let mut pools = Vec::new();
+    for collect in [false, true] {
+        for &spin_us in spins {
+            pools.push(System::Pool {
+                threads,
+                spin_us,
+                collect,
+            });
+        }
     }
     pools.extend([
         System::BlockingSemaphore { limit: threads },
@@ -363,6 +365,7 @@ pub fn w2_pool(
         System::Pool {
             threads: bench.workers,
             spin_us: 0,
+            collect: false,
         },
         Dispatch::Remote,
     )?;

@@ -46,8 +46,13 @@ pub enum System {
     /// This crate's `CpuPool` of `threads` threads: the handler's
     /// computation runs on the pool, queued by the admission queue
     /// (`admission`'s queue settings, deadlines carried); `spin_us`
-    /// microseconds of `CpuPoolBuilder::spin_before_wait`.
-    Pool { threads: usize, spin_us: u64 },
+    /// microseconds of `CpuPoolBuilder::spin_before_wait`, and
+    /// `CpuPoolBuilder::collect_grants` as `collect` says.
+    Pool {
+        threads: usize,
+        spin_us: u64,
+        collect: bool,
+    },
     /// `spawn_blocking` behind a `tokio::sync::Semaphore` of `limit`
     /// permits: the computation on tokio's blocking pool, waiters in FIFO.
     BlockingSemaphore { limit: usize },
@@ -136,9 +141,17 @@ impl System {
             System::AdmissionDefaults => "admission-defaults".into(),
             System::Pool {
                 threads,
-                spin_us: 0,
-            } => format!("cpu-pool({threads})"),
-            System::Pool { threads, spin_us } => format!("cpu-pool({threads},spin{spin_us}us)"),
+                spin_us,
+                collect,
+            } => {
+                let spin = if *spin_us > 0 {
+                    format!(",spin{spin_us}us")
+                } else {
+                    String::new()
+                };
+                let collect = if *collect { ",collect" } else { "" };
+                format!("cpu-pool({threads}{spin}{collect})")
+            }
             System::BlockingSemaphore { limit } => format!("blocking-semaphore({limit})"),
             System::Rayon { threads } => format!("rayon-spawn({threads})"),
             System::Ideal { servers } => format!("ideal({servers})"),
@@ -283,10 +296,15 @@ impl Sut {
                     _controller: Some(controller),
                 }
             }
-            System::Pool { threads, spin_us } => {
+            System::Pool {
+                threads,
+                spin_us,
+                collect,
+            } => {
                 let pool = CpuPool::builder()
                     .threads(threads)
                     .spin_before_wait(Duration::from_micros(spin_us))
+                    .collect_grants(collect)
                     .queue(admission_queue(slo, true, true))
                     .build()
                     .map_err(|error| format!("{}: {error}", system.name()))?;

@@ -39,20 +39,34 @@
 //! the grant loop the queue already has (direct hand-off in order, under
 //! its lock, cancel-safe, checked by the loom models) *is* the scheduler.
 //!
-//! **The hand-off adds no shared state to admission.** [`CpuPool::spawn`]
-//! returns a [`PoolTask`], which wraps the queue's own
-//! [`Admit`](crate::Admit) future and is polled by the caller's task. When
-//! admission resolves, the task sends the admitted job (the
-//! [`SlotPermit`](crate::SlotPermit), the closure, and the sender of a
-//! `oneshot` channel for the result) down a `std::sync::mpsc` channel that
-//! the threads take turns receiving from. Because every job in the channel
-//! holds a slot, the channel holds at most as many jobs as there are
-//! threads not yet back from their last job: it is a hand-off, not a queue,
-//! and nothing in it is reordered. A thread runs the closure, drops the
-//! permit (the queue grants the slot to the next waiter in order, under its
-//! lock, before the result is even sent), updates the pool's counters and
-//! sends the result. Cancellation before the start needs no state of its
-//! own either: a thread skips a job whose result receiver is gone.
+//! **The hand-off.** [`CpuPool::spawn`] returns a [`PoolTask`], polled by
+//! the caller's task. Its admission (the queue's own
+//! [`Admit`](crate::Admit) future) and its closure live in a small shared
+//! cell, a `Handoff`, whose lock the caller's poll and a grant's wake-up
+//! both take. When admission resolves, whoever saw it sends the admitted
+//! job (the [`SlotPermit`](crate::SlotPermit), the closure, and the sender
+//! of a `oneshot` channel for the result) down a `std::sync::mpsc` channel
+//! that the threads take turns receiving from. Because every job in the
+//! channel holds a slot, the channel holds at most as many jobs as there
+//! are threads not yet back from their last job: it is a hand-off, not a
+//! queue, and nothing in it is reordered. A thread runs the closure, drops
+//! the permit (the queue grants the slot to the next waiter in order,
+//! under its lock, before the result is even sent), updates the pool's
+//! counters and sends the result. Cancellation before the start needs no
+//! state of its own: a thread skips a job whose result receiver is gone.
+//!
+//! Who sees a grant is the pool's one choice
+//! ([`CpuPoolBuilder::collect_grants`]). By default the grant wakes the
+//! caller's task, whose poll on a tokio worker collects it and sends the
+//! job: one worker wake-up and one thread wake-up per job. Collecting, the
+//! thread whose returned slot made the grant collects it itself, inside the
+//! wake-up the grant makes, and the job is in the channel before that
+//! thread looks for its next one: no worker takes part until the result is
+//! sent. A wake-up never blocks on the cell's lock (it leaves a flag that
+//! the holder handles when it lets go); the loom models in
+//! `src/pool/loom_models.rs` race a grant against the caller's poll and
+//! drop in both modes (one of them found a wake-up that the first version
+//! lost, left unhandled by a poll that still held the lock).
 //!
 //! A job passes through:
 //!
@@ -67,27 +81,22 @@
 //!  running (busy += 1) ─► returned or panicked ─► permit dropped, counted ─► result sent
 //! ```
 //!
-//! **The cost of the hand-off.** A slot freed on a pool thread is granted
-//! to the next waiter at once, under the queue's lock, but that waiter's
-//! closure reaches a thread only after the caller's task has been woken and
-//! polled on a tokio worker: one wake-up of a worker and one of a pool
-//! thread per job, a few microseconds on an idle core, and exposed twice to
-//! the OS scheduler on a contended one. Letting the pool thread collect
-//! the granted `Admit` itself saves that hop, at the price of a per-job
-//! cell shared between the caller's task and the threads, with states of
-//! its own. That design was built and measured (W2-pool at 3x, 2 pool
-//! threads beside 2 tokio workers on 2 cores): it ran closures back to
-//! back with no thread waking another, and its goodput *fell*, from 63–80%
-//! of C to 52–57% in alternating runs. With the threads never blocking,
-//! the tokio workers (which take in, refuse and answer every request) ran
-//! only by preempting them, and were preempted in turn while holding the
-//! queue's or the pool's lock, so the pool threads slept on those locks
-//! about a quarter of the time (`perf sched`: CPU idle 25–30% with every
-//! thread runnable or waiting on a preempted holder). The hop's wake-ups
-//! are where the threads give the workers their turn. So this design keeps
-//! the queue's machinery as the only shared state; the hop is worth
-//! revisiting only where the pool's threads and the workers have cores of
-//! their own.
+//! **The cost of the hand-off.** By default, a granted job reaches a
+//! thread only after the caller's task has been woken and polled on a
+//! tokio worker: a few microseconds on an idle core, tens on a virtual
+//! machine, and exposed twice to the OS scheduler on a contended one.
+//! Collecting grants removes that hop, and where the threads have cores of
+//! their own it is worth 8–11 points of C (table below). Where they share
+//! the workers' cores, threads that never stop between jobs keep the
+//! workers (which take in, refuse and answer every request) off the cores,
+//! and a high-priority arrival reaches the queue only once a worker has
+//! taken it in: goodput still rises a little, but the high class's tail
+//! grows (W2-pool, four runs: p99 1.10–1.16x alone by default, 1.22–1.42x
+//! collecting). An earlier build of the same idea, with a cell of another
+//! design, lowered W2-pool's goodput outright (from 63–80% of C to
+//! 52–57%: `perf sched` showed the pool threads sleeping on locks held by
+//! preempted workers a quarter of the time). Hence off by default, and on
+//! where the pool has cores of its own.
 //!
 //! Where the CPU goes with this design, sampled with `perf record` over a
 //! W2-pool run (999 Hz on both cores, per second of the loaded run): pool
@@ -167,13 +176,37 @@
 //! | W2-pool-split: 1 pool thread, 1 worker | 86.8%, 91.2%, 91.3%, 91.2% (once 97.2%, C calibrated low) | 98.8–99.6% | 1.23–1.26x |
 //! | the same, threads spinning 100 µs before they sleep | 94.2%, 94.8%, 94.3% (once 101.9%, C low) | 99.3–99.8% | 1.16–1.17x |
 //! | the same on a later, slower day (five runs) | 90.9–92.9% | 99.1–99.4% | 0.96–1.23x |
+//! | W2-pool-split, four runs of each mode side by side: handed over by the task | 81.4–86.6% | 98.2–99.2% | 1.10–1.21x |
+//! | the same, collecting grants ([`CpuPoolBuilder::collect_grants`]) | 90.1–97.8% (94.4, 97.8, 94.9, 90.1) | 98.4–99.8% | 1.03–1.18x |
+//! | the same, collecting and spinning 100 µs | 92.0–97.5% | 99.0–99.6% | 1.01–1.17x |
+//! | W2-pool, four runs: handed over by the task | 66.7–72.2% | 97.8–99.3% | 1.10–1.16x |
+//! | W2-pool, collecting grants | 69.6–76.5% | 96.8–98.5% | 1.22–1.42x |
 //! | `ideal(1)`, simulated (below) | 99.3–99.9% | 98.96–99.07% | 1.17–1.19x |
 //! | `ideal(2)`, simulated | 99.7% | 99.93% | 1.19x |
 //!
 //! With a core each, the pool's thread is idle only while a job travels
-//! through the worker; [`CpuPoolBuilder::spin_before_wait`] takes the
-//! pool-side wake-up out of that trip. On shared cores it does harm (see
-//! there).
+//! through the worker; [`CpuPoolBuilder::collect_grants`] takes the worker
+//! out of that trip, and [`CpuPoolBuilder::spin_before_wait`] the
+//! pool-side wake-up. On shared cores both do harm (see there). So when
+//! the workers also compute, give the pool cores of its own and turn
+//! collecting on:
+//!
+//! ```
+//! use admission::pool::CpuPool;
+//!
+//! # fn main() -> Result<(), admission::ConfigError> {
+//! let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
+//! let workers = (cores / 2).max(1);
+//! // The runtime gets `workers` worker threads
+//! // (`tokio::runtime::Builder::worker_threads`), the pool the rest.
+//! let pool = CpuPool::builder()
+//!     .threads(cores.saturating_sub(workers).max(1))
+//!     .collect_grants(true)
+//!     .build()?;
+//! # drop(pool);
+//! # Ok(())
+//! # }
+//! ```
 //!
 //! What no pool can do: the suite also simulates, over each run's own
 //! schedule, an ideal non-preemptive scheduler with the same number of
@@ -189,8 +222,9 @@
 //! that never yields, "high p99 within 1.1x of alone" is beyond any
 //! scheduler on this load (the pool's own ratios, 0.96–1.31x in the runs
 //! above, are against its own run alone, which pays the hand-off too),
-//! and what the pool leaves on the table is goodput: the hand-offs, about
-//! 5 points of C on cores of its own and 20–30 on shared ones.
+//! and what the pool leaves on the table is goodput: the hand-offs, 2–10
+//! points of C on cores of its own when collecting grants, 20–30 on
+//! shared ones.
 //!
 //! # When to prefer the pool
 //!
@@ -219,8 +253,13 @@
 //! wants data parallelism can still call into a rayon pool of its own.
 
 mod builder;
+mod handoff;
 mod task;
 mod worker;
+
+#[cfg(loom)]
+#[doc(hidden)]
+pub mod loom_models;
 
 pub use builder::CpuPoolBuilder;
 pub use task::{PoolError, PoolTask};

@@ -8,12 +8,11 @@ use std::pin::Pin;
 use std::task::{ready, Context, Poll};
 
 use futures_core::FusedFuture;
-use pin_project::pin_project;
 use tokio::sync::oneshot;
 
-use super::worker::{Closure, Job, PoolShared, Task};
+use super::handoff::Handoff;
+use super::worker::{Closure, PoolShared};
 use crate::error::AdmitError;
-use crate::queue::Admit;
 use crate::sync::StdArc;
 use crate::work::WorkInfo;
 
@@ -92,16 +91,13 @@ impl Error for PoolError {
 ///
 /// Like any future it must not be polled again once it has completed (doing
 /// so panics); it implements [`FusedFuture`] so that `select!` loops can tell.
-#[pin_project]
 #[must_use = "futures do nothing unless polled"]
 pub struct PoolTask<T> {
-    /// Admission, until it resolves.
-    #[pin]
-    admit: Option<Admit>,
-    /// The closure, until it is handed to a thread.
-    task: Option<Box<dyn Task>>,
-    bypass: bool,
-    shared: StdArc<PoolShared>,
+    /// The admission and the closure until a thread has the job.
+    handoff: StdArc<Handoff<PoolShared>>,
+    /// Whether this task has seen the job handed over (a thread collecting
+    /// grants may hand it over without telling the task).
+    dispatched: bool,
     result: oneshot::Receiver<Result<T, PoolError>>,
     done: bool,
 }
@@ -113,11 +109,17 @@ impl<T: Send + 'static> PoolTask<T> {
     {
         let (sender, result) = oneshot::channel();
         let bypass = work.is_bypass();
+        let collect = shared.collects_grants();
+        let admit = shared.queue().admit(work);
         PoolTask {
-            admit: Some(shared.queue().admit(work)),
-            task: Some(Box::new(Closure { f, result: sender })),
-            bypass,
-            shared,
+            handoff: Handoff::new(
+                admit,
+                Box::new(Closure { f, result: sender }),
+                shared,
+                bypass,
+                collect,
+            ),
+            dispatched: false,
             result,
             done: false,
         }
@@ -128,27 +130,39 @@ impl<T> Future for PoolTask<T> {
     type Output = Result<T, PoolError>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        let mut this = self.project();
-        assert!(!*this.done, "`PoolTask` polled after it completed");
-        if let Some(admit) = this.admit.as_mut().as_pin_mut() {
-            let admitted = ready!(admit.poll(cx));
-            this.admit.set(None);
-            let Some(task) = this.task.take() else {
-                unreachable!("the closure stays until admission resolves");
-            };
-            match admitted {
-                Ok(permit) => this.shared.dispatch(Job { permit, task }, *this.bypass),
-                Err(error) => {
-                    *this.done = true;
+        let this = self.get_mut();
+        assert!(!this.done, "`PoolTask` polled after it completed");
+        if !this.dispatched {
+            match this.handoff.poll_admission(cx) {
+                Poll::Ready(Ok(())) => this.dispatched = true,
+                Poll::Ready(Err(error)) => {
+                    this.done = true;
                     return Poll::Ready(Err(PoolError::from_admit(error)));
                 }
+                // Waiting, or handed over since without a word: the result
+                // channel wakes this task either way once a thread is done
+                // (the `Handoff` wakes it for anything else).
+                Poll::Pending => {}
             }
         }
-        let result = ready!(Pin::new(this.result).poll(cx));
-        *this.done = true;
-        // The sender goes away unsent only when the pool dropped the job:
-        // it was closed before a thread took it.
-        Poll::Ready(result.unwrap_or(Err(PoolError::Closed)))
+        let result = ready!(Pin::new(&mut this.result).poll(cx));
+        this.done = true;
+        match result {
+            Ok(result) => Poll::Ready(result),
+            // The sender went away unsent: the pool dropped the job (closed
+            // before a thread took it), or a wake-up found the admission
+            // refused (and dropped the closure) since this task looked.
+            Err(_) => Poll::Ready(Err(match this.handoff.poll_admission(cx) {
+                Poll::Ready(Err(error)) if !this.dispatched => PoolError::from_admit(error),
+                _ => PoolError::Closed,
+            })),
+        }
+    }
+}
+
+impl<T> Drop for PoolTask<T> {
+    fn drop(&mut self) {
+        self.handoff.abandon();
     }
 }
 
@@ -162,10 +176,10 @@ impl<T> fmt::Debug for PoolTask<T> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let phase = if self.done {
             "done"
-        } else if self.admit.is_some() {
-            "admitting"
-        } else {
+        } else if self.dispatched {
             "dispatched"
+        } else {
+            "admitting"
         };
         f.debug_struct("PoolTask").field("phase", &phase).finish()
     }

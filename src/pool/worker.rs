@@ -26,6 +26,7 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use super::handoff::Dispatcher;
 use super::task::PoolError;
 use super::PoolSnapshot;
 use crate::health::Boundary;
@@ -122,6 +123,7 @@ pub(crate) struct PoolShared {
     thread_name: String,
     /// How long a thread that finds no job polls for one before it sleeps.
     spin_before_wait: Duration,
+    collect_grants: bool,
     dispatch: StdMutex<Dispatch>,
     backstop: Boundary,
 }
@@ -134,6 +136,7 @@ impl PoolShared {
         max_borrowed: usize,
         thread_name: String,
         spin_before_wait: Duration,
+        collect_grants: bool,
     ) -> (StdArc<Self>, mpsc::Receiver<Job>) {
         let (sender, receiver) = mpsc::channel();
         let shared = PoolShared {
@@ -142,6 +145,7 @@ impl PoolShared {
             max_borrowed,
             thread_name,
             spin_before_wait,
+            collect_grants,
             dispatch: StdMutex::new(Dispatch {
                 sender: Some(sender),
                 ..Dispatch::default()
@@ -167,11 +171,23 @@ impl PoolShared {
         self.dispatch.lock().unwrap_or_else(recover)
     }
 
+    /// Whether a thread whose returned slot made a grant collects it (see
+    /// `CpuPoolBuilder::collect_grants`).
+    pub(super) fn collects_grants(&self) -> bool {
+        self.collect_grants
+    }
+}
+
+impl Dispatcher for PoolShared {
     /// Hands an admitted job to a thread: a borrowed one for bypass work
     /// when every pool thread is taken (and fewer than `max_borrowed` are
     /// out), otherwise the channel. A closed pool drops the job: its slot
     /// goes back, and its caller sees [`PoolError::Closed`].
-    pub(super) fn dispatch(self: &StdArc<Self>, job: Job, bypass: bool) {
+    ///
+    /// A job is only ever dropped after the dispatch lock is released: its
+    /// permit's drop grants the next waiter, whose `Handoff` may be
+    /// collected and dispatched right there, on this thread.
+    fn dispatch(self: &StdArc<Self>, job: Job, bypass: bool) {
         let mut dispatch = self.lock();
         if dispatch.sender.is_none() {
             drop(dispatch);
@@ -193,13 +209,23 @@ impl PoolShared {
         } else {
             job
         };
-        if let Some(sender) = &dispatch.sender {
-            if sender.send(job).is_ok() {
-                dispatch.dispatched += 1;
-            }
-        }
+        let unsent = match &dispatch.sender {
+            Some(sender) => match sender.send(job) {
+                Ok(()) => {
+                    dispatch.dispatched += 1;
+                    None
+                }
+                // Every thread is gone: nothing will ever take it.
+                Err(mpsc::SendError(job)) => Some(job),
+            },
+            None => Some(job),
+        };
+        drop(dispatch);
+        drop(unsent);
     }
+}
 
+impl PoolShared {
     /// Runs `job` on a thread spawned for it; the job back if no thread
     /// could be spawned.
     fn borrow_thread(self: &StdArc<Self>, dispatch: &mut Dispatch, job: Job) -> Result<(), Job> {

@@ -46,7 +46,7 @@ use crate::work::{Priority, TenantId, WorkInfo};
 ///
 /// Like any future it must not be polled again once it has completed (doing
 /// so panics); it implements [`FusedFuture`] so that `select!` loops can tell.
-#[pin_project(PinnedDrop)]
+#[pin_project(PinnedDrop, project = AdmitProjection)]
 #[must_use = "futures do nothing unless polled"]
 pub struct Admit<G: Granter = SlotGranter> {
     /// Moves into the permit on success; `None` once complete.
@@ -171,52 +171,86 @@ impl<G: Granter> Future for Admit<G> {
                 }
             }
         }
-        let Phase::Queued {
-            key,
-            tenant,
-            priority,
-            span,
-            since,
-        } = &*this.phase
-        else {
-            unreachable!("Start was handled above and Done has no shared state");
-        };
-        let (key, tenant, priority, since) = (*key, *tenant, *priority, *since);
-        let span = span.clone();
-        let _entered = span.enter();
         let fired = match this.timer.as_mut().as_pin_mut() {
             Some(timer) => timer.poll(cx).is_ready(),
             None => false,
         };
-        let observed = shared.with_state(|queue, grants, wakes| {
-            if fired {
-                queue.deadline_fired(key, grants, wakes)
-            } else {
-                queue.observe(key, cx.waker(), grants, wakes)
-            }
-        });
-        let result = match observed {
-            Observed::Pending => return Poll::Pending,
-            Observed::Admitted { charge, waited } => {
-                let shared = this.shared.take().expect("checked above");
-                // The permit first, as on the fast path.
-                let permit = SlotPermit::new(shared, tenant, charge);
-                export::settled(permit.keys(), priority, export::ADMITTED, Some(waited));
-                span.record("outcome", export::ADMITTED);
-                span.record("wait_us", waited.as_micros() as u64);
-                Ok(permit)
-            }
-            Observed::Failed(error) => {
-                export::settled(&shared.keys, priority, error.reason(), None);
-                record_outcome(&span, error.reason(), since);
-                *this.shared = None;
-                Err(error)
-            }
-        };
-        *this.phase = Phase::Done;
-        this.timer.set(None);
-        Poll::Ready(result)
+        settle_queued(this, cx.waker(), fired)
     }
+}
+
+impl<G: Granter> Admit<G> {
+    /// Takes a grant made while the request waited, without looking at its
+    /// deadline timer: for a waker that runs where the timer cannot be
+    /// polled (off the runtime, or after it shut down), as the CPU pool's
+    /// threads collect the grants their returned slots made. `Pending` when
+    /// nothing was granted yet (the waker is stored for the next grant), and
+    /// in every phase but waiting. A deadline is still honoured: the grant
+    /// loop never grants a waiter past it, and the timer's own wake-up
+    /// reaches whoever polls the future in full.
+    pub(crate) fn poll_granted(
+        self: Pin<&mut Self>,
+        waker: &std::task::Waker,
+    ) -> Poll<Result<SlotPermit<G>, AdmitError>> {
+        let this = self.project();
+        if !matches!(this.phase, Phase::Queued { .. }) || this.shared.is_none() {
+            return Poll::Pending;
+        }
+        settle_queued(this, waker, false)
+    }
+}
+
+/// The waiting phase of [`Admit::poll`]: the deadline timer has been
+/// polled (`fired`), the waiter's state is looked at under the lock.
+fn settle_queued<G: Granter>(
+    mut this: AdmitProjection<'_, G>,
+    waker: &std::task::Waker,
+    fired: bool,
+) -> Poll<Result<SlotPermit<G>, AdmitError>> {
+    let Some(shared) = this.shared.as_ref() else {
+        panic!("`Admit` polled after it completed");
+    };
+    let Phase::Queued {
+        key,
+        tenant,
+        priority,
+        span,
+        since,
+    } = &*this.phase
+    else {
+        unreachable!("Start was handled above and Done has no shared state");
+    };
+    let (key, tenant, priority, since) = (*key, *tenant, *priority, *since);
+    let span = span.clone();
+    let _entered = span.enter();
+    let observed = shared.with_state(|queue, grants, wakes| {
+        if fired {
+            queue.deadline_fired(key, grants, wakes)
+        } else {
+            queue.observe(key, waker, grants, wakes)
+        }
+    });
+    let result = match observed {
+        Observed::Pending => return Poll::Pending,
+        Observed::Admitted { charge, waited } => {
+            let shared = this.shared.take().expect("checked above");
+            // The permit first, as on the fast path.
+            let permit = SlotPermit::new(shared, tenant, charge);
+            export::settled(permit.keys(), priority, export::ADMITTED, Some(waited));
+            span.record("outcome", export::ADMITTED);
+            span.record("wait_us", waited.as_micros() as u64);
+            Ok(permit)
+        }
+        Observed::Failed(error) => {
+            export::settled(&shared.keys, priority, error.reason(), None);
+            record_outcome(&span, error.reason(), since);
+            *this.shared = None;
+            Err(error)
+        }
+    };
+    *this.phase = Phase::Done;
+    this.timer.set(None);
+    Poll::Ready(result)
 }
 
 impl<G: Granter> FusedFuture for Admit<G> {
