@@ -209,20 +209,32 @@ async fn early_rejection_refuses_work_the_queue_ahead_would_outlast() {
     assert_eq!(queue.waiting(), 7);
 }
 
-#[tokio::test(start_paused = true)]
-async fn a_waiter_left_with_less_time_than_a_slot_is_held_is_refused_not_granted() {
-    let t0 = Instant::now();
+/// A one-slot queue with early rejection, taught by `n` requests that each
+/// held the slot for `hold`, with `gap` between one's release and the
+/// next's admission (the queue maintained after each gap).
+async fn taught_one_slot_queue(t0: Instant, n: u64, hold: Duration, gap: Duration) -> WorkQueue {
     let queue = WorkQueue::builder()
         .total_slots(1)
         .early_rejection(true)
         .build()
         .unwrap();
-    // Admitted work holds its slot for 4 ms.
-    for i in 0..3 {
+    for i in 0..n {
         let permit = admit_now(&queue, work(1, 0, t0, i));
-        tokio::time::advance(ms(4)).await;
+        tokio::time::advance(hold).await;
         drop(permit);
+        if !gap.is_zero() {
+            tokio::time::advance(gap).await;
+            queue.maintain();
+        }
     }
+    queue
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_waiter_left_with_less_time_than_a_slot_is_held_is_refused_not_granted() {
+    let t0 = Instant::now();
+    // Admitted work holds its slot for 4 ms.
+    let queue = taught_one_slot_queue(t0, 3, ms(4), Duration::ZERO).await;
     let held = admit_now(&queue, work(1, 0, t0, 10));
     // Holds are learned per priority: the doomed request is of the same
     // priority as the work that taught the queue, and first in line.
@@ -249,20 +261,9 @@ async fn a_waiter_left_with_less_time_than_a_slot_is_held_is_refused_not_granted
 #[tokio::test(start_paused = true)]
 async fn at_light_load_the_wait_is_counted_in_holds_not_in_recent_completions() {
     let t0 = Instant::now();
-    let queue = WorkQueue::builder()
-        .total_slots(1)
-        .early_rejection(true)
-        .build()
-        .unwrap();
     // Light load: one request every 10 ms, each holding the slot for 1 ms.
     // Work completes at 100 a second, but a busy slot frees up at 1,000.
-    for i in 0..10 {
-        let permit = admit_now(&queue, work(1, 0, t0, i));
-        tokio::time::advance(ms(1)).await;
-        drop(permit);
-        tokio::time::advance(ms(9)).await;
-        queue.maintain();
-    }
+    let queue = taught_one_slot_queue(t0, 10, ms(1), ms(9)).await;
     let _held = admit_now(&queue, work(1, 0, t0, 100));
     let _queued: Vec<Pending> = (0..2)
         .map(|i| enqueue(&queue, work(2, 0, t0, 101 + i)))
