@@ -272,14 +272,12 @@ fn run_scenario(
 ) -> Result<Vec<SummaryRow>, String> {
     let systems: Vec<System> = System::all(WORKERS)
         .into_iter()
-        .filter(|system| {
-            only.is_empty() || only.iter().any(|o| system.name().starts_with(o.as_str()))
-        })
+        .filter(|system| selected(only, system))
         .collect();
     match name {
         "w2" => scenarios::w2(bench, dir, &systems, Dispatch::Remote, "w2"),
         "w2-local" => scenarios::w2(bench, dir, &systems, Dispatch::Local, "w2-local"),
-        "w1" => scenarios::w1(bench, dir, quick),
+        "w1" => scenarios::w1(bench, dir, quick, &|system| selected(only, system)),
         "w3a" => scenarios::w3a(bench, dir),
         "w3b" => scenarios::w3b(bench, dir),
         "w3c" => scenarios::w3c(bench, dir),
@@ -302,15 +300,18 @@ fn run_scenario(
             let threads = if name == "w2-pool" { WORKERS } else { 1 };
             let systems: Vec<System> = scenarios::pool_systems(threads, name != "w2-pool")
                 .into_iter()
-                .filter(|system| {
-                    only.is_empty() || only.iter().any(|o| system.name().starts_with(o.as_str()))
-                })
+                .filter(|system| selected(only, system))
                 .collect();
             let bench = never_yields_bench(bench, quick, threads)?;
             scenarios::w2_pool(&bench, dir, &systems, name)
         }
         _ => Err(format!("no scenario named {name}")),
     }
+}
+
+/// Whether `--system` (given as `only`, name prefixes) lets `system` run.
+fn selected(only: &[String], system: &System) -> bool {
+    only.is_empty() || only.iter().any(|o| system.name().starts_with(o.as_str()))
 }
 
 fn classes_of(name: &str) -> &'static [&'static str] {
@@ -334,6 +335,7 @@ fn scenario_table(name: &str, rows: &[SummaryRow]) -> String {
         }
         "w7" => report::table(rows, classes_of(name)) + &scenarios::w7_table(rows),
         "w4" => report::table(rows, classes_of(name)) + &scenarios::w4_table(rows),
+        "w1" => report::table(rows, classes_of(name)) + &scenarios::w1_table(rows),
         _ => report::table(rows, classes_of(name)),
     }
 }

@@ -131,6 +131,13 @@ pub struct RunResult {
     pub slot_totals: Vec<(Duration, u64)>,
     /// Background chunks completed after the warm-up.
     pub background_done: u64,
+    /// The CPU the whole process used after the warm-up, as a share of
+    /// every core for that time (`None` where `/proc/self/stat` cannot be
+    /// read).
+    pub cpu_busy: Option<f64>,
+    /// For `refuse-all`: the closed-loop work done beside the refused
+    /// arrivals after the warm-up, as a fraction of C.
+    pub left_beside_arrivals: Option<f64>,
 }
 
 impl RunResult {
@@ -189,6 +196,8 @@ fn simulate_ideal(bench: &Bench, servers: usize, spec: &RunSpec) -> RunResult {
         warmup: bench.warmup,
         slot_totals: Vec::new(),
         background_done: 0,
+        cpu_busy: None,
+        left_beside_arrivals: None,
     }
 }
 
@@ -216,6 +225,29 @@ pub fn calibrate_capacity(
     let env = HandlerEnv::new(units, Handler::computing(handler.yielding));
     let done = Arc::new(AtomicU64::new(0));
     let stop = Arc::new(AtomicBool::new(false));
+    closed_loop(&runtime, workers, &env, mean_service, seed, &done, &stop);
+    std::thread::sleep(Duration::from_millis(200));
+    let before = done.load(Ordering::Relaxed);
+    let start = Instant::now();
+    std::thread::sleep(length);
+    let rate = (done.load(Ordering::Relaxed) - before) as f64 / start.elapsed().as_secs_f64();
+    stop.store(true, Ordering::Relaxed);
+    runtime.shutdown_timeout(Duration::from_secs(1));
+    Ok(rate)
+}
+
+/// Keeps `workers` busy the way C is measured: 4 clients a worker, each
+/// serving the next of a fixed draw of service times as soon as it has
+/// served the last, counting completions in `done` until `stop`.
+fn closed_loop(
+    runtime: &tokio::runtime::Runtime,
+    workers: usize,
+    env: &HandlerEnv,
+    mean_service: Duration,
+    seed: u64,
+    done: &Arc<AtomicU64>,
+    stop: &Arc<AtomicBool>,
+) {
     let services: Arc<Vec<Planned>> = Arc::new(schedule(
         &[Stream {
             class: 0,
@@ -227,7 +259,8 @@ pub fn calibrate_capacity(
         Service::Exponential,
         seed,
     ));
-    for client in 0..4 * workers {
+    let clients = 4 * workers;
+    for client in 0..clients {
         let (env, done, stop, services) =
             (env.clone(), done.clone(), stop.clone(), services.clone());
         runtime.spawn(async move {
@@ -235,18 +268,10 @@ pub fn calibrate_capacity(
             while !stop.load(Ordering::Relaxed) {
                 env.serve(services[i % services.len()].service).await;
                 done.fetch_add(1, Ordering::Relaxed);
-                i += 4 * workers;
+                i += clients;
             }
         });
     }
-    std::thread::sleep(Duration::from_millis(200));
-    let before = done.load(Ordering::Relaxed);
-    let start = Instant::now();
-    std::thread::sleep(length);
-    let rate = (done.load(Ordering::Relaxed) - before) as f64 / start.elapsed().as_secs_f64();
-    stop.store(true, Ordering::Relaxed);
-    runtime.shutdown_timeout(Duration::from_secs(1));
-    Ok(rate)
 }
 
 /// Runs `spec` against `system` and collects every request's outcome; an
@@ -280,6 +305,21 @@ pub fn run(bench: &Bench, system: System, spec: &RunSpec) -> Result<RunResult, S
 
     let background_done = Arc::new(AtomicU64::new(0));
     let stop_background = Arc::new(AtomicBool::new(false));
+    // Refusing every arrival, the runtime still does C's work beside them:
+    // what that work loses is what taking the arrivals in costs a busy
+    // runtime (see `System::RefuseAll`).
+    let beside_refusals = (system == System::RefuseAll).then(|| Arc::new(AtomicU64::new(0)));
+    if let Some(done) = &beside_refusals {
+        closed_loop(
+            &runtime,
+            bench.workers,
+            &env,
+            bench.mean_service,
+            bench.seed,
+            done,
+            &stop_background,
+        );
+    }
     if let Some(job) = spec.background {
         for _ in 0..job.workers {
             let (sut, done, stop) = (
@@ -355,12 +395,30 @@ pub fn run(bench: &Bench, system: System, spec: &RunSpec) -> Result<RunResult, S
     .map_err(|error| format!("cannot start the generator thread: {error}"))?;
 
     let mut slot_totals = Vec::new();
+    let warm = start + bench.warmup;
+    let mut cpu_at_warm = None;
+    let mut beside_at_warm = 0;
     while Instant::now() < end {
         std::thread::sleep(Duration::from_millis(10));
+        if cpu_at_warm.is_none() && Instant::now() >= warm {
+            cpu_at_warm = Some((Instant::now(), process_cpu_time()));
+            beside_at_warm = beside_refusals
+                .as_ref()
+                .map_or(0, |done| done.load(Ordering::Relaxed));
+        }
         if let Some(total) = sut.slot_total() {
             slot_totals.push((Instant::now().saturating_duration_since(start), total));
         }
     }
+    let cpu_busy = cpu_at_warm.and_then(|(since, used)| {
+        let used = process_cpu_time()?.checked_sub(used?)?;
+        let cores = std::thread::available_parallelism().ok()?.get() as f64;
+        Some(used.as_secs_f64() / (since.elapsed().as_secs_f64() * cores))
+    });
+    let left_beside_arrivals = beside_refusals.zip(cpu_at_warm).map(|(done, (since, _))| {
+        let served = done.load(Ordering::Relaxed) - beside_at_warm;
+        served as f64 / since.elapsed().as_secs_f64() / bench.capacity
+    });
     let records = outcomes.records(&plan);
     let background_done = background_done.load(Ordering::Relaxed);
     stop_background.store(true, Ordering::Relaxed);
@@ -374,5 +432,59 @@ pub fn run(bench: &Bench, system: System, spec: &RunSpec) -> Result<RunResult, S
         warmup: bench.warmup,
         slot_totals,
         background_done,
+        cpu_busy,
+        left_beside_arrivals,
     })
+}
+
+/// User and system CPU time of the whole process, every thread (those that
+/// have exited included), from `/proc/self/stat`; `None` off Linux.
+fn process_cpu_time() -> Option<Duration> {
+    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+    parse_cpu_ticks(&stat).map(|ticks| Duration::from_millis(ticks * 1000 / USER_HZ))
+}
+
+/// Clock ticks per second in `/proc`'s CPU times: `USER_HZ`, 100 on every
+/// Linux architecture this suite runs on.
+const USER_HZ: u64 = 100;
+
+/// `utime + stime` from a `/proc/PID/stat` line. The command name, in
+/// parentheses, may itself hold spaces and parentheses, so fields are
+/// counted from the last `)`: utime and stime are fields 14 and 15.
+fn parse_cpu_ticks(stat: &str) -> Option<u64> {
+    let (_, after_name) = stat.rsplit_once(')')?;
+    let mut fields = after_name.split_whitespace().skip(11);
+    let user: u64 = fields.next()?.parse().ok()?;
+    let system: u64 = fields.next()?.parse().ok()?;
+    Some(user + system)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cpu_ticks_are_counted_from_the_last_parenthesis() {
+        // pid (comm) state ppid pgrp session tty tpgid flags minflt cminflt
+        // majflt cmajflt utime stime ...
+        let plain = "42 (overload) R 1 42 42 0 -1 4194304 10 0 0 0 250 75 0 0 20 0 9";
+        assert_eq!(parse_cpu_ticks(plain), Some(325));
+        let odd_name = "42 (a) b (c) S 1 42 42 0 -1 4194304 10 0 0 0 7 3 0 0 20 0 9";
+        assert_eq!(parse_cpu_ticks(odd_name), Some(10));
+        assert_eq!(parse_cpu_ticks("42 (cut short) R 1 42"), None);
+        assert_eq!(parse_cpu_ticks("no name at all"), None);
+    }
+
+    #[test]
+    fn this_process_reports_a_cpu_time_that_grows() {
+        let before = process_cpu_time().expect("Linux has /proc/self/stat");
+        // Spin until the counter moves (a tick is 10 ms), or give up.
+        let give_up = Instant::now() + Duration::from_secs(10);
+        let mut now = before;
+        while now == before && Instant::now() < give_up {
+            std::hint::black_box(0u64);
+            now = process_cpu_time().unwrap();
+        }
+        assert!(now > before, "{now:?} after {before:?}");
+    }
 }

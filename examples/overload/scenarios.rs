@@ -110,6 +110,21 @@ fn row(
         "expired_frac".into(),
         json!(stats::fraction(&measured, is_expired)),
     );
+    // Work that ran but finished past the SLO: the CPU it took is the
+    // goodput an admission decision lost (expired work cost next to none).
+    extra.insert(
+        "late_frac".into(),
+        json!(stats::fraction(&measured, |outcome| matches!(
+            outcome,
+            Outcome::Completed { latency } if *latency > bench.slo
+        ))),
+    );
+    if let Some(busy) = result.cpu_busy {
+        extra.insert("cpu_busy_frac".into(), json!(busy));
+    }
+    if let Some(left) = result.left_beside_arrivals {
+        extra.insert("left_beside_arrivals_frac".into(), json!(left));
+    }
     extra.insert("capacity_per_sec".into(), json!(bench.capacity));
     extra.insert("slo_ms".into(), json!(bench.slo.as_secs_f64() * 1e3));
     if let Some(&(_, last)) = result.slot_totals.last() {
@@ -515,20 +530,29 @@ pub fn matrix_table(rows: &[SummaryRow]) -> String {
 }
 
 /// W1: one class, offered at 0.5x to 4x C.
-pub fn w1(bench: &Bench, dir: &Path, quick: bool) -> Result<Vec<SummaryRow>, String> {
+pub fn w1(
+    bench: &Bench,
+    dir: &Path,
+    quick: bool,
+    selected: &dyn Fn(&System) -> bool,
+) -> Result<Vec<SummaryRow>, String> {
     let loads: &[f64] = if quick {
         &[0.5, 2.0, 4.0]
     } else {
         &[0.5, 1.0, 1.5, 2.0, 3.0, 4.0]
     };
     let systems = [
+        System::RefuseAll,
         System::NoAdmission,
         System::SemaphoreWait { limit: WORKERS },
         System::TowerShed { limit: WORKERS },
         System::admission(),
         System::AdmissionDefaults,
         System::Ideal { servers: WORKERS },
-    ];
+    ]
+    .into_iter()
+    .filter(|system| selected(system))
+    .collect::<Vec<_>>();
     let mut rows = Vec::new();
     let mut heaviest = Vec::new();
     for &x in loads {
@@ -1097,6 +1121,39 @@ pub fn w4_table(rows: &[SummaryRow]) -> String {
     text
 }
 
+/// W1's own figures: at each load, how much of C a busy runtime still did
+/// while it took in and refused every arrival (the `refuse-all` row), the
+/// most any admission system could serve there, beside what admission
+/// served.
+pub fn w1_table(rows: &[SummaryRow]) -> String {
+    let mut text = String::new();
+    for refusing in rows.iter().filter(|row| row.system == "refuse-all") {
+        let Some(left) = refusing.extra_f64("left_beside_arrivals_frac") else {
+            continue;
+        };
+        let served = rows
+            .iter()
+            .filter(|row| row.offered_x == refusing.offered_x)
+            .filter(|row| row.system.starts_with("admission"))
+            .map(|row| {
+                format!(
+                    "{} {:.1}% ({:.0}% of that)",
+                    row.system,
+                    row.goodput_frac * 100.0,
+                    row.goodput_frac / left * 100.0
+                )
+            })
+            .collect::<Vec<_>>()
+            .join(", ");
+        text.push_str(&format!(
+            "at {}x, refusing every arrival, the runtime still did {:.1}% of C: {served}\n",
+            refusing.offered_x,
+            left * 100.0,
+        ));
+    }
+    text
+}
+
 /// W7's own figures, one line per system, for the terminal: over-commit
 /// (max held or accounted bytes over capacity, and admissions that passed
 /// it), utilisation, the large class's fate and the starvation figures.
@@ -1169,4 +1226,48 @@ pub fn w7_table(rows: &[SummaryRow]) -> String {
         ));
     }
     text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(system: &str, offered_x: f64, goodput_frac: f64) -> SummaryRow {
+        SummaryRow {
+            scenario: "w1".to_owned(),
+            system: system.to_owned(),
+            offered_x,
+            goodput_frac,
+            rejected_frac: 0.0,
+            latency_ms: BTreeMap::new(),
+            jain: None,
+            converge_ms: None,
+            generator_late_p99_us: 0.0,
+            valid: true,
+            inversions: None,
+            extra: BTreeMap::new(),
+        }
+    }
+
+    #[test]
+    fn w1_sets_each_admission_row_against_what_refusing_every_arrival_left_at_its_load() {
+        let mut refusing = row("refuse-all", 3.0, 0.0);
+        refusing
+            .extra
+            .insert("left_beside_arrivals_frac".into(), json!(0.9));
+        let mut unmeasured = row("refuse-all", 2.0, 0.0);
+        unmeasured.extra.insert("cpu_busy_frac".into(), json!(0.1));
+        let rows = [
+            unmeasured,
+            row("admission-defaults", 2.0, 0.5),
+            refusing,
+            row("tower-shed(2)", 3.0, 0.7),
+            row("admission-defaults", 3.0, 0.855),
+        ];
+        assert_eq!(
+            w1_table(&rows),
+            "at 3x, refusing every arrival, the runtime still did 90.0% of C: \
+             admission-defaults 85.5% (95% of that)\n"
+        );
+    }
 }

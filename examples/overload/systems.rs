@@ -32,6 +32,14 @@ pub enum System {
     SemaphoreTry { limit: usize },
     /// tower `ConcurrencyLimit` behind `LoadShed`.
     TowerShed { limit: usize },
+    /// Refuses every request at the door, as cheaply as a refusal can be
+    /// (`try_acquire` on a semaphore of no permits), while the runner keeps
+    /// the workers busy beside it with the closed loop that measures C: not
+    /// a system to use, but the measure of what taking the arrivals in
+    /// costs a busy runtime by itself, which no admission decision can win
+    /// back (the closed loop's completions, as a fraction of C, are what
+    /// is left).
+    RefuseAll,
     /// This crate: the CPU controller (or a fixed total), deadlines carried
     /// as admission deadlines, with the overload policies as configured.
     Admission {
@@ -137,6 +145,7 @@ impl System {
             System::SemaphoreWait { limit } => format!("semaphore-wait({limit})"),
             System::SemaphoreTry { limit } => format!("semaphore-try({limit})"),
             System::TowerShed { limit } => format!("tower-shed({limit})"),
+            System::RefuseAll => "refuse-all".into(),
             System::Admission { name, .. } => (*name).into(),
             System::AdmissionDefaults => "admission-defaults".into(),
             System::Pool {
@@ -245,6 +254,7 @@ impl Sut {
             System::NoAdmission => Kind::Direct,
             System::SemaphoreWait { limit } => Kind::Wait(Arc::new(Semaphore::new(limit))),
             System::SemaphoreTry { limit } => Kind::Try(Arc::new(Semaphore::new(limit))),
+            System::RefuseAll => Kind::Try(Arc::new(Semaphore::new(0))),
             System::TowerShed { limit } => {
                 let env = handler.clone();
                 let inner = service_fn(move |service: Duration| {
