@@ -114,9 +114,8 @@ fn row(
     // goodput an admission decision lost (expired work cost next to none).
     extra.insert(
         "late_frac".into(),
-        json!(stats::fraction(&measured, |outcome| matches!(
-            outcome,
-            Outcome::Completed { latency } if *latency > bench.slo
+        json!(stats::fraction(&measured, |outcome| stats::finished_late(
+            outcome, bench.slo
         ))),
     );
     if let Some(busy) = result.cpu_busy {

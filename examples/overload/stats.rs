@@ -503,6 +503,11 @@ fn within_slo(outcome: &Outcome, slo: Duration) -> bool {
     matches!(outcome, Outcome::Completed { latency } if *latency <= slo)
 }
 
+/// Ran to completion, but past the SLO.
+pub fn finished_late(outcome: &Outcome, slo: Duration) -> bool {
+    matches!(outcome, Outcome::Completed { .. }) && !within_slo(outcome, slo)
+}
+
 fn summarize(latencies: impl IntoIterator<Item = Duration>) -> Percentiles {
     let mut histogram =
         Histogram::<u64>::new_with_bounds(LOWEST_NS, HIGHEST_NS, SIGNIFICANT_DIGITS)
