@@ -73,6 +73,16 @@
 //! admission stops enforcing. See [`cpu`] for the measurements behind the
 //! defaults and for what the stable-tokio fallback signal can and cannot see.
 //!
+//! Admission orders a request only once its task has been polled and asked.
+//! Before that the task waits where tokio put it: a task spawned or woken
+//! from outside the runtime waits in tokio's global queue, which a busy
+//! worker looks at only every few hundred microseconds. Build the runtime
+//! through [`cpu::configure_runtime`], which has workers look there first,
+//! so that arrivals reach the queue that can order them; the controller
+//! reports a backlog there ([`cpu::GlobalQueueBacklog`]) and logs a warning
+//! when a runtime built without it keeps one. See [`cpu::tuning`] for the
+//! measurements.
+//!
 //! # Work that does not yield: the CPU pool
 //!
 //! Admission orders who starts; it cannot reorder work that, once started,

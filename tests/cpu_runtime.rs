@@ -164,3 +164,90 @@ fn the_stable_probe_can_be_chosen_in_any_build() {
         RuntimeSignal::best_source()
     );
 }
+
+/// Tasks spawned from outside the runtime while its only worker is busy wait
+/// in tokio's global queue, where admission cannot order them: the
+/// controller reports the window as backlogged, and a window after they
+/// have run as clear.
+#[test]
+fn tasks_waiting_in_the_global_queue_are_reported() {
+    use admission::cpu::tuning::BACKLOG_WINDOW_TICKS;
+    use std::sync::mpsc;
+
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    let controller = Controller::for_runtime(runtime.handle())
+        .manual()
+        .build()
+        .unwrap();
+    let (holding, held) = mpsc::channel();
+    let (release, released) = mpsc::channel::<()>();
+    runtime.spawn(async move {
+        holding.send(()).unwrap();
+        // Blocks the only worker on purpose: nothing else can run.
+        released.recv().unwrap();
+    });
+    held.recv_timeout(GUARD).unwrap();
+    let waiting = 8;
+    let (done, finished) = mpsc::channel();
+    for _ in 0..waiting {
+        let done = done.clone();
+        runtime.spawn(async move { done.send(()).unwrap() });
+    }
+    for _ in 0..BACKLOG_WINDOW_TICKS {
+        controller.step();
+    }
+    let snapshot = controller.snapshot();
+    assert_eq!(snapshot.mode, Mode::Active);
+    let seen = snapshot
+        .global_queue
+        .expect("a runtime's controller watches it");
+    assert_eq!((seen.windows, seen.backlogged_windows), (1, 1));
+    assert!(seen.is_backlogged());
+    assert!(seen.latest_max_depth >= waiting, "{seen:?}");
+
+    release.send(()).unwrap();
+    for _ in 0..waiting {
+        finished.recv_timeout(GUARD).unwrap();
+    }
+    for _ in 0..BACKLOG_WINDOW_TICKS {
+        controller.step();
+    }
+    let snapshot = controller.snapshot();
+    assert_eq!(snapshot.mode, Mode::Active);
+    let seen = snapshot.global_queue.unwrap();
+    assert_eq!((seen.windows, seen.backlogged_windows), (2, 1));
+    assert!(!seen.is_backlogged(), "{seen:?}");
+}
+
+/// A runtime built through `configure_runtime` is an ordinary runtime
+/// that the controller reads as any other.
+#[test]
+fn a_configured_runtime_runs_admitted_work() {
+    let runtime =
+        admission::cpu::configure_runtime(&mut tokio::runtime::Builder::new_multi_thread())
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap();
+    let controller = Controller::for_runtime(runtime.handle()).build().unwrap();
+    let queue = controller.queue().clone();
+    let served = runtime.block_on(async move {
+        let mut served = 0;
+        for _ in 0..16 {
+            let permit = queue
+                .admit(WorkInfo::new(TenantId::SYSTEM, Priority::NORMAL))
+                .await
+                .unwrap();
+            tokio::task::yield_now().await;
+            drop(permit);
+            served += 1;
+        }
+        served
+    });
+    assert_eq!(served, 16);
+    assert_eq!(controller.snapshot().queue.granter.used, 0);
+}

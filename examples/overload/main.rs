@@ -5,7 +5,7 @@
 //! cargo run --release --example overload                  # W2 at 3x, every system (~1 min)
 //! cargo run --release --example overload -- --scenario all
 //! cargo run --release --example overload -- --scenario w4 --quick
-//! cargo run --release --example overload -- --scenario matrix   # styles x signals (~3 min)
+//! cargo run --release --example overload -- --scenario matrix   # styles x signals x runtimes (~6 min)
 //! cargo run --release --features fjall --example overload -- --scenario w6
 //! cargo run --release --example overload -- --scenario w7
 //! cargo run --release --example overload -- --service bimodal     # or constant
@@ -46,11 +46,17 @@
 //!   `.cargo/config.toml` sets it, so its builds have both; a build without
 //!   it (`RUSTFLAGS=""`) refuses `--signal unstable` with an error. Systems
 //!   without a controller read no signal.
+//! * **Runtime** (`--runtime`, default `tokio`): `tokio` builds the runtime
+//!   under test with tokio's defaults, as `#[tokio::main]` does;
+//!   `configured` builds it through `admission::cpu::configure_runtime`,
+//!   which has workers poll tokio's global queue first, so that arrivals
+//!   reach admission before admitted work runs again.
 //!
 //! The `matrix` scenario crosses them: W2 at 3x through `admission-defaults` per
-//! handler style (yield, self-wake, mutex, io) and signal, with the high
-//! class alone for its p99 ratio and `admission-fixed` per style for the
-//! goodput to match, in one table; it ignores `--handler` and `--signal`.
+//! handler style (yield, self-wake, mutex, io), runtime and signal, with the
+//! high class alone for its p99 ratio and `admission-fixed` per style and
+//! runtime for the goodput to match, in one table; it ignores `--handler`,
+//! `--signal` and `--runtime`.
 //!
 //! Every report checks priority: for each admission system, a class served
 //! within the SLO less often than a lower-priority class (by more than half
@@ -102,7 +108,7 @@ use std::time::Duration;
 use admission::cpu::SignalSource;
 use load::{Awaits, Dispatch, Handler, Service, WorkUnits};
 use report::{RunInfo, SummaryRow};
-use runner::{Bench, WORKERS};
+use runner::{Bench, RuntimeSetup, WORKERS};
 use systems::System;
 
 const MEAN_SERVICE: Duration = Duration::from_micros(500);
@@ -116,6 +122,7 @@ struct Options {
     service: Service,
     handler: Handler,
     signal: SignalSource,
+    runtime: RuntimeSetup,
     /// Only the systems whose names start with one of these (all if empty).
     only: Vec<String>,
 }
@@ -128,6 +135,7 @@ fn parse(args: &[String]) -> Result<Options, String> {
         service: Service::Exponential,
         handler: Handler::YIELD,
         signal: SignalSource::GlobalQueueAndProbe,
+        runtime: RuntimeSetup::Tokio,
         only: Vec::new(),
     };
     let mut args = args.iter();
@@ -170,6 +178,12 @@ fn parse(args: &[String]) -> Result<Options, String> {
                 options.signal =
                     runner::signal_named(args.next().ok_or("--signal takes stable or unstable")?)?;
             }
+            "--runtime" => {
+                options.runtime = args
+                    .next()
+                    .and_then(|name| RuntimeSetup::named(name))
+                    .ok_or("--runtime takes tokio or configured")?;
+            }
             other => return Err(format!("unknown argument {other}")),
         }
     }
@@ -196,6 +210,7 @@ fn bench(options: &Options) -> Result<Bench, String> {
         calibration_length(quick),
         42,
         WORKERS,
+        options.runtime,
     )?;
     if !(capacity.is_finite() && capacity > 0.0) {
         return Err(format!(
@@ -223,6 +238,7 @@ fn bench(options: &Options) -> Result<Bench, String> {
         handler: options.handler,
         signal: options.signal,
         workers: WORKERS,
+        runtime: options.runtime,
     };
     let spec = runner::RunSpec::new(
         vec![runner::Class {
@@ -254,6 +270,7 @@ fn never_yields_bench(bench: &Bench, quick: bool, workers: usize) -> Result<Benc
         calibration_length(quick),
         42,
         workers,
+        bench.runtime,
     )?;
     Ok(Bench {
         capacity,
@@ -362,8 +379,9 @@ fn main() {
         }
     };
     println!(
-        "machine: {} cores; runtime: {WORKERS} workers; signal: {} ({}); service: {:?}; handler: {}",
+        "machine: {} cores; runtime: {WORKERS} workers, {}; signal: {} ({}); service: {:?}; handler: {}",
         std::thread::available_parallelism().map_or(0, |n| n.get()),
+        bench.runtime.name(),
         runner::signal_name(bench.signal),
         bench.signal,
         bench.service,
@@ -397,11 +415,13 @@ fn main() {
         calibration_length(options.quick),
         42,
         bench.workers,
+        bench.runtime,
     )
     .inspect_err(|error| eprintln!("calibration after the run failed: {error}"))
     .ok();
     let run = RunInfo {
         signal: runner::signal_name(bench.signal).to_string(),
+        runtime: bench.runtime.name().to_string(),
         handler: bench.handler.name(),
         service: format!("{:?}", bench.service),
         capacity_before: bench.capacity,
@@ -442,6 +462,7 @@ mod smoke {
             handler,
             signal,
             workers: WORKERS,
+            runtime: RuntimeSetup::Tokio,
         }
     }
 
@@ -470,6 +491,7 @@ mod smoke {
     fn run_info(rows: &[SummaryRow]) -> RunInfo {
         RunInfo {
             signal: "stable".into(),
+            runtime: "tokio".into(),
             handler: "yield".into(),
             service: "Exponential".into(),
             capacity_before: 2_000.0,
@@ -544,27 +566,42 @@ mod smoke {
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
-    /// The matrix at toy size: one `admission-defaults` line per handler style and
-    /// signal this build has, each with its fixed-total comparison.
+    /// The matrix at toy size: one `admission-defaults` line per handler
+    /// style, runtime and signal this build has, each with its fixed-total
+    /// comparison on the same runtime.
     #[test]
-    fn a_tiny_matrix_has_a_line_per_style_and_signal() {
+    fn a_tiny_matrix_has_a_line_per_style_runtime_and_signal() {
         let bench = tiny_bench(Handler::YIELD, SignalSource::GlobalQueueAndProbe);
         let rows = scenarios::matrix(&bench).unwrap();
         let signals = runner::signals_in_this_build();
         let styles = scenarios::MATRIX_STYLES.len();
-        assert_eq!(rows.len(), styles * (signals.len() + 1));
+        let runtimes = RuntimeSetup::ALL.len();
+        assert_eq!(rows.len(), styles * runtimes * (signals.len() + 1));
         assert_filled_in(&rows);
         let table = scenario_table("matrix", &rows);
         for handler in scenarios::MATRIX_STYLES {
-            for &signal in &signals {
-                let line = format!("{}  {}", handler.name(), runner::signal_name(signal));
-                assert!(
-                    table
-                        .lines()
-                        .any(|l| l.split_whitespace().take(2).collect::<Vec<_>>()
-                            == line.split_whitespace().collect::<Vec<_>>()),
-                    "{line} missing from\n{table}"
-                );
+            for runtime in RuntimeSetup::ALL {
+                for &signal in &signals {
+                    let cell = [
+                        handler.name(),
+                        runtime.name().to_string(),
+                        runner::signal_name(signal).to_string(),
+                    ];
+                    assert!(
+                        table.lines().any(|l| l
+                            .split_whitespace()
+                            .take(3)
+                            .eq(cell.iter().map(String::as_str))),
+                        "{cell:?} missing from\n{table}"
+                    );
+                    let fixed = rows
+                        .iter()
+                        .filter(|row| row.system == "admission-fixed")
+                        .filter(|row| row.extra["handler"] == handler.name().as_str())
+                        .filter(|row| row.extra["runtime"] == runtime.name())
+                        .count();
+                    assert_eq!(fixed, 1, "{cell:?}");
+                }
             }
         }
         assert_eq!(
@@ -581,7 +618,7 @@ mod smoke {
     /// still waiting then is not served, and nothing panics.
     #[test]
     fn a_closed_semaphore_ends_its_waiters_unserved() {
-        let runtime = runner::runtime(WORKERS).unwrap();
+        let runtime = runner::runtime(WORKERS, RuntimeSetup::Tokio).unwrap();
         let sut = systems::Sut::build(
             System::SemaphoreWait { limit: 0 },
             runtime.handle(),
@@ -806,6 +843,13 @@ mod smoke {
             assert!(message.contains("tokio_unstable"), "{message}");
         }
         assert!(parse(&args("--signal fast")).is_err());
+        assert_eq!(parse(&args("")).unwrap().runtime, RuntimeSetup::Tokio);
+        for runtime in RuntimeSetup::ALL {
+            let parsed = parse(&args(&format!("--runtime {}", runtime.name()))).unwrap();
+            assert_eq!(parsed.runtime, runtime);
+        }
+        assert!(parse(&args("--runtime")).is_err());
+        assert!(parse(&args("--runtime current-thread")).is_err());
         assert_eq!(
             parse(&args("--scenario matrix")).unwrap().scenarios,
             ["matrix"]

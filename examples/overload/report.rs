@@ -77,6 +77,8 @@ impl SummaryRow {
 pub struct RunInfo {
     /// `stable` or `unstable`: how the CPU controller read the runtime.
     pub signal: String,
+    /// `tokio` or `configured`: how the runtime under test was built.
+    pub runtime: String,
     /// The handler style of `--handler`.
     pub handler: String,
     /// How service times were drawn.
@@ -135,13 +137,19 @@ pub fn run_problems(before: f64, after: Option<f64>, rows: &[SummaryRow]) -> Vec
     problems
 }
 
-/// The system, with the handler style and the signal its controller read
-/// where the row records them: a matrix has a row per cell.
+/// The system, with the handler style, the signal its controller read
+/// and a runtime built other than with tokio's defaults, where the row
+/// records them: a matrix has a row per cell.
 pub fn row_label(row: &SummaryRow) -> String {
     let axis = |key: &str| row.extra_str(key).map(String::from);
+    let runtime = axis("runtime")
+        .filter(|runtime| runtime != "tokio")
+        .map_or(String::new(), |runtime| format!(", {runtime}"));
     match (axis("handler"), axis("signal")) {
-        (Some(handler), Some(signal)) => format!("{} [{handler}, {signal}]", row.system),
-        (Some(handler), None) => format!("{} [{handler}]", row.system),
+        (Some(handler), Some(signal)) => {
+            format!("{} [{handler}, {signal}{runtime}]", row.system)
+        }
+        (Some(handler), None) => format!("{} [{handler}{runtime}]", row.system),
         _ => row.system.clone(),
     }
 }
@@ -178,8 +186,8 @@ pub fn verdict(run: &RunInfo) -> String {
         )
     });
     let mut text = format!(
-        "C before = {:.0} req/s, after = {after}; signal: {}; handler: {}\n",
-        run.capacity_before, run.signal, run.handler
+        "C before = {:.0} req/s, after = {after}; signal: {}; runtime: {}; handler: {}\n",
+        run.capacity_before, run.signal, run.runtime, run.handler
     );
     if run.valid() {
         text.push_str("run: valid\n");
@@ -204,6 +212,7 @@ pub fn summary_json(run: &RunInfo, rows: &[SummaryRow]) -> Value {
             "valid": run.valid(),
             "invalid_reasons": run.invalid_reasons,
             "signal": run.signal,
+            "runtime": run.runtime,
             "handler": run.handler,
             "service": run.service,
             "capacity_before_per_sec": number(run.capacity_before),

@@ -39,6 +39,39 @@ pub struct Bench {
     pub signal: SignalSource,
     /// The runtime's worker threads ([`WORKERS`], but for W2-pool-split).
     pub workers: usize,
+    /// How the runtime under test is built.
+    pub runtime: RuntimeSetup,
+}
+
+/// How the runtime under test is built: as an application that never
+/// heard of `admission` builds it, or through
+/// `admission::cpu::configure_runtime` (the global queue polled first, so
+/// arrivals reach admission before admitted work runs again).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RuntimeSetup {
+    /// `Builder::new_multi_thread()` with tokio's defaults, what
+    /// `#[tokio::main]` gives.
+    Tokio,
+    /// The same through `admission::cpu::configure_runtime`.
+    Configured,
+}
+
+impl RuntimeSetup {
+    /// Both, tokio's defaults first.
+    pub const ALL: [RuntimeSetup; 2] = [RuntimeSetup::Tokio, RuntimeSetup::Configured];
+
+    /// The name on the command line and in the reports.
+    pub fn name(self) -> &'static str {
+        match self {
+            RuntimeSetup::Tokio => "tokio",
+            RuntimeSetup::Configured => "configured",
+        }
+    }
+
+    /// The setup `--runtime` names.
+    pub fn named(name: &str) -> Option<RuntimeSetup> {
+        Self::ALL.into_iter().find(|setup| setup.name() == name)
+    }
 }
 
 /// The signal's name on the command line: `stable` is what every crate
@@ -201,8 +234,12 @@ fn simulate_ideal(bench: &Bench, servers: usize, spec: &RunSpec) -> RunResult {
     }
 }
 
-pub fn runtime(workers: usize) -> Result<tokio::runtime::Runtime, String> {
-    tokio::runtime::Builder::new_multi_thread()
+pub fn runtime(workers: usize, setup: RuntimeSetup) -> Result<tokio::runtime::Runtime, String> {
+    let mut builder = tokio::runtime::Builder::new_multi_thread();
+    if setup == RuntimeSetup::Configured {
+        admission::cpu::configure_runtime(&mut builder);
+    }
+    builder
         .worker_threads(workers)
         .enable_all()
         .build()
@@ -220,8 +257,9 @@ pub fn calibrate_capacity(
     length: Duration,
     seed: u64,
     workers: usize,
+    setup: RuntimeSetup,
 ) -> Result<f64, String> {
-    let runtime = runtime(workers)?;
+    let runtime = runtime(workers, setup)?;
     let env = HandlerEnv::new(units, Handler::computing(handler.yielding));
     let done = Arc::new(AtomicU64::new(0));
     let stop = Arc::new(AtomicBool::new(false));
@@ -280,7 +318,7 @@ pub fn run(bench: &Bench, system: System, spec: &RunSpec) -> Result<RunResult, S
     if let System::Ideal { servers } = system {
         return Ok(simulate_ideal(bench, servers, spec));
     }
-    let runtime = runtime(bench.workers)?;
+    let runtime = runtime(bench.workers, bench.runtime)?;
     let env = HandlerEnv::new(bench.units, spec.handler.unwrap_or(bench.handler));
     let sut = Sut::build(
         system,

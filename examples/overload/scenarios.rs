@@ -9,7 +9,9 @@ use serde_json::json;
 
 use crate::load::{Awaits, Dispatch, Handler, Stream};
 use crate::report::{self, plot_p99_over_time, Series, SummaryRow};
-use crate::runner::{self, run, Background, Bench, Class, RunResult, RunSpec, WORKERS};
+use crate::runner::{
+    self, run, Background, Bench, Class, RunResult, RunSpec, RuntimeSetup, WORKERS,
+};
 use crate::stats::{self, Outcome, Record};
 use crate::systems::System;
 
@@ -99,6 +101,7 @@ fn row(
     if system.has_controller() {
         extra.insert("signal".into(), json!(runner::signal_name(bench.signal)));
     }
+    extra.insert("runtime".into(), json!(bench.runtime.name()));
     extra.insert(
         "served_within_slo".into(),
         json!(served
@@ -419,55 +422,60 @@ pub const MATRIX_STYLES: [Handler; 4] = [
 
 /// The matrix: W2 at 3x through `admission-defaults` (a controller built
 /// with nothing but `Controller::for_runtime(..).build()`, what the
-/// targets are about) in every handler style of
-/// [`MATRIX_STYLES`] with every signal this build has (stable always,
-/// unstable with `tokio_unstable`), whatever `--handler` and `--signal`
-/// say. Per cell, the high class alone for its p99 ratio; per style,
-/// `admission-fixed` (a fixed total of one slot a worker, which reads no
-/// signal) for the goodput adaptivity has to match. Every cell is measured
-/// against the run's one C and has W2's run length (about 20 runs in all).
-/// No p99-over-time plots: the table is the result.
+/// targets are about) in every handler style of [`MATRIX_STYLES`], with
+/// every signal this build has (stable always, unstable with
+/// `tokio_unstable`) on both runtimes ([`RuntimeSetup::ALL`]: tokio's
+/// defaults and `configure_runtime`), whatever `--handler`, `--signal`
+/// and `--runtime` say. Per cell, the high class alone for its p99 ratio;
+/// per style and runtime, `admission-fixed` (a fixed total of one slot a
+/// worker, which reads no signal) for the goodput adaptivity has to match.
+/// Every cell is measured against the run's one C and has W2's run length
+/// (about 40 runs in all). No p99-over-time plots: the table is the
+/// result.
 pub fn matrix(bench: &Bench) -> Result<Vec<SummaryRow>, String> {
     let spec = w2_spec(bench.capacity, Dispatch::Remote);
     let fixed_total = System::admission_fixed("admission-fixed", WORKERS as u64);
     let mut rows = Vec::new();
     for handler in MATRIX_STYLES {
-        let style = Bench {
-            handler,
-            ..bench.clone()
-        };
-        let name = handler.name();
-        eprintln!("  matrix: {name}: {} ...", fixed_total.name());
-        let fixed = run(&style, fixed_total, &spec)?;
-        let fixed = row(&style, "matrix", fixed_total, 3.0, &spec, &fixed);
-        for signal in runner::signals_in_this_build() {
-            let cell = Bench {
-                signal,
-                ..style.clone()
+        for runtime in RuntimeSetup::ALL {
+            let style = Bench {
+                handler,
+                runtime,
+                ..bench.clone()
             };
-            let signal = runner::signal_name(signal);
-            eprintln!("  matrix: {name}, {signal}: high class alone ...");
-            let alone = high_alone(&cell, System::admission(), Dispatch::Remote)?;
-            let system = System::AdmissionDefaults;
-            eprintln!("  matrix: {name}, {signal}: {} ...", system.name());
-            let result = run(&cell, system, &spec)?;
-            let mut summary = row(&cell, "matrix", system, 3.0, &spec, &result);
-            high_figures(alone, &result, &mut summary);
-            summary
-                .extra
-                .insert("fixed_total_goodput_frac".into(), json!(fixed.goodput_frac));
-            summary.extra.insert(
-                "fixed_total_high_within_slo".into(),
-                json!(fixed.within_slo("high")),
-            );
-            rows.push(summary);
+            let name = format!("{}, {}", handler.name(), runtime.name());
+            eprintln!("  matrix: {name}: {} ...", fixed_total.name());
+            let fixed = run(&style, fixed_total, &spec)?;
+            let fixed = row(&style, "matrix", fixed_total, 3.0, &spec, &fixed);
+            for signal in runner::signals_in_this_build() {
+                let cell = Bench {
+                    signal,
+                    ..style.clone()
+                };
+                let signal = runner::signal_name(signal);
+                eprintln!("  matrix: {name}, {signal}: high class alone ...");
+                let alone = high_alone(&cell, System::admission(), Dispatch::Remote)?;
+                let system = System::AdmissionDefaults;
+                eprintln!("  matrix: {name}, {signal}: {} ...", system.name());
+                let result = run(&cell, system, &spec)?;
+                let mut summary = row(&cell, "matrix", system, 3.0, &spec, &result);
+                high_figures(alone, &result, &mut summary);
+                summary
+                    .extra
+                    .insert("fixed_total_goodput_frac".into(), json!(fixed.goodput_frac));
+                summary.extra.insert(
+                    "fixed_total_high_within_slo".into(),
+                    json!(fixed.within_slo("high")),
+                );
+                rows.push(summary);
+            }
+            rows.push(fixed);
         }
-        rows.push(fixed);
     }
     Ok(rows)
 }
 
-/// The matrix as one table: a line per handler style and signal, with
+/// The matrix as one table: a line per handler style, runtime and signal, with
 /// `admission-defaults`' goodput, the high class served within the SLO, its p99
 /// under load against alone, and the fixed total's goodput in the same
 /// style; then any priority inversion, and the signals this build lacks.
@@ -484,6 +492,7 @@ pub fn matrix_table(rows: &[SummaryRow]) -> String {
     let fixed_total = format!("fixed total ({WORKERS}) goodput");
     let mut lines = vec![[
         "handler",
+        "runtime",
         "signal",
         "goodput",
         "high in SLO",
@@ -501,6 +510,7 @@ pub fn matrix_table(rows: &[SummaryRow]) -> String {
         let high_in_slo = row.within_slo("high").unwrap_or(f64::NAN);
         lines.push(vec![
             text(row, "handler"),
+            text(row, "runtime"),
             text(row, "signal"),
             percent(row.goodput_frac),
             percent(high_in_slo),
@@ -520,7 +530,8 @@ pub fn matrix_table(rows: &[SummaryRow]) -> String {
     table.push_str(&format!(
         "goodput: completions within the SLO / C; high in SLO: high-priority requests \
          completed within the SLO / scheduled\n(alone: with the high class alone, the machine's own limit; fixed: through the fixed total);\nx alone: high p99 / high p99 with the high \
-         class alone; fixed total: admission with {WORKERS} slots (no signal), same handler\n"
+         class alone; fixed total: admission with {WORKERS} slots (no signal), same handler and runtime;\n\
+         runtime: tokio's defaults, or built through admission::cpu::configure_runtime\n"
     ));
     if !cfg!(tokio_unstable) {
         table.push_str("unstable: not in this build (it needs --cfg tokio_unstable)\n");

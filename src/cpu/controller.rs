@@ -16,6 +16,7 @@ use super::adjuster::{Adjustment, Hold, SlotAdjuster};
 use super::idle::{IdleDetector, Mode};
 use super::inflation::{self, HoldInflation, InflationReading, InflationVerdict};
 use super::signal::{CpuLoad, CpuSignal, RuntimeSignal, SignalSource};
+use super::tuning::{GlobalQueueBacklog, GlobalQueueWatch, WatchVerdict};
 use crate::error::ConfigError;
 use crate::grant::{SlotGranter, SlotSnapshot};
 use crate::health::{Boundary, ComponentHealth};
@@ -108,6 +109,7 @@ struct Ticking {
 struct RuntimeWatch {
     intervals: RuntimeIntervals,
     busy: BusySpan,
+    global_queue: GlobalQueueWatch,
 }
 
 impl RuntimeWatch {
@@ -125,6 +127,28 @@ impl RuntimeWatch {
             live_tasks: interval.live_tasks_count,
             elapsed: self.busy.elapsed,
         })
+    }
+
+    /// Tasks waiting in tokio's global queue have not asked for admission
+    /// yet, so no decision of the controller orders them; a backlog there
+    /// is the runtime's configuration to fix (see `tuning.rs`).
+    fn observe_global_queue(&mut self, summary: &RuntimeSummary) {
+        let verdict = self
+            .global_queue
+            .observe(summary.global_queue_depth, summary.workers);
+        if verdict == WatchVerdict::Warn {
+            let reading = self.global_queue.reading();
+            tracing::warn!(
+                target: "admission",
+                share = reading.latest_share,
+                max_depth = reading.latest_max_depth,
+                backlogged_windows = reading.backlogged_windows,
+                "tasks keep waiting in tokio's global queue, before admission can order \
+                 them: unless the runtime was built with \
+                 admission::cpu::configure_runtime (global_queue_interval = 1), \
+                 arrivals reach admission late and priorities are lost there"
+            );
+        }
     }
 }
 
@@ -281,6 +305,11 @@ pub struct ControllerSnapshot {
     /// The signal's health: panics caught, and whether it is failing now
     /// (the controller then enforces with the total held).
     pub signal: ComponentHealth,
+    /// What the controller saw of tokio's global queue, where tasks wait
+    /// before admission can order them (`None` with an injected signal).
+    /// Backlogged windows mean the runtime, not admission, is the queue:
+    /// see [`configure_runtime`](super::configure_runtime).
+    pub global_queue: Option<GlobalQueueBacklog>,
     /// The sampler thread's health: ticks that panicked as a whole (none
     /// expected; always healthy for a manual controller).
     pub sampler: ComponentHealth,
@@ -345,6 +374,7 @@ impl Controller {
             inflation: stats.inflation,
             hold_baselines: ticking.inflation.baselines(),
             signal: self.core.signal_boundary.health(),
+            global_queue: ticking.runtime.as_ref().map(|r| r.global_queue.reading()),
             sampler: self.sampler.health(),
         }
     }
@@ -474,8 +504,13 @@ impl Core {
                 adjustment,
             });
         }
-        if let Some(summary) = runtime.as_mut().and_then(RuntimeWatch::refresh) {
-            stats.runtime = Some(summary);
+        if let Some(watch) = runtime.as_mut() {
+            if let Some(summary) = watch.refresh() {
+                stats.runtime = Some(summary);
+                if mode == Mode::Active {
+                    watch.observe_global_queue(&summary);
+                }
+            }
         }
         Tick {
             load: Some(load),
@@ -777,6 +812,7 @@ impl ControllerBuilder {
         let runtime = runtime.as_ref().map(|handle| RuntimeWatch {
             intervals: RuntimeMonitor::new(handle).intervals(),
             busy: BusySpan::default(),
+            global_queue: GlobalQueueWatch::default(),
         });
         let core = Arc::new(Core {
             queue,
