@@ -160,7 +160,8 @@ pub struct RunResult {
     pub delivery: Delivery,
     pub length: Duration,
     pub warmup: Duration,
-    /// The slot total every 10 ms, for systems that have one.
+    /// The slot total every millisecond (the controller's own period, so
+    /// that a spike's cut is timed to the tick), for systems that have one.
     pub slot_totals: Vec<(Duration, u64)>,
     /// Background chunks completed after the warm-up.
     pub background_done: u64,
@@ -437,7 +438,7 @@ pub fn run(bench: &Bench, system: System, spec: &RunSpec) -> Result<RunResult, S
     let mut cpu_at_warm = None;
     let mut beside_at_warm = 0;
     while Instant::now() < end {
-        std::thread::sleep(Duration::from_millis(10));
+        std::thread::sleep(Duration::from_millis(1));
         if cpu_at_warm.is_none() && Instant::now() >= warm {
             cpu_at_warm = Some((Instant::now(), process_cpu_time()));
             beside_at_warm = beside_refusals
