@@ -11,6 +11,7 @@
 //! | `admission_slots` | gauge | slots | `queue` | the slot total (a gauge: it moves with the CPU controller, so no `_total` suffix) |
 //! | `admission_cpu_runnable_per_worker` | gauge | tasks | | the CPU signal's last sample |
 //! | `admission_cpu_idle` | gauge | | | 1 while the CPU controller is idle (not enforcing) |
+//! | `admission_cpu_global_queue_backlogged_windows_total` | counter | windows | | windows of the CPU controller's active ticks in which tasks kept waiting in tokio's global queue, before admission could order them (see [`cpu::tuning`](crate::cpu::tuning)) |
 //! | `admission_io_tokens_available` | gauge | bytes | `queue`, `class` | an IO token class's balance (negative in debt, `+Inf` while unlimited; [`record_io_tokens`]) |
 //! | `admission_gpu_managed_bytes` | gauge | bytes | `device` | a GPU ledger's managed capacity ([`record_gpu_ledger`], [`QueryService::record_metrics`](crate::gpu::QueryService::record_metrics)) |
 //! | `admission_gpu_granted_bytes` | gauge | bytes | `device` | bytes committed to running attempts |
@@ -156,6 +157,11 @@ pub fn describe() {
         metrics::describe_gauge!(
             "admission_cpu_idle",
             "1 while the CPU controller is idle (not enforcing slots), else 0."
+        );
+        metrics::describe_counter!(
+            "admission_cpu_global_queue_backlogged_windows_total",
+            Unit::Count,
+            "Windows of CPU controller ticks in which tasks kept waiting in tokio's global queue, before admission could order them."
         );
         metrics::describe_gauge!(
             "admission_io_tokens_available",
@@ -408,6 +414,15 @@ pub(crate) fn cpu(runnable_per_worker: f64, idle: bool) {
     to_recorder(|| {
         metrics::gauge!("admission_cpu_runnable_per_worker").set(runnable_per_worker);
         metrics::gauge!("admission_cpu_idle").set(if idle { 1.0 } else { 0.0 });
+    });
+}
+
+/// A window of the CPU controller's ticks found tokio's global queue
+/// backlogged.
+pub(crate) fn cpu_global_queue_backlogged() {
+    #[cfg(feature = "metrics")]
+    to_recorder(|| {
+        metrics::counter!("admission_cpu_global_queue_backlogged_windows_total").increment(1);
     });
 }
 

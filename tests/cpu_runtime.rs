@@ -8,8 +8,11 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+mod common;
+
 use admission::cpu::{Controller, Mode};
 use admission::{Priority, TenantId, WorkInfo, WorkQueue};
+use common::HeldRuntime;
 
 const GUARD: Duration = Duration::from_secs(60);
 
@@ -172,31 +175,12 @@ fn the_stable_probe_can_be_chosen_in_any_build() {
 #[test]
 fn tasks_waiting_in_the_global_queue_are_reported() {
     use admission::cpu::tuning::BACKLOG_WINDOW_TICKS;
-    use std::sync::mpsc;
 
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
-        .enable_all()
-        .build()
-        .unwrap();
-    let controller = Controller::for_runtime(runtime.handle())
+    let held = HeldRuntime::new(8);
+    let controller = Controller::for_runtime(held.runtime.handle())
         .manual()
         .build()
         .unwrap();
-    let (holding, held) = mpsc::channel();
-    let (release, released) = mpsc::channel::<()>();
-    runtime.spawn(async move {
-        holding.send(()).unwrap();
-        // Blocks the only worker on purpose: nothing else can run.
-        released.recv().unwrap();
-    });
-    held.recv_timeout(GUARD).unwrap();
-    let waiting = 8;
-    let (done, finished) = mpsc::channel();
-    for _ in 0..waiting {
-        let done = done.clone();
-        runtime.spawn(async move { done.send(()).unwrap() });
-    }
     for _ in 0..BACKLOG_WINDOW_TICKS {
         controller.step();
     }
@@ -207,12 +191,9 @@ fn tasks_waiting_in_the_global_queue_are_reported() {
         .expect("a runtime's controller watches it");
     assert_eq!((seen.windows, seen.backlogged_windows), (1, 1));
     assert!(seen.is_backlogged());
-    assert!(seen.latest_max_depth >= waiting, "{seen:?}");
+    assert!(seen.latest_max_depth >= held.waiting, "{seen:?}");
 
-    release.send(()).unwrap();
-    for _ in 0..waiting {
-        finished.recv_timeout(GUARD).unwrap();
-    }
+    held.release();
     for _ in 0..BACKLOG_WINDOW_TICKS {
         controller.step();
     }

@@ -457,6 +457,34 @@ fn the_checker_catches_what_promtool_would() {
     }
 }
 
+/// Each window of a CPU controller's ticks that finds tokio's global queue
+/// backlogged is counted once.
+#[test]
+fn a_backlogged_global_queue_is_counted_per_window() {
+    use admission::cpu::tuning::BACKLOG_WINDOW_TICKS;
+    use admission::cpu::Controller;
+
+    let held = HeldRuntime::new(8);
+    let controller = Controller::for_runtime(held.runtime.handle())
+        .manual()
+        .build()
+        .unwrap();
+    let ((), entries) = recorded(|| {
+        for _ in 0..2 * BACKLOG_WINDOW_TICKS {
+            controller.step();
+        }
+    });
+    let name = "admission_cpu_global_queue_backlogged_windows_total";
+    assert_eq!(counter(&entries, name, &[]), 2);
+    held.release();
+    let ((), entries) = recorded(|| {
+        for _ in 0..BACKLOG_WINDOW_TICKS {
+            controller.step();
+        }
+    });
+    assert_eq!(counter(&entries, name, &[]), 0);
+}
+
 #[test]
 fn io_token_balances_are_gauges_per_class_infinite_while_unlimited() {
     use admission::queue::TokenQueues;

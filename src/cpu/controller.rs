@@ -136,6 +136,9 @@ impl RuntimeWatch {
         let verdict = self
             .global_queue
             .observe(summary.global_queue_depth, summary.workers);
+        if verdict != WatchVerdict::Quiet {
+            crate::export::cpu_global_queue_backlogged();
+        }
         if verdict == WatchVerdict::Warn {
             let reading = self.global_queue.reading();
             tracing::warn!(

@@ -94,3 +94,51 @@ pub fn refused_at_once(queue: &WorkQueue, work: WorkInfo) -> AdmitError {
         other => panic!("expected an immediate refusal, got {other:?}"),
     }
 }
+
+/// A one-worker runtime whose worker is held by a task, with `waiting`
+/// tasks spawned from outside it: they wait in tokio's global queue until
+/// [`HeldRuntime::release`], since nothing else can run them.
+pub struct HeldRuntime {
+    pub runtime: tokio::runtime::Runtime,
+    release: std::sync::mpsc::Sender<()>,
+    finished: std::sync::mpsc::Receiver<()>,
+    pub waiting: usize,
+}
+
+impl HeldRuntime {
+    pub fn new(waiting: usize) -> Self {
+        use std::sync::mpsc;
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .unwrap();
+        let (holding, held) = mpsc::channel();
+        let (release, released) = mpsc::channel::<()>();
+        runtime.spawn(async move {
+            holding.send(()).unwrap();
+            // Blocks the only worker on purpose: nothing else can run.
+            released.recv().unwrap();
+        });
+        held.recv_timeout(Duration::from_secs(60)).unwrap();
+        let (done, finished) = mpsc::channel();
+        for _ in 0..waiting {
+            let done = done.clone();
+            runtime.spawn(async move { done.send(()).unwrap() });
+        }
+        HeldRuntime {
+            runtime,
+            release,
+            finished,
+            waiting,
+        }
+    }
+
+    /// Lets the worker go, and returns once every waiting task has run.
+    pub fn release(&self) {
+        self.release.send(()).unwrap();
+        for _ in 0..self.waiting {
+            self.finished.recv_timeout(Duration::from_secs(60)).unwrap();
+        }
+    }
+}
