@@ -63,17 +63,8 @@ fn compute(how_long: Duration) {
     }
 }
 
-fn main() -> Result<(), Box<dyn std::error::Error>> {
-    // Not `#[tokio::main]`: the attribute cannot have workers take tokio's
-    // global queue first, and a request task waiting there has not asked
-    // for admission yet (see `admission::cpu::tuning`).
-    admission::cpu::configure_runtime(&mut tokio::runtime::Builder::new_multi_thread())
-        .enable_all()
-        .build()?
-        .block_on(serve())
-}
-
-async fn serve() -> Result<(), Box<dyn std::error::Error>> {
+#[tokio::main]
+async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let address = std::env::args()
         .nth(1)
         .unwrap_or_else(|| "127.0.0.1:3000".into());

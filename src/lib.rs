@@ -76,12 +76,12 @@
 //! Admission orders a request only once its task has been polled and asked.
 //! Before that the task waits where tokio put it: a task spawned or woken
 //! from outside the runtime waits in tokio's global queue, which a busy
-//! worker looks at only every few hundred microseconds. Build the runtime
-//! through [`cpu::configure_runtime`], which has workers look there first,
-//! so that arrivals reach the queue that can order them; the controller
-//! reports a backlog there ([`cpu::GlobalQueueBacklog`]) and logs a warning
-//! when a runtime built without it keeps one. See [`cpu::tuning`] for the
-//! measurements.
+//! worker looks at only every few hundred microseconds. The controller
+//! reports a backlog there ([`cpu::GlobalQueueBacklog`]) and logs a
+//! warning while one lasts; a runtime built through
+//! [`cpu::configure_runtime`] has workers look there first, so that
+//! arrivals reach the queue that can order them, at a cost of a few points
+//! of goodput. See [`cpu::tuning`] for the measurements and when to use it.
 //!
 //! # Work that does not yield: the CPU pool
 //!

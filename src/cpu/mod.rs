@@ -49,9 +49,10 @@
 //! global queue, where tasks spawned from outside the runtime arrive, one
 //! task every ~200 µs of polling: at 3x overload arrivals wait there past
 //! their deadlines, and a fixed total shows the same loss as an adaptive
-//! one. [`configure_runtime`] has workers look at the global queue first;
-//! [`ControllerSnapshot::global_queue`] and a warning report a backlog
-//! there. See [`tuning`] for the measurements.
+//! one. [`ControllerSnapshot::global_queue`] and a warning report a
+//! backlog there; [`configure_runtime`] has workers look at the global
+//! queue first, for a few points of goodput. See [`tuning`] for the
+//! measurements.
 //!
 //! # Failure model
 //!

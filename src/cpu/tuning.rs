@@ -19,7 +19,7 @@
 //! frequently yield": every tick looks at the global queue first, so
 //! arrivals reach admission within a poll, and admission (not tokio's FIFO)
 //! decides what runs. Measured by the overload suite (W2 at 3x, 2-core VM,
-//! both signals; five to nine runs a row, from `--scenario matrix` and
+//! both signals; six to ten runs a row, from `--scenario matrix` and
 //! `--scenario w2 --handler self-wake --runtime configured`; the last
 //! column from 1 ms samples of one run):
 //!
@@ -27,13 +27,18 @@
 //! |---|---|---|---|---|
 //! | self-wake | tokio's defaults | 97.6–99.1% | 1.59–1.80x | 58% of samples |
 //! | self-wake | `configure_runtime` | 99.7–99.9% | 1.10–1.28x | 1% |
-//! | `yield_now` | tokio's defaults | 99.8–99.9% | 1.16–1.23x | 3% |
-//! | `yield_now` | `configure_runtime` | 99.7–99.8% | 0.99–1.21x | 1% |
+//! | `yield_now` | tokio's defaults | 99.8–99.9% | 1.16–1.25x | 3% |
+//! | `yield_now` | `configure_runtime` | 99.6–99.8% | 0.93–1.21x | 1% |
 //!
-//! Goodput moved within the runs' spread. Handlers that call `yield_now`
-//! need it less: `yield_now` parks the task on the worker's defer list, so
-//! the local queue empties and the worker takes the global queue in
-//! batches.
+//! It is not free: in most side-by-side runs with `yield_now` and
+//! self-waking handlers, goodput was 2–7 points lower on the configured
+//! runtime (a fixed total's too). Every arrival now reaches admission and
+//! is queued, timed and woken, where on tokio's defaults those that
+//! outwaited their deadline in the global queue were refused at their
+//! first poll. Handlers that call `yield_now` need it less: `yield_now`
+//! parks the task on the worker's defer list, so the local queue empties
+//! and the worker takes the global queue in batches. So it is a knob, and
+//! the watch below says when to turn it: when windows are backlogged.
 //!
 //! A runtime the application built without it is not changed (tokio has no
 //! way to): the controller watches the global queue instead
