@@ -522,6 +522,7 @@ mod smoke {
         let json: serde_json::Value =
             serde_json::from_str(&std::fs::read_to_string(summary).unwrap()).unwrap();
         assert_eq!(json["run"]["signal"], "stable");
+        assert_eq!(json["run"]["runtime"], "tokio");
         assert!(json["rows"][0]["goodput_frac"].is_number());
         assert!(json["rows"]
             .as_array()

@@ -662,6 +662,27 @@ mod tests {
     }
 
     #[test]
+    fn a_label_names_the_cell_and_a_runtime_other_than_tokios_defaults() {
+        let mut cell = row("admission-defaults", true);
+        assert_eq!(row_label(&cell), "admission-defaults");
+        cell.extra.insert("handler".to_owned(), json!("self-wake"));
+        cell.extra.insert("runtime".to_owned(), json!("tokio"));
+        assert_eq!(row_label(&cell), "admission-defaults [self-wake]");
+        cell.extra.insert("signal".to_owned(), json!("stable"));
+        assert_eq!(row_label(&cell), "admission-defaults [self-wake, stable]");
+        cell.extra.insert("runtime".to_owned(), json!("configured"));
+        assert_eq!(
+            row_label(&cell),
+            "admission-defaults [self-wake, stable, configured]"
+        );
+        cell.extra.remove("signal");
+        assert_eq!(
+            row_label(&cell),
+            "admission-defaults [self-wake, configured]"
+        );
+    }
+
+    #[test]
     fn the_table_and_the_json_flag_a_priority_inversion() {
         let mut inverted = row("admission", true);
         inverted.extra.insert("handler".to_owned(), json!("yield"));
