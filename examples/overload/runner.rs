@@ -439,14 +439,15 @@ pub fn run(bench: &Bench, system: System, spec: &RunSpec) -> Result<RunResult, S
     let mut beside_at_warm = 0;
     while Instant::now() < end {
         std::thread::sleep(Duration::from_millis(1));
-        if cpu_at_warm.is_none() && Instant::now() >= warm {
-            cpu_at_warm = Some((Instant::now(), process_cpu_time()));
+        let now = Instant::now();
+        if cpu_at_warm.is_none() && now >= warm {
+            cpu_at_warm = Some((now, process_cpu_time()));
             beside_at_warm = beside_refusals
                 .as_ref()
                 .map_or(0, |done| done.load(Ordering::Relaxed));
         }
         if let Some(total) = sut.slot_total() {
-            slot_totals.push((Instant::now().saturating_duration_since(start), total));
+            slot_totals.push((now.saturating_duration_since(start), total));
         }
     }
     let cpu_busy = cpu_at_warm.and_then(|(since, used)| {

@@ -448,7 +448,10 @@ impl Sut {
     /// The slot total now, for systems that have one.
     pub fn slot_total(&self) -> Option<u64> {
         match &self.kind {
-            Kind::Admission { queue, .. } => Some(queue.granter_snapshot().total),
+            // The total is an atomic: sampled every millisecond during a
+            // run, it must not contend for the queue's lock with the
+            // admissions being measured.
+            Kind::Admission { queue, .. } => Some(queue.granter().total()),
             Kind::Pool(pool) => Some(pool.threads() as u64),
             _ => None,
         }
