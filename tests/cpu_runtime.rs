@@ -232,3 +232,34 @@ fn a_configured_runtime_runs_admitted_work() {
     assert_eq!(served, 16);
     assert_eq!(controller.snapshot().queue.granter.used, 0);
 }
+
+/// The stable probe reads a stalled runtime (its only worker held, not
+/// parked) as overloaded, from the age of the measurement it cannot finish,
+/// and reads it as quiet again once the worker is free: the age counts only
+/// while no worker is parked, which is what keeps an idle runtime, whose
+/// parked workers take a while to wake on a VM, from reading as loaded.
+#[test]
+fn the_probe_reads_a_stalled_runtime_as_loaded_and_a_freed_one_as_quiet() {
+    use admission::cpu::SignalSource;
+
+    let held = HeldRuntime::new(0);
+    let controller = Controller::for_runtime(held.runtime.handle())
+        .signal_source(SignalSource::GlobalQueueAndProbe)
+        .manual()
+        .build()
+        .unwrap();
+    let per_worker = || {
+        controller
+            .step()
+            .load
+            .expect("the probe does not panic")
+            .per_worker()
+    };
+    // The probe's poll estimate is 50 µs: 20 a worker is a measurement
+    // waiting for a millisecond behind the held worker.
+    eventually("the stalled runtime reads as loaded", || {
+        per_worker() >= 20.0
+    });
+    held.release();
+    eventually("the freed runtime reads as quiet", || per_worker() < 1.0);
+}

@@ -80,11 +80,20 @@ impl Probe {
     }
 
     /// The latest delay (or, while a measurement takes longer than the last
-    /// one did, its age so far), asking for a new measurement if none is
-    /// in flight.
-    pub(super) fn sample(&mut self) -> Duration {
+    /// one did and no worker is parked, its age so far), asking for a new
+    /// measurement if none is in flight.
+    ///
+    /// `a_worker_is_parked`: an unfinished measurement's age is work ahead
+    /// of the probe only while every worker is busy (a stalled runtime must
+    /// not read as a quiet one). With a worker parked, tokio has already
+    /// asked it to take the probe, and the age is the time the OS takes to
+    /// wake that thread: on a VM, over a millisecond at times, which read
+    /// as 20 runnable tasks a worker on an idle runtime and kept the
+    /// controller from ever going idle.
+    pub(super) fn sample(&mut self, a_worker_is_parked: bool) -> Duration {
         if let Some(asked) = self.asked {
             match self.shared.delay.swap(NOT_MEASURED, Ordering::AcqRel) {
+                NOT_MEASURED if a_worker_is_parked => return self.last_delay,
                 NOT_MEASURED => return asked.elapsed().max(self.last_delay),
                 nanos => {
                     self.last_delay = Duration::from_nanos(nanos);

@@ -216,7 +216,10 @@ impl CpuSignal for RuntimeSignal {
         };
         // Read before the probe sends its next task into the global queue.
         let global = self.metrics.global_queue_depth() as u64;
-        let delay = probe.sample();
+        // An odd park/unpark count means that worker is parked now.
+        let a_worker_is_parked = (0..self.metrics.num_workers())
+            .any(|worker| self.metrics.worker_park_unpark_count(worker) % 2 == 1);
+        let delay = probe.sample(a_worker_is_parked);
         let per_worker = delay.as_nanos() / probe.poll_estimate.as_nanos();
         let estimated = u64::try_from(per_worker)
             .unwrap_or(u64::MAX)
