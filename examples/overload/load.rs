@@ -407,7 +407,17 @@ pub enum Dispatch {
     /// Handed to a forwarding task inside the runtime that spawns it: into
     /// a worker's local queue, as a server's accept loop does.
     Local,
+    /// Written as a four-byte frame on one of [`SOCKET_CONNECTIONS`]
+    /// loopback TCP connections; a task per connection reads the frames and
+    /// spawns a handler per request, as an HTTP/2 or gRPC server spawns a
+    /// task per stream. The reading task is woken by tokio's IO driver, so
+    /// arrivals enter the runtime the way a network service's do.
+    Socket,
 }
+
+/// Client connections of [`Dispatch::Socket`]: requests are spread over
+/// them in turn, as over a service's clients.
+pub const SOCKET_CONNECTIONS: usize = 16;
 
 /// What the generator saw.
 #[derive(Debug)]

@@ -16,7 +16,7 @@ use crate::stats::{self, Outcome, Record};
 use crate::systems::System;
 
 /// The scenarios by name, in the order `all` runs them.
-pub const NAMES: [&str; 15] = [
+pub const NAMES: [&str; 16] = [
     "w2",
     "w1",
     "w3a",
@@ -29,6 +29,7 @@ pub const NAMES: [&str; 15] = [
     "w8",
     "w9",
     "w2-local",
+    "w2-socket",
     "matrix",
     "w2-pool",
     "w2-pool-split",
