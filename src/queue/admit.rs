@@ -35,7 +35,7 @@ use crate::error::AdmitError;
 use crate::export;
 use crate::grant::{Granter, SlotGranter};
 use crate::sync::Arc;
-use crate::work::{Priority, TenantId, WorkInfo};
+use crate::work::WorkInfo;
 
 /// The future returned by [`WorkQueue::admit`](crate::WorkQueue::admit).
 ///
@@ -60,8 +60,9 @@ enum Phase {
     Start(WorkInfo),
     Queued {
         key: usize,
-        tenant: TenantId,
-        priority: Priority,
+        /// Kept for the permit, which can ask for its slots again with it
+        /// ([`SlotPermit::release_during`]).
+        work: WorkInfo,
         span: tracing::Span,
         /// When it was queued: the span's `wait_us` on every outcome.
         since: Instant,
@@ -87,24 +88,26 @@ impl<G: Granter> Future for Admit<G> {
         let Some(shared) = this.shared.as_ref() else {
             panic!("`Admit` polled after it completed");
         };
-        if let Phase::Start(work) = &*this.phase {
+        if matches!(*this.phase, Phase::Start(_)) {
             // Admission that is always ready on the fast path must still
             // give the scheduler a turn now and then, as tokio's own
             // semaphore does.
             let coop = ready!(tokio::task::coop::poll_proceed(cx));
+            let Phase::Start(work) = std::mem::replace(&mut *this.phase, Phase::Done) else {
+                unreachable!("matched above");
+            };
             let attempt =
-                shared.with_state(|queue, grants, _| queue.attempt(work, grants, cx.waker()));
+                shared.with_state(|queue, grants, _| queue.attempt(&work, grants, cx.waker()));
             let tenant = work.tenant();
             let priority = work.priority();
             match attempt {
                 Attempt::Admitted { charge } => {
                     coop.made_progress();
-                    *this.phase = Phase::Done;
                     let shared = this.shared.take().expect("checked above");
                     // The permit before anything that calls the
                     // application's code (recorder, subscriber): if that
                     // panics, the permit's drop still returns the slot.
-                    let permit = SlotPermit::new(shared, tenant, charge);
+                    let permit = SlotPermit::new(shared, work, charge);
                     export::settled(
                         permit.keys(),
                         priority,
@@ -116,7 +119,6 @@ impl<G: Granter> Future for Admit<G> {
                 Attempt::Rejected(error) => {
                     export::settled(&shared.keys, priority, error.reason(), None);
                     coop.made_progress();
-                    *this.phase = Phase::Done;
                     *this.shared = None;
                     return Poll::Ready(Err(error));
                 }
@@ -145,7 +147,6 @@ impl<G: Granter> Future for Admit<G> {
                             let error = AdmitError::TimerUnavailable;
                             export::settled(&shared.keys, priority, error.reason(), None);
                             record_outcome(&span, error.reason(), since);
-                            *this.phase = Phase::Done;
                             *this.shared = None;
                             return Poll::Ready(Err(error));
                         };
@@ -153,8 +154,7 @@ impl<G: Granter> Future for Admit<G> {
                     }
                     *this.phase = Phase::Queued {
                         key,
-                        tenant,
-                        priority,
+                        work,
                         span,
                         since,
                     };
@@ -212,15 +212,14 @@ fn settle_queued<G: Granter>(
     };
     let Phase::Queued {
         key,
-        tenant,
-        priority,
+        work,
         span,
         since,
     } = &*this.phase
     else {
         unreachable!("Start was handled above and Done has no shared state");
     };
-    let (key, tenant, priority, since) = (*key, *tenant, *priority, *since);
+    let (key, priority, since) = (*key, work.priority(), *since);
     let span = span.clone();
     let _entered = span.enter();
     let observed = shared.with_state(|queue, grants, wakes| {
@@ -235,7 +234,7 @@ fn settle_queued<G: Granter>(
         Observed::Admitted { charge, waited } => {
             let shared = this.shared.take().expect("checked above");
             // The permit first, as on the fast path.
-            let permit = SlotPermit::new(shared, tenant, charge);
+            let permit = SlotPermit::new(shared, work.clone(), charge);
             export::settled(permit.keys(), priority, export::ADMITTED, Some(waited));
             span.record("outcome", export::ADMITTED);
             span.record("wait_us", waited.as_micros() as u64);
@@ -274,9 +273,8 @@ impl<G: Granter> PinnedDrop for Admit<G> {
             Phase::Queued {
                 key,
                 span,
-                priority,
+                work,
                 since,
-                ..
             },
             Some(shared),
         ) = (&*this.phase, this.shared.as_ref())
@@ -285,7 +283,7 @@ impl<G: Granter> PinnedDrop for Admit<G> {
             // code (recorder, subscriber), which could panic here.
             let key = *key;
             shared.with_state(|state, granter, wakes| state.cancel(key, granter, wakes));
-            export::settled(&shared.keys, *priority, export::CANCELLED, None);
+            export::settled(&shared.keys, work.priority(), export::CANCELLED, None);
             record_outcome(span, export::CANCELLED, *since);
         }
     }
