@@ -169,7 +169,10 @@
 //! comes back, the queue grants it **directly** to the first waiter in order,
 //! under the lock, and wakes that waiter after releasing it, so no
 //! newcomer can barge in between and no herd is woken. The admitted work
-//! holds a [`SlotPermit`] while it runs.
+//! holds a [`SlotPermit`] while it runs; work that waits on IO in the
+//! middle can give the slot back for the wait and be admitted again in its
+//! own order ([`SlotPermit::release_during`]), so that slots stay about one
+//! per worker and every phase of computation is admitted by priority.
 //!
 //! **Cancel safety.** Dropping an [`Admit`] while it waits removes it from the
 //! queue; dropping it after it was granted but before it saw the grant passes

@@ -99,6 +99,10 @@ pub enum Awaits {
     /// An IO wait (a timer standing in for a database call) about as long
     /// as the computation, half-way through.
     Io,
+    /// The same wait, with the admission slot given back during it
+    /// (`SlotPermit::release_during`) where the system has one; elsewhere
+    /// the same as [`Awaits::Io`].
+    IoReleased,
 }
 
 /// How a handler spends its service time: what it awaits, and how it
@@ -122,13 +126,18 @@ impl Handler {
         awaits: Awaits::Io,
         yielding: Yielding::YieldNow,
     };
+    pub const IO_RELEASED: Handler = Handler {
+        awaits: Awaits::IoReleased,
+        yielding: Yielding::YieldNow,
+    };
 
     /// The styles `--handler` names, by name.
-    pub const STYLES: [(&'static str, Handler); 5] = [
+    pub const STYLES: [(&'static str, Handler); 6] = [
         ("yield", Handler::YIELD),
         ("self-wake", Handler::SELF_WAKE),
         ("mutex", Handler::MUTEX),
         ("io", Handler::IO),
+        ("io-released", Handler::IO_RELEASED),
         ("never-yields", Handler::NEVER_YIELDS),
     ];
 
@@ -162,6 +171,7 @@ impl Handler {
             Awaits::Nothing => "compute",
             Awaits::SharedMutex => "mutex",
             Awaits::Io => "io",
+            Awaits::IoReleased => "io-released",
         };
         let yielding = match self.yielding {
             Yielding::YieldNow => "yield",
@@ -201,7 +211,7 @@ impl HandlerEnv {
                 }
                 self.chunks(service.saturating_sub(locked)).await;
             }
-            Awaits::Io => {
+            Awaits::Io | Awaits::IoReleased => {
                 let first = service / 2;
                 self.chunks(first).await;
                 tokio::time::sleep(service).await;
@@ -210,7 +220,12 @@ impl HandlerEnv {
         }
     }
 
-    async fn chunks(&self, mut left: Duration) {
+    /// What an IO handler computes before its wait (the rest comes after).
+    pub fn before_io(service: Duration) -> Duration {
+        service / 2
+    }
+
+    pub async fn chunks(&self, mut left: Duration) {
         let longest = match self.kind.yielding {
             Yielding::YieldNow | Yielding::SelfWake => CHUNK,
             Yielding::Never => left,

@@ -9,7 +9,7 @@
 //! cargo run --release --features fjall --example overload -- --scenario w6
 //! cargo run --release --example overload -- --scenario w7
 //! cargo run --release --example overload -- --service bimodal     # or constant
-//! cargo run --release --example overload -- --handler self-wake   # or mutex, io, never-yields
+//! cargo run --release --example overload -- --handler self-wake   # or mutex, io, io-released, never-yields
 //! cargo run --release --example overload -- --signal unstable
 //! cargo run --release --example overload -- --system admission --system tower
 //! cargo run --release --example overload -- --scenario w2-pool --handler never-yields
@@ -34,11 +34,13 @@
 //!   teach; `self-wake` wakes itself into the run queue, as an await whose
 //!   value is ready does; `mutex` and `io` are `yield` handlers that also
 //!   hold a shared async mutex for 30% of their time, or wait on a timer as
-//!   long as their work; `never-yields` computes in one poll. W8 and W9 are
-//!   the mutex and IO scenarios whatever the flag says: their handlers
-//!   await the mutex or the timer and take only the yielding of `--handler`
-//!   (so `yield_now` by default). C is calibrated with the compute-only form
-//!   of the style.
+//!   long as their work; `io-released` is `io` with the admission slot
+//!   given back during the wait (`SlotPermit::release_during`, for the
+//!   admission systems; the others hold what they hold); `never-yields`
+//!   computes in one poll. W8, W9 and W9-released are the mutex and IO
+//!   scenarios whatever the flag says: their handlers await the mutex or
+//!   the timer and take only the yielding of `--handler` (so `yield_now` by
+//!   default). C is calibrated with the compute-only form of the style.
 //! * **Signal** (`--signal`, default `stable`): how the CPU controller reads
 //!   the runtime. `stable` is the global queue plus a scheduling-delay probe,
 //!   what every crate that depends on this one gets, since a dependency is
@@ -327,6 +329,7 @@ fn run_scenario(
         "w7" => scenarios::w7(&scenarios::w7_settings(quick)),
         "w8" => scenarios::w2_variant(bench, dir, "w8", Awaits::SharedMutex),
         "w9" => scenarios::w2_variant(bench, dir, "w9", Awaits::Io),
+        "w9-released" => scenarios::w2_variant(bench, dir, "w9-released", Awaits::IoReleased),
         "matrix" => scenarios::matrix(bench),
         "w2-pool" | "w2-pool-split" => {
             // Split: one worker and one pool thread, each with a core of
@@ -350,9 +353,8 @@ fn selected(only: &[String], system: &System) -> bool {
 
 fn classes_of(name: &str) -> &'static [&'static str] {
     match name {
-        "w2" | "w2-local" | "w2-socket" | "w2-pool" | "w2-pool-split" | "w8" | "w9" | "matrix" => {
-            &["high", "normal", "low"]
-        }
+        "w2" | "w2-local" | "w2-socket" | "w2-pool" | "w2-pool-split" | "w8" | "w9"
+        | "w9-released" | "matrix" => &["high", "normal", "low"],
         "w4" => &["high", "normal"],
         "w6" => &["foreground"],
         "w7" => &gpu::CLASSES,

@@ -16,7 +16,7 @@ use crate::stats::{self, Outcome, Record};
 use crate::systems::System;
 
 /// The scenarios by name, in the order `all` runs them.
-pub const NAMES: [&str; 16] = [
+pub const NAMES: [&str; 17] = [
     "w2",
     "w1",
     "w3a",
@@ -28,6 +28,7 @@ pub const NAMES: [&str; 16] = [
     "w7",
     "w8",
     "w9",
+    "w9-released",
     "w2-local",
     "w2-socket",
     "matrix",
@@ -414,11 +415,12 @@ pub fn w2_pool(
 }
 
 /// The handler styles of the matrix, in table order.
-pub const MATRIX_STYLES: [Handler; 4] = [
+pub const MATRIX_STYLES: [Handler; 5] = [
     Handler::YIELD,
     Handler::SELF_WAKE,
     Handler::MUTEX,
     Handler::IO,
+    Handler::IO_RELEASED,
 ];
 
 /// The matrix: W2 at 3x through `admission-defaults` (a controller built
@@ -974,7 +976,8 @@ pub fn w6_table(rows: &[SummaryRow]) -> String {
 /// W8 and W9: the W2 mix with handlers whose bottleneck is not the CPU
 /// (a shared async mutex) or that wait on IO between chunks; between
 /// awaits they compute and yield as `--handler` says (`yield_now` by
-/// default).
+/// default). W9-released is W9 with handlers that give their slot back
+/// during the wait (`SlotPermit::release_during`).
 pub fn w2_variant(
     bench: &Bench,
     dir: &Path,

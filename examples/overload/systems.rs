@@ -18,7 +18,7 @@ use tower::load_shed::LoadShed;
 use tower::util::BoxCloneSyncService;
 use tower::{service_fn, ServiceExt};
 
-use crate::load::HandlerEnv;
+use crate::load::{Awaits, HandlerEnv};
 use crate::stats::Outcome;
 
 /// A system under test, as configured for a run.
@@ -342,6 +342,15 @@ impl Sut {
     /// Serves one request to its outcome; latency from its intended time.
     pub async fn serve(&self, request: Request) -> Outcome {
         let since = |instant: Instant| instant.saturating_duration_since(request.intended);
+        // A deadline that passed is an expiry; any other refusal, a rejection.
+        let refused = |error: AdmitError| match error {
+            AdmitError::DeadlineExceeded { .. } | AdmitError::DeadlinePassed => Outcome::Expired {
+                latency: since(Instant::now()),
+            },
+            _ => Outcome::Rejected {
+                latency: since(Instant::now()),
+            },
+        };
         match &self.kind {
             Kind::Direct => {
                 self.handler.serve(request.service).await;
@@ -369,6 +378,23 @@ impl Sut {
                     };
                 }
             }
+            Kind::Admission { queue, .. } if self.handler.kind.awaits == Awaits::IoReleased => {
+                let service = request.service;
+                let before = HandlerEnv::before_io(service);
+                let permit = match queue.admit(request.work_info()).await {
+                    Ok(permit) => permit,
+                    Err(error) => return refused(error),
+                };
+                self.handler.chunks(before).await;
+                let ((), again) = permit.release_during(tokio::time::sleep(service)).await;
+                match again {
+                    Ok(permit) => {
+                        self.handler.chunks(service - before).await;
+                        drop(permit);
+                    }
+                    Err(error) => return refused(error),
+                }
+            }
             Kind::Admission { queue, .. } => {
                 let work = request.work_info();
                 match queue.admit(work).await {
@@ -376,16 +402,7 @@ impl Sut {
                         self.handler.serve(request.service).await;
                         drop(permit);
                     }
-                    Err(AdmitError::DeadlineExceeded { .. } | AdmitError::DeadlinePassed) => {
-                        return Outcome::Expired {
-                            latency: since(Instant::now()),
-                        }
-                    }
-                    Err(_) => {
-                        return Outcome::Rejected {
-                            latency: since(Instant::now()),
-                        }
-                    }
+                    Err(error) => return refused(error),
                 }
             }
             Kind::Pool(pool) => {

@@ -203,8 +203,8 @@ impl Dispatcher for PoolShared {
             && dispatch.borrowed < self.max_borrowed
         {
             match self.borrow_thread(&mut dispatch, job) {
-                Ok(()) => return,
-                Err(job) => job,
+                None => return,
+                Some(job) => job,
             }
         } else {
             job
@@ -228,7 +228,7 @@ impl Dispatcher for PoolShared {
 impl PoolShared {
     /// Runs `job` on a thread spawned for it; the job back if no thread
     /// could be spawned.
-    fn borrow_thread(self: &StdArc<Self>, dispatch: &mut Dispatch, job: Job) -> Result<(), Job> {
+    fn borrow_thread(self: &StdArc<Self>, dispatch: &mut Dispatch, job: Job) -> Option<Job> {
         // The job goes through a channel of its own, sent only once the
         // thread exists: a failed spawn drops the thread's closure, and the
         // job must not go with it.
@@ -254,7 +254,7 @@ impl PoolShared {
                     borrowed = dispatch.borrowed,
                     "CPU pool: bypass work borrowed a thread beyond the total"
                 );
-                Ok(())
+                None
             }
             Err(error) => {
                 tracing::warn!(
@@ -262,7 +262,7 @@ impl PoolShared {
                     %error,
                     "CPU pool: no thread could be borrowed for bypass work; it waits for a pool thread"
                 );
-                Err(job)
+                Some(job)
             }
         }
     }
