@@ -6,8 +6,10 @@
 //! runs across tenants, priorities and deadlines. Throughout, the granter
 //! never holds more slots than there are permits and unobserved grants; at
 //! quiescence every slot is back, nothing waits, and the queue's counters
-//! agree with what the test saw. The same property is run through the
-//! CPU pool, whose threads take the place of the permits.
+//! agree with what the test saw. Permits may also give their slots back
+//! for a wait (`SlotPermit::release_during`) and ask again when the test
+//! ends the wait. The same property is run through the CPU pool, whose
+//! threads take the place of the permits.
 
 mod common;
 
@@ -33,6 +35,11 @@ enum Op {
         explicitly: bool,
     },
     SetTotal(u64),
+    /// A permit gives its slots back for a wait the test ends later.
+    Release(usize),
+    /// Ends one such wait: the work asks for its slots again.
+    EndWait(usize),
+    DropReleased(usize),
     Advance(u64),
     SetWeight {
         tenant: u64,
@@ -51,6 +58,9 @@ fn op() -> impl Strategy<Value = Op> {
         2 => any::<usize>().prop_map(Op::DropWaiting),
         4 => (any::<usize>(), any::<bool>()).prop_map(|(index, explicitly)| Op::ReleasePermit { index, explicitly }),
         1 => (0..5u64).prop_map(Op::SetTotal),
+        2 => any::<usize>().prop_map(Op::Release),
+        2 => any::<usize>().prop_map(Op::EndWait),
+        1 => any::<usize>().prop_map(Op::DropReleased),
         2 => (0..15u64).prop_map(Op::Advance),
         1 => (1..4u64, 1..6u32).prop_map(|(tenant, weight)| Op::SetWeight { tenant, weight }),
         // Rare: closing ends the interesting part of a run.
@@ -73,6 +83,48 @@ impl Seen {
                 permits.push(permit);
             }
             Err(_) => self.errored += 1,
+        }
+    }
+}
+
+type AskAgain = std::pin::Pin<
+    Box<
+        dyn std::future::Future<
+            Output = (
+                Result<(), tokio::sync::oneshot::error::RecvError>,
+                Result<SlotPermit, AdmitError>,
+            ),
+        >,
+    >,
+>;
+
+/// Work that gave its slots back for a wait, as the test sees it.
+struct Released {
+    future: tokio_test::task::Spawn<AskAgain>,
+    /// Ends the wait; `None` once sent.
+    end: Option<tokio::sync::oneshot::Sender<()>>,
+    /// Polled since its wait ended: it has asked the queue again.
+    asked: bool,
+}
+
+impl Released {
+    /// Polls it; its admission's result once it has one.
+    fn poll(&mut self, seen: &mut Seen) -> Option<Result<SlotPermit, AdmitError>> {
+        let waiting = self.end.is_some();
+        match self.future.poll() {
+            std::task::Poll::Ready((_, result)) => {
+                if !self.asked {
+                    seen.requested += 1;
+                }
+                Some(result)
+            }
+            std::task::Poll::Pending => {
+                if !waiting && !self.asked {
+                    self.asked = true;
+                    seen.requested += 1;
+                }
+                None
+            }
         }
     }
 }
@@ -109,6 +161,7 @@ fn run(ops: Vec<Op>, policies: Policies) -> Result<(), TestCaseError> {
         let queue = builder.build().unwrap();
         let mut waiting: Vec<Pending> = Vec::new();
         let mut permits: Vec<SlotPermit> = Vec::new();
+        let mut released: Vec<Released> = Vec::new();
         let mut seen = Seen::default();
 
         for op in ops {
@@ -143,6 +196,37 @@ fn run(ops: Vec<Op>, policies: Policies) -> Result<(), TestCaseError> {
                         }
                         None => true,
                     });
+                    released.retain_mut(|work| match work.poll(&mut seen) {
+                        Some(result) => {
+                            seen.settle(result, &mut permits);
+                            false
+                        }
+                        None => true,
+                    });
+                }
+                Op::Release(index) if !permits.is_empty() => {
+                    let permit = permits.swap_remove(index % permits.len());
+                    let (end, ended) = tokio::sync::oneshot::channel::<()>();
+                    let future: AskAgain = Box::pin(permit.release_during(ended));
+                    released.push(Released {
+                        future: tokio_test::task::spawn(future),
+                        end: Some(end),
+                        asked: false,
+                    });
+                }
+                Op::EndWait(index) if !released.is_empty() => {
+                    let count = released.len();
+                    if let Some(end) = released[index % count].end.take() {
+                        let _ = end.send(());
+                    }
+                }
+                Op::DropReleased(index) if !released.is_empty() => {
+                    let work = released.swap_remove(index % released.len());
+                    // Dropped while it waited in the queue: counted as
+                    // errored by the queue, as a dropped `Admit` is.
+                    if work.asked {
+                        seen.errored += 1;
+                    }
                 }
                 Op::DropWaiting(index) if !waiting.is_empty() => {
                     drop(waiting.swap_remove(index % waiting.len()));
@@ -164,19 +248,31 @@ fn run(ops: Vec<Op>, policies: Policies) -> Result<(), TestCaseError> {
                     admission::TenantWeight::new(weight).unwrap(),
                 ),
                 Op::Close => queue.close(),
-                Op::DropWaiting(_) | Op::ReleasePermit { .. } => {}
+                Op::DropWaiting(_)
+                | Op::ReleasePermit { .. }
+                | Op::Release(_)
+                | Op::EndWait(_)
+                | Op::DropReleased(_) => {}
             }
             let snapshot = queue.snapshot();
             // Slots held never exceed what permits and grants not yet
             // observed can hold (two units at most each).
-            prop_assert!(snapshot.granter.used <= 2 * (permits.len() + waiting.len()) as u64);
-            prop_assert!(snapshot.waiting <= waiting.len());
+            let asked = released.iter().filter(|work| work.asked).count();
+            prop_assert!(
+                snapshot.granter.used <= 2 * (permits.len() + waiting.len() + asked) as u64
+            );
+            prop_assert!(snapshot.waiting <= waiting.len() + asked);
         }
 
         // Quiescence: open the gates, let every deadline pass, and poll
         // until everything settles (with pacing, grants go out as earlier
         // grantees observe theirs, or after the pacing timeout).
         queue.set_total_slots(1_000).unwrap();
+        for work in &mut released {
+            if let Some(end) = work.end.take() {
+                let _ = end.send(());
+            }
+        }
         for _ in 0..20 {
             tokio::time::advance(Duration::from_secs(1)).await;
             queue.maintain();
@@ -187,8 +283,19 @@ fn run(ops: Vec<Op>, policies: Policies) -> Result<(), TestCaseError> {
                 }
                 None => true,
             });
+            released.retain_mut(|work| match work.poll(&mut seen) {
+                Some(result) => {
+                    seen.settle(result, &mut permits);
+                    false
+                }
+                None => true,
+            });
         }
         prop_assert!(waiting.is_empty(), "requests still pending at quiescence");
+        prop_assert!(
+            released.is_empty(),
+            "released work still pending at quiescence"
+        );
         let snapshot = queue.snapshot();
         prop_assert!(snapshot.granter.used >= permits.len() as u64);
         prop_assert!(snapshot.granter.used <= 2 * permits.len() as u64);
