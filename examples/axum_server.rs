@@ -4,7 +4,8 @@
 //! cargo run --release --example axum_server --features tower,metrics [ADDR]
 //! ```
 //!
-//! Three endpoints compute for about 2 ms each around a 1 ms wait: `/high`
+//! Three endpoints compute for about 2 ms each around a 1 ms wait, giving
+//! their slot back for the wait (`admission::tower::release_during`): `/high`
 //! (priority user-high), `/normal` and `/bulk` (bulk-normal). All three go
 //! through one HTTP-mode `AdmissionLayer` that owns a CPU controller.
 //! Callers on loopback are trusted: their `x-admission-priority`,
@@ -32,6 +33,7 @@ use admission::cpu::Controller;
 use admission::tower::{AdmissionLayer, HttpClassifier};
 use admission::{EpochLifo, Priority, WorkQueue};
 use axum::extract::ConnectInfo;
+use axum::http::StatusCode;
 use axum::routing::get;
 use axum::Router;
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder};
@@ -48,12 +50,19 @@ const WAIT_BUCKETS: &[f64] = &[
 ];
 
 /// About 2 ms of computation around a 1 ms wait (a stand-in for a database
-/// call): the shape of a typical handler.
-async fn work() -> &'static str {
+/// call): the shape of a typical handler. The slot is given back for the
+/// wait, so that other requests compute meanwhile and the second half is
+/// admitted in order again; refused then (its deadline passed meanwhile),
+/// the request is answered as any refusal is.
+async fn work() -> Result<&'static str, (StatusCode, &'static str)> {
     compute(Duration::from_millis(1));
-    tokio::time::sleep(Duration::from_millis(1)).await;
+    let ((), admitted) =
+        admission::tower::release_during(tokio::time::sleep(Duration::from_millis(1))).await;
+    if admitted.is_err() {
+        return Err((StatusCode::SERVICE_UNAVAILABLE, "overloaded\n"));
+    }
     compute(Duration::from_millis(1));
-    "done\n"
+    Ok("done\n")
 }
 
 fn compute(how_long: Duration) {

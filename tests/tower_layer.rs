@@ -257,3 +257,94 @@ async fn readiness_is_the_inner_services_not_the_queues() {
     assert_eq!(queue.waiting(), 0);
     assert!(service.poll_ready(&mut cx).is_pending());
 }
+
+/// A handler behind the layer gives its slot back while it waits (another
+/// request is admitted on it meanwhile), holds one again after the wait,
+/// and the layer returns that one when the response completes.
+#[tokio::test(start_paused = true)]
+async fn a_handler_gives_its_slot_back_during_a_wait_and_gets_it_again() {
+    let queue = WorkQueue::new(1).unwrap();
+    let seen = queue.clone();
+    let (answer, answered) = oneshot::channel::<u32>();
+    let answered = std::sync::Arc::new(std::sync::Mutex::new(Some(answered)));
+    let inner = service_fn(move |request: (u64, i8)| {
+        let (seen, answered) = (seen.clone(), answered.clone());
+        async move {
+            if request.0 != 1 {
+                // The other request: admitted while the first one waits.
+                return Ok::<_, Infallible>((0, seen.snapshot().granter.used));
+            }
+            let wait = answered.lock().unwrap().take().unwrap();
+            let (value, admitted) = admission::tower::release_during(wait).await;
+            admitted.unwrap();
+            Ok((value.unwrap(), seen.snapshot().granter.used))
+        }
+    });
+    let mut service = AdmissionLayer::new(queue.clone(), classify).layer(inner);
+    let mut first = Box::pin(service.ready().await.unwrap().call((1, 0)));
+    assert!(poll_once(&mut first).is_pending());
+    assert_eq!(queue.snapshot().granter.used, 0, "free during the wait");
+
+    let (other, used_by_other) = service.ready().await.unwrap().call((2, 0)).await.unwrap();
+    assert_eq!((other, used_by_other), (0, 1));
+
+    answer.send(42).unwrap();
+    let (value, used_after_the_wait) = first.await.unwrap();
+    assert_eq!((value, used_after_the_wait), (42, 1));
+    let snapshot = queue.snapshot();
+    assert_eq!(snapshot.granter.used, 0, "returned after the response");
+    // Three admissions: the first, the other request's, the first's again.
+    assert_eq!(snapshot.priority(Priority::NORMAL).unwrap().admitted, 3);
+}
+
+/// Refused after its wait (its deadline passed), a handler gets the wait's
+/// output and the refusal, and the request holds no slot any more; a
+/// response future dropped during the wait loses nothing.
+#[tokio::test(start_paused = true)]
+async fn a_refusal_after_the_wait_and_drops_around_it_lose_nothing() {
+    use std::time::Duration;
+    let queue = WorkQueue::new(1).unwrap();
+    let seen = queue.clone();
+    let with_deadline = |request: &(u64, i8)| {
+        WorkInfo::builder()
+            .tenant(TenantId::new(request.0))
+            .priority(Priority::new(request.1))
+            .timeout(Duration::from_millis(10))
+            .build()
+    };
+    let inner = service_fn(move |request: (u64, i8)| {
+        let seen = seen.clone();
+        async move {
+            let wait_ms = if request.0 == 1 { 20 } else { 1_000_000 };
+            let (slept, admitted) = admission::tower::release_during(tokio::time::sleep(
+                Duration::from_millis(wait_ms),
+            ))
+            .await;
+            Ok::<_, Infallible>((slept, admitted, seen.snapshot().granter.used))
+        }
+    });
+    let mut service = AdmissionLayer::new(queue.clone(), with_deadline).layer(inner);
+    let ((), admitted, used) = service.ready().await.unwrap().call((1, 0)).await.unwrap();
+    assert!(
+        matches!(admitted, Err(AdmitError::DeadlinePassed)),
+        "{admitted:?}"
+    );
+    assert_eq!(used, 0);
+    assert_eq!(queue.snapshot().granter.used, 0);
+
+    let mut waiting = Box::pin(service.ready().await.unwrap().call((2, 0)));
+    assert!(poll_once(&mut waiting).is_pending());
+    assert_eq!(queue.snapshot().granter.used, 0);
+    drop(waiting);
+    assert_eq!(queue.snapshot().granter.used, 0);
+    assert_eq!(queue.waiting(), 0);
+}
+
+/// Outside a request the layer admitted there is nothing to give back: the
+/// wait runs and comes back with `Ok`.
+#[tokio::test]
+async fn release_during_outside_the_layer_just_waits() {
+    let (value, admitted) = admission::tower::release_during(async { 7 }).await;
+    assert_eq!(value, 7);
+    assert!(admitted.is_ok());
+}

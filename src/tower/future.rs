@@ -1,6 +1,7 @@
 //! The response future: admission first, then the inner call, holding the
 //! slot until the inner future completes.
 
+use std::cell::RefCell;
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
@@ -11,6 +12,7 @@ use tower_service::Service;
 
 use super::error::AdmissionError;
 use super::propagate::with_work;
+use super::release::holding;
 use crate::queue::{Admit, SlotPermit};
 use crate::work::WorkInfo;
 use tokio::task::futures::TaskLocalFuture;
@@ -33,10 +35,12 @@ enum State<S: Service<Req>, Req> {
         call: Option<(S, Req, WorkInfo)>,
     },
     Running {
+        /// The inner call, with the permit in a task-local cell around it
+        /// (so that the handler can give the slot back during a wait, see
+        /// `release.rs`), taken and dropped when the call completes.
         #[pin]
-        response: TaskLocalFuture<WorkInfo, S::Future>,
-        // Held until the inner future completes, then dropped with it.
-        permit: Option<SlotPermit>,
+        response:
+            TaskLocalFuture<RefCell<Option<SlotPermit>>, TaskLocalFuture<WorkInfo, S::Future>>,
     },
 }
 
@@ -68,17 +72,14 @@ impl<S: Service<Req>, Req> Future for ResponseFuture<S, Req> {
                     };
                     // The handler sees its own class as the current work, so
                     // calls it makes can carry it on (see `propagate`).
-                    let response = with_work(work, || inner.call(request));
-                    this.state.set(State::Running {
-                        response,
-                        permit: Some(permit),
-                    });
+                    let response = holding(permit, with_work(work, || inner.call(request)));
+                    this.state.set(State::Running { response });
                 }
-                StateProj::Running { response, permit } => {
-                    let output = ready!(response.poll(cx));
+                StateProj::Running { mut response } => {
+                    let output = ready!(response.as_mut().poll(cx));
                     // The work is done: the slot goes to the next waiter now,
                     // not when the caller gets around to dropping us.
-                    drop(permit.take());
+                    drop(response.take_value());
                     return Poll::Ready(output.map_err(AdmissionError::Inner));
                 }
             }

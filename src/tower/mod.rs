@@ -6,7 +6,10 @@
 //! [`WorkQueue`](crate::WorkQueue), and only then reaches the inner
 //! service. The slot is held until the response future completes and
 //! returned on every path: success, error, or the response future being
-//! dropped.
+//! dropped. A handler that waits on IO in the middle of its work can give
+//! the slot back for the wait with [`release_during`] (see
+//! [`SlotPermit::release_during`](crate::SlotPermit::release_during) for
+//! why it keeps priority true).
 //!
 //! **HTTP mode** ([`AdmissionLayer::http`]): a refused request is answered with
 //! a response (503 by default, or 429, with `Retry-After` from the queue's
@@ -135,6 +138,7 @@ mod future;
 mod http;
 mod layer;
 pub mod propagate;
+mod release;
 mod service;
 mod status;
 
@@ -148,5 +152,6 @@ pub use layer::AdmissionLayer;
 pub use propagate::{
     current_work, format_grpc_timeout, parse_grpc_timeout, PropagateLayer, PropagateService,
 };
+pub use release::release_during;
 pub use service::{AdmissionService, CLASSIFIER_FALLBACK_PRIORITY};
 pub use status::{rejection_response, status_for};

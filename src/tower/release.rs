@@ -1,0 +1,78 @@
+//! The admitted request's slot, reachable from its handler: so that a
+//! handler behind [`AdmissionLayer`](super::AdmissionLayer) can give it back
+//! while it waits on IO ([`release_during`]).
+//!
+//! The response future keeps the permit in a task-local cell around the
+//! inner call rather than beside it: the handler runs inside that scope, so
+//! it can take the permit out for a wait and put the one it is granted
+//! again back, and the response future drops whatever the cell holds when
+//! the inner call completes (or when it is dropped itself).
+
+use std::cell::RefCell;
+use std::future::{Future, IntoFuture};
+
+use tokio::task::futures::TaskLocalFuture;
+
+use crate::error::AdmitError;
+use crate::queue::SlotPermit;
+
+tokio::task_local! {
+    static HELD: RefCell<Option<SlotPermit>>;
+}
+
+/// Runs `inner` with `permit` as the slot its task holds.
+pub(super) fn holding<F: Future>(
+    permit: SlotPermit,
+    inner: F,
+) -> TaskLocalFuture<RefCell<Option<SlotPermit>>, F> {
+    HELD.scope(RefCell::new(Some(permit)), inner)
+}
+
+/// Gives the slot of the request this task is serving back while `wait`
+/// runs, then asks for it again: the tower counterpart of
+/// [`SlotPermit::release_during`], for handlers behind
+/// [`AdmissionLayer`](super::AdmissionLayer), which holds the permit itself.
+///
+/// The second admission is the request's own `WorkInfo` again (its tenant,
+/// priority, create time and deadline), ordered and refused as any
+/// admission is. The wait's output always comes back; beside it, `Ok(())`
+/// once the slot is held again, or the refusal, after which the request
+/// holds no slot and the handler should answer as a refused request would
+/// (a 503, say). Outside a request admitted by the layer (in a task the
+/// handler spawned, or with no layer at all), or while another
+/// `release_during` of the same request has the slot, there is nothing to
+/// give back: `wait` simply runs and `Ok(())` comes back.
+///
+/// ```
+/// # async fn query() -> Vec<u32> { vec![1, 2, 3] }
+/// # async fn handler() -> Result<String, admission::AdmitError> {
+/// let (rows, admitted) = admission::tower::release_during(query()).await;
+/// admitted?; // refused after the wait: answer as a refusal
+/// Ok(format!("{} rows", rows.len()))
+/// # }
+/// # tokio::runtime::Builder::new_current_thread().build().unwrap()
+/// #     .block_on(async { assert_eq!(handler().await.unwrap(), "3 rows") });
+/// ```
+pub async fn release_during<F: IntoFuture>(wait: F) -> (F::Output, Result<(), AdmitError>) {
+    // Taken now and the borrow ended at once: nothing is borrowed across an
+    // await, so a second call (joined beside this one) finds the cell empty
+    // instead of panicking.
+    let held = HELD
+        .try_with(|cell| cell.borrow_mut().take())
+        .ok()
+        .flatten();
+    let Some(permit) = held else {
+        return (wait.await, Ok(()));
+    };
+    let (output, again) = permit.release_during(wait).await;
+    match again {
+        Ok(permit) => {
+            // Back in the cell, so that the response future returns it when
+            // the call completes. The scope is the one `take` ran in: this
+            // future is polled only inside the inner call.
+            let _ = HELD.try_with(|cell| cell.borrow_mut().replace(permit));
+            (output, Ok(()))
+        }
+        Err(error) => (output, Err(error)),
+    }
+}
