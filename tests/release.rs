@@ -150,3 +150,28 @@ async fn dropping_it_during_the_wait_or_the_second_admission_loses_no_slot() {
     assert_eq!(queue.granter_snapshot().used, 0);
     assert_eq!(queue.waiting(), 0);
 }
+
+/// A named type, so that it can be stored without boxing, and fused, so
+/// that a `select!` loop can tell it is done.
+#[tokio::test(start_paused = true)]
+async fn the_future_can_be_stored_and_tells_when_it_is_done() {
+    use futures::future::FusedFuture;
+
+    struct Stored {
+        future: admission::ReleaseDuring<std::future::Ready<u8>>,
+    }
+    let queue = WorkQueue::new(1).unwrap();
+    let permit = admit_now(&queue, WorkInfo::new(TenantId::new(1), Priority::NORMAL));
+    let stored = Stored {
+        future: permit.release_during(std::future::ready(5)),
+    };
+    assert!(format!("{:?}", stored.future).contains("waiting"));
+    let mut future = std::pin::pin!(stored.future);
+    assert!(!future.is_terminated());
+    let (five, again) = future.as_mut().await;
+    assert_eq!(five, 5);
+    assert!(future.is_terminated());
+    assert!(format!("{:?}", future).contains("done"));
+    drop(again.unwrap());
+    assert_eq!(queue.granter_snapshot().used, 0);
+}

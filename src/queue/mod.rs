@@ -22,7 +22,7 @@ mod work;
 
 pub use admit::Admit;
 pub use epoch::EpochLifo;
-pub use permit::SlotPermit;
+pub use permit::{ReleaseDuring, SlotPermit};
 pub use tokens::TokenQueues;
 
 use std::fmt;

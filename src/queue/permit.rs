@@ -2,6 +2,11 @@
 
 use std::fmt;
 use std::future::{Future, IntoFuture};
+use std::pin::Pin;
+use std::task::{ready, Context, Poll};
+
+use futures_core::FusedFuture;
+use pin_project::pin_project;
 
 use super::admit::Admit;
 use super::state::Charge;
@@ -109,20 +114,90 @@ impl SlotPermit<SlotGranter> {
     /// # Ok(())
     /// # }
     /// ```
-    pub fn release_during<F: IntoFuture>(
-        self,
-        wait: F,
-    ) -> impl Future<Output = (F::Output, Result<SlotPermit<SlotGranter>, AdmitError>)> {
-        let shared = self.shared.clone();
-        let work = self.work.clone();
+    pub fn release_during<F: IntoFuture>(self, wait: F) -> ReleaseDuring<F::IntoFuture> {
+        let again = (self.shared.clone(), self.work.clone());
         // Now, not at the first poll: the slots are free for others even
         // if the returned future is never polled.
         drop(self);
-        async move {
-            let output = wait.await;
-            let again = Admit::new(shared, work).await;
-            (output, again)
+        ReleaseDuring {
+            state: ReleaseState::Waiting {
+                wait: wait.into_future(),
+                again: Some(again),
+            },
         }
+    }
+}
+
+/// The future returned by [`SlotPermit::release_during`]: the wait, then
+/// the second admission. A named type, like [`Admit`], so that it can be
+/// stored without boxing; cancel-safe at every point.
+#[pin_project]
+#[must_use = "futures do nothing unless polled"]
+pub struct ReleaseDuring<F: Future> {
+    #[pin]
+    state: ReleaseState<F>,
+}
+
+#[pin_project(project = ReleaseProjection)]
+enum ReleaseState<F: Future> {
+    Waiting {
+        #[pin]
+        wait: F,
+        /// What the second admission needs; taken when the wait ends.
+        again: Option<(Arc<Shared<SlotGranter>>, WorkInfo)>,
+    },
+    Admitting {
+        #[pin]
+        admit: Admit,
+        /// The wait's output, held until the admission settles.
+        output: Option<F::Output>,
+    },
+    Done,
+}
+
+impl<F: Future> Future for ReleaseDuring<F> {
+    type Output = (F::Output, Result<SlotPermit<SlotGranter>, AdmitError>);
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let mut this = self.project();
+        loop {
+            match this.state.as_mut().project() {
+                ReleaseProjection::Waiting { wait, again } => {
+                    let output = ready!(wait.poll(cx));
+                    let (shared, work) = again.take().expect("taken once, when the wait ends");
+                    this.state.set(ReleaseState::Admitting {
+                        admit: Admit::new(shared, work),
+                        output: Some(output),
+                    });
+                }
+                ReleaseProjection::Admitting { admit, output } => {
+                    let admitted = ready!(admit.poll(cx));
+                    let output = output.take().expect("taken once, when admission settles");
+                    this.state.set(ReleaseState::Done);
+                    return Poll::Ready((output, admitted));
+                }
+                ReleaseProjection::Done => panic!("`ReleaseDuring` polled after it completed"),
+            }
+        }
+    }
+}
+
+impl<F: Future> FusedFuture for ReleaseDuring<F> {
+    fn is_terminated(&self) -> bool {
+        matches!(self.state, ReleaseState::Done)
+    }
+}
+
+impl<F: Future> fmt::Debug for ReleaseDuring<F> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let state = match &self.state {
+            ReleaseState::Waiting { .. } => "waiting",
+            ReleaseState::Admitting { .. } => "admitting",
+            ReleaseState::Done => "done",
+        };
+        f.debug_struct("ReleaseDuring")
+            .field("state", &state)
+            .finish()
     }
 }
 
