@@ -252,3 +252,52 @@ async fn the_class_travels_through_two_chained_servers() {
         "the back's class and the deadline passed on: {back}"
     );
 }
+
+/// A handler behind the layer in a real server gives its slot back while it
+/// waits (`admission::tower::release_during`): with one slot, another
+/// request is served meanwhile, and the first one holds a slot again when it
+/// goes on.
+#[tokio::test]
+async fn a_handler_waiting_on_io_lets_another_request_through_its_slot() {
+    let queue = WorkQueue::new(1).unwrap();
+    let go_on = Arc::new(Notify::new());
+    let waiting = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let seen = queue.clone();
+    let (flag, resume) = (waiting.clone(), go_on.clone());
+    let routes = Router::new()
+        .route(
+            "/wait",
+            get(move || {
+                let (seen, flag, resume) = (seen.clone(), flag.clone(), resume.clone());
+                async move {
+                    let (_, admitted) = admission::tower::release_during(async {
+                        flag.store(true, std::sync::atomic::Ordering::SeqCst);
+                        resume.notified().await;
+                    })
+                    .await;
+                    admitted.unwrap();
+                    format!("held {}", seen.snapshot().granter.used)
+                }
+            }),
+        )
+        .route("/quick", get(|| async { "quick" }));
+    let address = serve(queue.clone(), routes).await;
+    let first = tokio::spawn(client().request(get_request(address, "/wait", &[])));
+    eventually("the handler waits with its slot given back", || {
+        waiting.load(std::sync::atomic::Ordering::SeqCst) && queue.snapshot().granter.used == 0
+    })
+    .await;
+
+    let quick = client()
+        .request(get_request(address, "/quick", &[]))
+        .await
+        .unwrap();
+    assert_eq!(quick.status(), 200);
+    assert_eq!(text(quick).await, "quick");
+
+    go_on.notify_one();
+    let first = first.await.unwrap().unwrap();
+    assert_eq!(first.status(), 200);
+    assert_eq!(text(first).await, "held 1");
+    eventually("the slot comes back", || queue.snapshot().granter.used == 0).await;
+}
