@@ -16,7 +16,9 @@
 //!   100 µs chunks with `yield_now` between them, a 20 ms deadline, a fresh
 //!   tenant id every four requests (so the tenant table sees thousands of
 //!   one-off tenants a second), usage counted as granted so that records
-//!   outlive their permits.
+//!   outlive their permits. A quarter of the requests wait 1 ms on a timer
+//!   half-way through, their slot given back meanwhile
+//!   (`SlotPermit::release_during`), and are admitted again.
 //! * **IO**: an [`IoController`] over a simulated LSM whose L0 grows with
 //!   the bytes written and shrinks at a fixed compaction rate; one reading
 //!   in 50 panics. Writers take byte tokens at an estimate and correct them
@@ -497,22 +499,34 @@ async fn cpu_request(controller: &Controller, tally: &Tally, seq: u64) {
         .priority(priority)
         .timeout(DEADLINE)
         .build();
-    match controller.admit(work).await {
-        Ok(permit) => {
-            let mut left = SERVICE;
-            while !left.is_zero() {
-                let chunk = left.min(CHUNK);
-                spin(chunk);
-                left -= chunk;
-                tokio::task::yield_now().await;
+    let Ok(mut permit) = controller.admit(work).await else {
+        tally.cpu_refused.fetch_add(1, Ordering::Relaxed);
+        return;
+    };
+    let mut left = SERVICE;
+    while !left.is_zero() {
+        let chunk = left.min(CHUNK);
+        spin(chunk);
+        left -= chunk;
+        if seq % 4 == 0 && left == SERVICE / 2 {
+            // A quarter of the requests wait on IO half-way through, with
+            // their slot given back meanwhile: the second admission runs
+            // under the same chaos as the first.
+            let ((), again) = permit
+                .release_during(tokio::time::sleep(Duration::from_millis(1)))
+                .await;
+            match again {
+                Ok(again) => permit = again,
+                Err(_) => {
+                    tally.cpu_refused.fetch_add(1, Ordering::Relaxed);
+                    return;
+                }
             }
-            drop(permit);
-            tally.cpu_ok.fetch_add(1, Ordering::Relaxed);
         }
-        Err(_) => {
-            tally.cpu_refused.fetch_add(1, Ordering::Relaxed);
-        }
+        tokio::task::yield_now().await;
     }
+    drop(permit);
+    tally.cpu_ok.fetch_add(1, Ordering::Relaxed);
 }
 
 async fn io_write(io: &IoController, tally: &Tally, written: &AtomicU64, seq: u64) {
