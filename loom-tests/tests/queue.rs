@@ -200,3 +200,36 @@ fn release_cancel_and_a_newcomer_all_race() {
         );
     });
 }
+
+/// Work that gave its slot back for a wait asks for it again while another
+/// request asks for the same slot (`SlotPermit::release_during`: a release,
+/// then an ordinary admission). Both are admitted, one after the other, in
+/// every interleaving: a lost wake-up would leave a blocked thread and loom
+/// would report a deadlock. At the end the slot is back and each admission
+/// was counted once.
+#[test]
+fn a_released_permit_asking_again_races_a_newcomer() {
+    model(|| {
+        let queue = WorkQueue::new(1).unwrap();
+        let held = admitted_now(&queue, 1);
+
+        let returning = thread::spawn(move || {
+            let ((), again) = loom::future::block_on(held.release_during(std::future::ready(())));
+            drop(again.unwrap());
+        });
+        let newcomer = {
+            let queue = queue.clone();
+            thread::spawn(move || {
+                let permit = loom::future::block_on(queue.admit(work(2))).unwrap();
+                drop(permit);
+            })
+        };
+        returning.join().unwrap();
+        newcomer.join().unwrap();
+
+        let snapshot = queue.snapshot();
+        assert_eq!((snapshot.granter.used, snapshot.waiting), (0, 0));
+        let normal = snapshot.priority(Priority::NORMAL).unwrap();
+        assert_eq!((normal.requested, normal.admitted), (3, 3));
+    });
+}
