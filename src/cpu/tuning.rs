@@ -69,8 +69,13 @@
 //! here, because it did not help every service: with handlers that wait on
 //! a timer as long as they compute, the controller settled at a lower total
 //! (a mean of 3.8–6.3 slots against 6.5–7.2) and goodput read 49.5% and
-//! 62.8% (two valid runs) against 61.4–68.0% (four); why is not yet
-//! understood. Nor lower than 8: at 1, with `yield_now` handlers, the high
+//! 62.8% (two valid runs) against 61.4–68.0% (four). A later pair with
+//! the decisions printed read 58.5% against 57.2%: on both the total went
+//! up and down by one slot some 1,400–1,800 times, every decrease called
+//! by the inversion rule, so the difference may be the runs' spread; such
+//! handlers should give their slot back for the wait instead
+//! ([`SlotPermit::release_during`](crate::SlotPermit::release_during)).
+//! Nor lower than 8: at 1, with `yield_now` handlers, the high
 //! class was served within its SLO 40–42% of the time (two runs). Reading
 //! tokio 1.54's worker (not instrumented): every driver poll wakes the
 //! tasks `yield_now` deferred as ordinary wakes, into the LIFO slot, so at
