@@ -10,8 +10,9 @@
 //!
 //! * **frontend**: `demo.Frontend/Work`, behind
 //!   `AdmissionLayer::for_controller(..).http()`, the same layer as the axum
-//!   example. Its handler computes for a millisecond, then calls the
-//!   backend through a channel wrapped in `PropagateLayer`, so the call
+//!   example. Its handler computes for a millisecond, gives its slot back
+//!   (`admission::tower::release_slot`: only waiting is left), then calls
+//!   the backend through a channel wrapped in `PropagateLayer`, so the call
 //!   carries the request's tenant, priority and *remaining* deadline.
 //! * **backend**: `demo.Backend/Echo` answers with the class headers it
 //!   received.
@@ -219,6 +220,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         let mut to_backend = to_backend.clone();
         async move {
             compute(Duration::from_millis(1));
+            // The computing is done: what is left is waiting on the
+            // backend, which the slot would only hold idle.
+            admission::tower::release_slot();
             to_backend
                 .ready()
                 .await

@@ -348,3 +348,39 @@ async fn release_during_outside_the_layer_just_waits() {
     assert_eq!(value, 7);
     assert!(admitted.is_ok());
 }
+
+/// A handler whose computation is done gives its slot back for good: the
+/// rest of its call (here, a wait) holds none, and the response completes
+/// without asking again.
+#[tokio::test(start_paused = true)]
+async fn a_handler_left_only_with_waiting_gives_its_slot_back_for_good() {
+    let queue = WorkQueue::new(1).unwrap();
+    let seen = queue.clone();
+    let (go_on, resumed) = oneshot::channel::<()>();
+    let resumed = std::sync::Arc::new(std::sync::Mutex::new(Some(resumed)));
+    let inner = service_fn(move |_: (u64, i8)| {
+        let (seen, resumed) = (seen.clone(), resumed.clone());
+        async move {
+            let held_before = seen.snapshot().granter.used;
+            let released = admission::tower::release_slot();
+            let released_again = admission::tower::release_slot();
+            let wait = resumed.lock().unwrap().take().unwrap();
+            let _ = wait.await;
+            Ok::<_, Infallible>((held_before, released, released_again))
+        }
+    });
+    let mut service = AdmissionLayer::new(queue.clone(), classify).layer(inner);
+    let mut call = Box::pin(service.ready().await.unwrap().call((1, 0)));
+    assert!(poll_once(&mut call).is_pending());
+    assert_eq!(
+        queue.snapshot().granter.used,
+        0,
+        "nothing held while it waits"
+    );
+    go_on.send(()).unwrap();
+    assert_eq!(call.await.unwrap(), (1, true, false));
+    let snapshot = queue.snapshot();
+    assert_eq!(snapshot.granter.used, 0);
+    assert_eq!(snapshot.priority(Priority::NORMAL).unwrap().admitted, 1);
+    assert!(!admission::tower::release_slot(), "outside the layer");
+}

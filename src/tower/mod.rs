@@ -9,7 +9,9 @@
 //! dropped. A handler that waits on IO in the middle of its work can give
 //! the slot back for the wait with [`release_during`] (see
 //! [`SlotPermit::release_during`](crate::SlotPermit::release_during) for
-//! why it keeps priority true).
+//! why it keeps priority true), and one left only with waiting (a call to
+//! another service, a response to stream) can give it back for good with
+//! [`release_slot`].
 //!
 //! **HTTP mode** ([`AdmissionLayer::http`]): a refused request is answered with
 //! a response (503 by default, or 429, with `Retry-After` from the queue's
@@ -152,6 +154,6 @@ pub use layer::AdmissionLayer;
 pub use propagate::{
     current_work, format_grpc_timeout, parse_grpc_timeout, PropagateLayer, PropagateService,
 };
-pub use release::release_during;
+pub use release::{release_during, release_slot};
 pub use service::{AdmissionService, CLASSIFIER_FALLBACK_PRIORITY};
 pub use status::{rejection_response, status_for};

@@ -1,6 +1,7 @@
 //! The admitted request's slot, reachable from its handler: so that a
 //! handler behind [`AdmissionLayer`](super::AdmissionLayer) can give it back
-//! while it waits on IO ([`release_during`]).
+//! while it waits on IO ([`release_during`]), or for good once only waiting
+//! is left ([`release_slot`]).
 //!
 //! The response future keeps the permit in a task-local cell around the
 //! inner call rather than beside it: the handler runs inside that scope, so
@@ -75,4 +76,27 @@ pub async fn release_during<F: IntoFuture>(wait: F) -> (F::Output, Result<(), Ad
         }
         Err(error) => (output, Err(error)),
     }
+}
+
+/// Gives the slot of the request this task is serving back for good: for a
+/// handler whose computation is done and whose remaining time is a wait (a
+/// call to another service whose answer it passes on, a response it streams
+/// out), which a slot would only hold idle. Returns whether the request held
+/// one: `false` outside a request admitted by the layer, after an earlier
+/// call, or while [`release_during`] has it.
+///
+/// Unlike [`release_during`], nothing asks for the slot again, so nothing
+/// can refuse the request afterwards.
+///
+/// ```
+/// # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {
+/// // Outside a request admitted by the layer there is no slot to give back.
+/// assert!(!admission::tower::release_slot());
+/// # });
+/// ```
+pub fn release_slot() -> bool {
+    HELD.try_with(|cell| cell.borrow_mut().take())
+        .ok()
+        .flatten()
+        .is_some()
 }
