@@ -212,7 +212,7 @@ impl HandlerEnv {
                 self.chunks(service.saturating_sub(locked)).await;
             }
             Awaits::Io | Awaits::IoReleased => {
-                let first = service / 2;
+                let first = Self::before_io(service);
                 self.chunks(first).await;
                 tokio::time::sleep(service).await;
                 self.chunks(service - first).await;
@@ -225,6 +225,8 @@ impl HandlerEnv {
         service / 2
     }
 
+    /// Computes for `left`, giving the worker back between chunks as the
+    /// style says.
     pub async fn chunks(&self, mut left: Duration) {
         let longest = match self.kind.yielding {
             Yielding::YieldNow | Yielding::SelfWake => CHUNK,

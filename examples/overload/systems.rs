@@ -411,13 +411,7 @@ impl Sut {
                 let service = request.service;
                 match pool.spawn(work, move || units.run(service)).await {
                     Ok(()) => {}
-                    Err(PoolError::Admit(
-                        AdmitError::DeadlineExceeded { .. } | AdmitError::DeadlinePassed,
-                    )) => {
-                        return Outcome::Expired {
-                            latency: since(Instant::now()),
-                        }
-                    }
+                    Err(PoolError::Admit(error)) => return refused(error),
                     // Closed when the run ended: never served.
                     Err(PoolError::Closed) => return Outcome::Unfinished,
                     Err(_) => {

@@ -55,14 +55,7 @@ pub(super) fn holding<F: Future>(
 /// #     .block_on(async { assert_eq!(handler().await.unwrap(), "3 rows") });
 /// ```
 pub async fn release_during<F: IntoFuture>(wait: F) -> (F::Output, Result<(), AdmitError>) {
-    // Taken now and the borrow ended at once: nothing is borrowed across an
-    // await, so a second call (joined beside this one) finds the cell empty
-    // instead of panicking.
-    let held = HELD
-        .try_with(|cell| cell.borrow_mut().take())
-        .ok()
-        .flatten();
-    let Some(permit) = held else {
+    let Some(permit) = take_held() else {
         return (wait.await, Ok(()));
     };
     let (output, again) = permit.release_during(wait).await;
@@ -95,8 +88,15 @@ pub async fn release_during<F: IntoFuture>(wait: F) -> (F::Output, Result<(), Ad
 /// # });
 /// ```
 pub fn release_slot() -> bool {
+    take_held().is_some()
+}
+
+/// The permit of the request this task is serving, out of its cell; `None`
+/// outside the layer's scope or when the cell is empty. The borrow ends
+/// here: nothing is borrowed across an await, so a second call (joined
+/// beside a `release_during`) finds the cell empty instead of panicking.
+fn take_held() -> Option<SlotPermit> {
     HELD.try_with(|cell| cell.borrow_mut().take())
         .ok()
         .flatten()
-        .is_some()
 }
