@@ -336,8 +336,6 @@ fn closed_loop(
     }
 }
 
-/// Runs `spec` against `system` and collects every request's outcome; an
-/// error when the run could not be set up.
 /// The server side of [`Dispatch::Socket`]: [`SOCKET_CONNECTIONS`]
 /// loopback TCP connections, each read by a task in `runtime` that turns
 /// every four-byte frame (a request's index in `plan`) into a handler task
@@ -384,6 +382,8 @@ where
     Ok(clients)
 }
 
+/// Runs `spec` against `system` and collects every request's outcome; an
+/// error when the run could not be set up.
 pub fn run(bench: &Bench, system: System, spec: &RunSpec) -> Result<RunResult, String> {
     if let System::Ideal { servers } = system {
         return Ok(simulate_ideal(bench, servers, spec));

@@ -542,7 +542,9 @@ pub fn matrix_table(rows: &[SummaryRow]) -> String {
     table
 }
 
-/// W1: one class, offered at 0.5x to 4x C.
+/// W1: one class, offered at 0.5x to 4x C, with a fixed total of one slot
+/// per worker beside the controller (the best fixed total on W2), and
+/// `refuse-all` for the most any system could serve at each load.
 pub fn w1(
     bench: &Bench,
     dir: &Path,
@@ -561,6 +563,7 @@ pub fn w1(
         System::TowerShed { limit: WORKERS },
         System::admission(),
         System::AdmissionDefaults,
+        System::admission_fixed("admission-fixed", WORKERS as u64),
         System::Ideal { servers: WORKERS },
     ]
     .into_iter()

@@ -226,6 +226,20 @@
 //! points of C on cores of its own when collecting grants, 20–30 on
 //! shared ones.
 //!
+//! Preemption, which the ideal row does not have, was tried and rejected
+//! on two cores. Linux gives a thread that wakes from sleep a core within
+//! tens of microseconds even while every core runs a busy thread (a
+//! standalone test on this VM: wake-up p99 59 µs beside two spinning
+//! threads, a 500 µs burst not stretched), so a thread beyond the total for
+//! high-priority work would not wait out anybody's remainder. Sending the
+//! high class to a borrowed thread whenever the pool's thread was busy
+//! (marking it `bypass`, in W2-pool-split) made its p99 5.7x alone and
+//! goodput 64.7% against 76.7% the same run: the third runnable thread
+//! takes its core from the tokio worker that takes the arrivals in.
+//! Lowering the pool threads' OS priority (niceness 10) beside the workers
+//! in W2-pool moved nothing beyond the runs' spread (goodput 56.8–73.0%
+//! against 62.3–74.2%, two runs each).
+//!
 //! # When to prefer the pool
 //!
 //! Prefer the pool for work that cannot yield, or should not: a call into
