@@ -67,7 +67,14 @@
 //! not running: the direct sign of CPU overload, unlike utilization) and
 //! moves the slot total one step at a time, down when runnable per worker
 //! reaches a threshold, up when it is at most half of it and every slot is
-//! in use, and not at all in between. When freed slots come back in a
+//! in use, and not at all in between. That signal cannot see a task parked
+//! by `yield_now` or an exhausted cooperative budget, so a second one is
+//! read off the admitted work itself: how much longer work holds its slot
+//! than it does with a worker to itself. Holds grown twofold cut the total
+//! at once in proportion, by 40% (or higher-priority work finishing late
+//! while lower-priority work completes) take a slot, and the first rule may
+//! add a slot only after windows of holds near their unloaded value
+//! ([`cpu::inflation`]). When freed slots come back in a
 //! burst, only a few grants go out until their tasks have actually started
 //! running (grant pacing). When the node is idle, sampling slows down and
 //! admission stops enforcing. See [`cpu`] for the measurements behind the
@@ -162,10 +169,12 @@
 //! # One request's path
 //!
 //! [`WorkQueue::admit`] returns an [`Admit`] future. On its first poll it
-//! takes the queue's lock once: bypass work is admitted and counted; work
-//! whose deadline has passed fails at once; if nobody is waiting and the
-//! granter has capacity, the request is admitted on the fast path; if the
-//! queue is full it is rejected; otherwise it is enqueued. When capacity
+//! takes the queue's lock once: on a closed queue it fails; bypass work is
+//! admitted and counted; work whose deadline has passed fails at once; if
+//! nobody is waiting and the granter has capacity, the request is admitted
+//! on the fast path; a request larger than the granter can ever give, a
+//! full queue, and (with early rejection) a request that would miss its
+//! deadline are refused; otherwise it is enqueued. When capacity
 //! comes back, the queue grants it **directly** to the first waiter in order,
 //! under the lock, and wakes that waiter after releasing it, so no
 //! newcomer can barge in between and no herd is woken. The admitted work
@@ -208,7 +217,9 @@
 //!   the per-class [`TokenQueues`](queue::TokenQueues).
 //! * [`grant`]: the requester and granter interfaces, the [`SlotGranter`]
 //!   and the [`TokenGranter`].
-//! * [`cpu`]: the CPU signal, the AIAD slot adjuster and the [`cpu::Controller`].
+//! * [`cpu`]: the CPU signal, the AIAD slot adjuster, the hold-inflation
+//!   signal ([`cpu::inflation`]), [`cpu::configure_runtime`] and the
+//!   [`cpu::Controller`].
 //! * [`io`]: the IO signal: LSM stats, the load listener's byte tokens, the
 //!   token drip, the [`io::IoController`] and the fjall adapter.
 //! * [`gpu`]: device profiles, ledgers and memory grants, the GPU query
@@ -219,6 +230,8 @@
 //! * [`observe`]: snapshots and wait-time histograms.
 //! * [`export`]: metrics through the `metrics` facade (feature `metrics`).
 //! * [`error`]: [`AdmitError`] and [`ConfigError`].
+//! * [`health`]: the panic boundaries around every callback, and
+//!   [`ComponentHealth`] in snapshots.
 //! * `tower` (feature `tower`): `AdmissionLayer`, admission as tower middleware.
 //!
 //! `docs/ARCHITECTURE.md` in the repository draws the modules and the path of

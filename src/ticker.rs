@@ -87,6 +87,12 @@ impl Ticker {
     pub(crate) fn stop(&self) {
         self.stop.store(true, Ordering::Release);
         if let Some(thread) = self.thread.lock().take() {
+            // Stopped from its own tick (a callback that closes its own
+            // controller): the loop sees the flag when the tick returns,
+            // and a thread cannot join itself.
+            if thread.thread().id() == std::thread::current().id() {
+                return;
+            }
             thread.thread().unpark();
             let name = thread.thread().name().unwrap_or("ticker").to_owned();
             // The loop catches every tick's panic; only one that escapes

@@ -11,13 +11,24 @@
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
+use std::time::Duration;
+
 use tokio::time::{Instant, Sleep};
+
+/// Deadlines further out than this fire at this distance instead: tokio
+/// rounds a deadline up to its next millisecond when the timer is first
+/// polled, which overflows (and panics) within a millisecond of the
+/// largest `Instant`. Thirty years is tokio's own "far future".
+const FAR_FUTURE: Duration = Duration::from_secs(86_400 * 365 * 30);
 
 /// A timer firing at `deadline`, or `None` where no tokio timer is
 /// available.
 pub(crate) fn sleep_until(deadline: Instant) -> Option<Sleep> {
     // Outside any runtime there is no timer to find; no need to panic.
     tokio::runtime::Handle::try_current().ok()?;
+    let deadline = Instant::now()
+        .checked_add(FAR_FUTURE)
+        .map_or(deadline, |far| deadline.min(far));
     match catch_unwind(AssertUnwindSafe(|| tokio::time::sleep_until(deadline))) {
         Ok(sleep) => Some(sleep),
         Err(_) => {

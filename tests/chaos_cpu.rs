@@ -256,6 +256,44 @@ fn the_sampler_thread_survives_a_signal_that_always_panics() {
     controller.close();
 }
 
+#[test]
+fn a_signal_that_closes_its_own_controller_closes_it() {
+    // The sampler thread cannot join itself: closing from inside a sample
+    // used to panic there (caught by the signal's boundary) before the
+    // queue was closed, leaving an open queue with no sampler.
+    let own: Arc<std::sync::OnceLock<std::sync::Weak<Controller>>> = Arc::default();
+    let (closed, closes) = std::sync::mpsc::channel();
+    let signal = {
+        let own = own.clone();
+        let mut samples = 0u32;
+        move || -> CpuLoad {
+            samples += 1;
+            if samples == 3 {
+                if let Some(controller) = own.get().and_then(std::sync::Weak::upgrade) {
+                    controller.close();
+                    let _ = closed.send(());
+                }
+            }
+            CpuLoad::new(0, 1)
+        }
+    };
+    let controller = Arc::new(
+        Controller::with_signal(signal)
+            .period(Duration::from_millis(1))
+            .idle_period(Duration::from_millis(1))
+            .build()
+            .unwrap(),
+    );
+    own.set(Arc::downgrade(&controller)).unwrap();
+    closes
+        .recv_timeout(Duration::from_secs(60))
+        .expect("the sampler's close returned");
+    assert!(controller.queue().is_closed());
+    let snapshot = controller.snapshot();
+    assert_eq!(snapshot.signal.panics, 0, "{snapshot:?}");
+    drop(controller);
+}
+
 /// Every setting of the builder at its absurd values: each is a
 /// `ConfigError` naming the setting, never a panic and never a controller
 /// that cannot admit or cannot enforce.

@@ -119,6 +119,46 @@ fn a_deadline_that_has_to_wait_on_a_runtime_without_timers_is_a_typed_error() {
     });
 }
 
+/// The latest `Instant` the clock can represent from `from`, to the
+/// nanosecond: a "never" sentinel, as a caller probing with `checked_add`
+/// would build it.
+fn latest_instant(from: Instant) -> Instant {
+    let (mut fits, mut overflows) = (Duration::ZERO, Duration::MAX);
+    while overflows - fits > Duration::from_nanos(1) {
+        let mid = fits + (overflows - fits) / 2;
+        if from.checked_add(mid).is_some() {
+            fits = mid;
+        } else {
+            overflows = mid;
+        }
+    }
+    from + fits
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_deadline_at_the_end_of_time_waits_instead_of_panicking() {
+    // tokio rounds a timer's deadline up to its next millisecond on the
+    // first poll, which overflowed within a millisecond of the largest
+    // `Instant` and panicked inside the request's task.
+    let t0 = Instant::now();
+    let queue = WorkQueue::new(1).unwrap();
+    let held = admit_now(&queue, work(1, 0, t0, 0));
+    let never = WorkInfo::builder()
+        .tenant(TenantId::new(2))
+        .deadline(latest_instant(t0))
+        .build();
+    let mut waiting = enqueue(&queue, never);
+    tokio::time::advance(Duration::from_secs(3_600)).await;
+    assert!(
+        try_settle(&mut waiting).is_none(),
+        "still waiting an hour on"
+    );
+    drop(held);
+    let permit = try_settle(&mut waiting).expect("granted").unwrap();
+    drop(permit);
+    assert_eq!(queue.snapshot().granter.used, 0);
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_request_larger_than_the_total_is_refused_at_once_and_blocks_nobody() {
     let t0 = Instant::now();

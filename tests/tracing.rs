@@ -275,3 +275,96 @@ fn a_subscriber_panicking_as_a_wait_settles_loses_no_slot_and_no_place() {
         "the permit made before the panic returned the slot as it unwound"
     );
 }
+
+/// A subscriber layer that panics whenever a span is created: here, the
+/// span a wait opens as it begins.
+struct PanicsOnNewSpan;
+
+impl<S: Subscriber> Layer<S> for PanicsOnNewSpan {
+    fn on_new_span(&self, _: &Attributes<'_>, _: &Id, _: Context<'_, S>) {
+        panic!("subscriber down")
+    }
+}
+
+#[test]
+fn a_subscriber_panicking_as_a_wait_begins_leaves_no_waiter_behind() {
+    use std::panic::{catch_unwind, AssertUnwindSafe};
+
+    let subscriber = tracing_subscriber::registry().with(PanicsOnNewSpan);
+    let queue = WorkQueue::new(1).unwrap();
+    tracing::subscriber::with_default(subscriber, || {
+        paused_runtime().block_on(async {
+            let t0 = Instant::now();
+            let held = admit_now(&queue, work(1, 0, t0, 0));
+            let mut waiting = tokio_test::task::spawn(queue.admit(work(1, 0, t0, 1)));
+            // The request is in the queue when the span is made, and the
+            // span's panic unwinds through the poll.
+            assert!(catch_unwind(AssertUnwindSafe(|| waiting.poll())).is_err());
+            drop(waiting);
+            assert_eq!(queue.waiting(), 0, "the dropped request left the queue");
+            drop(held);
+        });
+    });
+    let snapshot = queue.snapshot();
+    assert_eq!(
+        (snapshot.granter.used, snapshot.waiting),
+        (0, 0),
+        "no slot went to a request nobody polls"
+    );
+}
+
+/// A subscriber layer that panics on the event of a waiter expiring in
+/// the grant loop, where other waiters may already have been granted.
+struct PanicsOnExpiry;
+
+impl<S: Subscriber> Layer<S> for PanicsOnExpiry {
+    fn on_event(&self, event: &Event<'_>, _: Context<'_, S>) {
+        let mut fields = Fields::default();
+        event.record(&mut fields);
+        if fields
+            .0
+            .get("message")
+            .is_some_and(|m| m.contains("expired"))
+        {
+            panic!("subscriber down")
+        }
+    }
+}
+
+#[test]
+fn a_subscriber_panicking_on_an_expiry_in_the_grant_loop_stops_no_grant() {
+    use std::panic::{catch_unwind, AssertUnwindSafe};
+
+    let subscriber = tracing_subscriber::registry().with(PanicsOnExpiry);
+    let queue = WorkQueue::new(1).unwrap();
+    tracing::subscriber::with_default(subscriber, || {
+        paused_runtime().block_on(async {
+            let t0 = Instant::now();
+            let held = admit_now(&queue, work(1, 0, t0, 0));
+            // In line, highest priority first: one granted before the
+            // expiry, one after it.
+            let mut before = enqueue(&queue, work(1, 10, t0, 1));
+            // A deadline that passes while it waits unpolled: the grant
+            // loop expires it, and the subscriber panics on that event.
+            let expiring = WorkInfo::builder()
+                .tenant(TenantId::new(1))
+                .priority(Priority::new(5))
+                .create_time(t0)
+                .deadline(t0 + Duration::from_millis(5))
+                .build();
+            let expiring = enqueue(&queue, expiring);
+            let mut after = enqueue(&queue, work(1, 0, t0, 2));
+            tokio::time::advance(Duration::from_millis(10)).await;
+            // Two slots more: both live waiters get one. The event is
+            // logged once the lock is released and the waiters woken, so
+            // its panic reaches the caller without stopping the loop.
+            assert!(catch_unwind(AssertUnwindSafe(|| queue.set_total_slots(3))).is_err());
+            assert!(before.is_woken() && after.is_woken());
+            let first = try_settle(&mut before).expect("granted").unwrap();
+            let second = try_settle(&mut after).expect("granted").unwrap();
+            drop((first, second, held, expiring));
+        });
+    });
+    let snapshot = queue.snapshot();
+    assert_eq!((snapshot.granter.used, snapshot.waiting), (0, 0));
+}

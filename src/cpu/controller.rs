@@ -384,7 +384,9 @@ impl Controller {
 
     /// Stops and joins the sampler thread and closes the queue: waiters fail
     /// with [`AdmitError::Closed`](crate::AdmitError::Closed), permits already
-    /// granted stay valid. Idempotent; also done on drop.
+    /// granted stay valid. Idempotent; also done on drop. Called from the
+    /// sampler thread itself (by a signal), it stops the thread without
+    /// joining it: the thread ends when its tick returns.
     pub fn close(&self) {
         self.sampler.stop();
         self.core.queue.close();

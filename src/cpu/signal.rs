@@ -41,6 +41,13 @@ impl CpuLoad {
 /// closure `FnMut() -> CpuLoad` is a signal), and so can a service that runs
 /// on another executor. `sample` is called from the controller's sampler
 /// thread, every period (1 ms by default), so it should cost microseconds.
+///
+/// A tick holds the controller's own lock while it samples, so `sample`
+/// must not call [`Controller::step`](super::Controller::step) or
+/// [`snapshot`](super::Controller::snapshot) on the controller it feeds:
+/// that would wait on itself. [`close`](super::Controller::close) is
+/// fine (the sampler ends after the tick), as is anything on the
+/// controller's queue.
 pub trait CpuSignal: Send + 'static {
     /// Takes one sample.
     fn sample(&mut self) -> CpuLoad;

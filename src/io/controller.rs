@@ -245,7 +245,9 @@ impl IoController {
     }
 
     /// Stops and joins the ticker thread and closes the queue. Idempotent;
-    /// also done on drop.
+    /// also done on drop. Called from the ticker thread itself (by a
+    /// source), it stops the thread without joining it: the thread ends
+    /// when its tick returns.
     pub fn close(&self) {
         self.ticker.stop();
         self.core.queues.close();

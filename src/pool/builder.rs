@@ -135,8 +135,8 @@ impl CpuPoolBuilder {
     /// tenant table (default: those of
     /// [`ControllerBuilder::default_queue`](crate::cpu::ControllerBuilder::default_queue),
     /// early rejection, epoch-LIFO from the requests' deadlines,
-    /// [`Usage::Granted`](crate::Usage::Granted) and an elastic share of
-    /// 0.5, named `cpu_pool` for metrics). Its slot total is ignored: the
+    /// [`Usage::Granted`](crate::Usage::Granted), an elastic share of 0.5
+    /// and newcomers behind, named `cpu_pool` for metrics). Its slot total is ignored: the
     /// pool's is its thread count.
     pub fn queue(mut self, queue: WorkQueueBuilder) -> Self {
         self.queue = queue;

@@ -117,6 +117,13 @@ impl<G: Granter> Future for Admit<G> {
                     return Poll::Ready(Ok(permit));
                 }
                 Attempt::Rejected(error) => {
+                    tracing::debug!(
+                        target: "admission",
+                        tenant = %tenant,
+                        priority = %priority,
+                        %error,
+                        "admission rejected without queueing"
+                    );
                     export::settled(&shared.keys, priority, error.reason(), None);
                     coop.made_progress();
                     *this.shared = None;
@@ -124,23 +131,37 @@ impl<G: Granter> Future for Admit<G> {
                 }
                 Attempt::Queued { key } => {
                     let since = Instant::now();
+                    let deadline = work.deadline();
+                    // Queued before anything that calls the application's
+                    // code (the subscriber, below): if that panics, the
+                    // drop still takes the request out of the queue.
+                    *this.phase = Phase::Queued {
+                        key,
+                        work,
+                        span: tracing::Span::none(),
+                        since,
+                    };
                     let span = tracing::debug_span!(
                         target: "admission",
                         "admission_wait",
                         tenant = %tenant,
-                        priority = %work.priority(),
+                        priority = %priority,
                         outcome = tracing::field::Empty,
                         wait_us = tracing::field::Empty,
                     );
+                    if let Phase::Queued { span: kept, .. } = &mut *this.phase {
+                        *kept = span.clone();
+                    }
                     // Entered on every poll of the wait, as `Instrument`
                     // would: events of the wait (a deadline refusal) nest
                     // under it.
                     let entered = span.clone();
                     let _entered = entered.enter();
-                    if let Some(deadline) = work.deadline() {
+                    if let Some(deadline) = deadline {
                         let Some(timer) = crate::timer::sleep_until(deadline) else {
                             // Leaves the queue as a cancelled request would
                             // (a grant made meanwhile is passed on).
+                            *this.phase = Phase::Done;
                             shared.with_state(|state, granter, wakes| {
                                 state.cancel(key, granter, wakes)
                             });
@@ -152,12 +173,6 @@ impl<G: Granter> Future for Admit<G> {
                         };
                         this.timer.set(Some(timer));
                     }
-                    *this.phase = Phase::Queued {
-                        key,
-                        work,
-                        span,
-                        since,
-                    };
                     // The waker is already stored with the waiter; only the
                     // deadline timer (if any) needs this poll to register.
                     // A grant made since the lock was released has woken us.

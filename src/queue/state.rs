@@ -151,11 +151,24 @@ pub(crate) enum Observed {
     Failed(AdmitError),
 }
 
-/// Wakers collected under the lock, woken after it is released.
+/// Wakers collected under the lock, woken after it is released; with the
+/// waits that failed meanwhile, logged after that. A subscriber is the
+/// application's code: a panic in it must not unwind through the grant
+/// loop half-way, leaving free capacity beside waiters nobody will grant.
 #[derive(Debug, Default)]
 pub(crate) struct WakeList {
     first: Option<Waker>,
     rest: Vec<Waker>,
+    failed: Vec<FailedWait>,
+}
+
+/// A wait that failed under the lock, for the log.
+#[derive(Debug)]
+struct FailedWait {
+    tenant: TenantId,
+    priority: Priority,
+    waited: Duration,
+    reason: &'static str,
 }
 
 impl WakeList {
@@ -168,15 +181,42 @@ impl WakeList {
         }
     }
 
-    /// Wakes everything collected. Call only after the lock is released:
-    /// a woken task may run at once on another thread and ask for the lock.
-    pub(crate) fn wake_all(self) {
-        if let Some(first) = self.first {
+    /// Wakes everything collected, then logs the failed waits. Call only
+    /// after the lock is released: a woken task may run at once on another
+    /// thread and ask for the lock.
+    pub(crate) fn wake_all(mut self) {
+        self.wake_collected();
+        for failed in std::mem::take(&mut self.failed) {
+            tracing::debug!(
+                target: "admission",
+                tenant = %failed.tenant,
+                priority = %failed.priority,
+                waited_us = failed.waited.as_micros() as u64,
+                "{}",
+                failed.reason
+            );
+        }
+    }
+
+    fn wake_collected(&mut self) {
+        if let Some(first) = self.first.take() {
             first.wake();
         }
-        for waker in self.rest {
+        for waker in std::mem::take(&mut self.rest) {
             waker.wake();
         }
+    }
+}
+
+impl Drop for WakeList {
+    /// A panic under the lock (a granter's, caught and re-raised by none,
+    /// or one in this crate) unwinds past `wake_all`; the waiters already
+    /// granted or refused must still be woken, or those without a deadline
+    /// would sleep on their grant. The list is declared before the lock is
+    /// taken, so it drops after the lock is released. The failed waits are
+    /// not logged while unwinding: a second panic there would abort.
+    fn drop(&mut self) {
+        self.wake_collected();
     }
 }
 
@@ -595,15 +635,9 @@ impl QueueState {
         self.base_concurrency = base;
     }
 
+    /// Refused at the first poll; `Admit` logs it once the lock is released.
     fn reject(&mut self, work: &WorkInfo, error: AdmitError) -> Attempt {
         self.stats.settled(work.priority(), Settled::Errored);
-        tracing::debug!(
-            target: "admission",
-            tenant = %work.tenant(),
-            priority = %work.priority(),
-            %error,
-            "admission rejected without queueing"
-        );
         Attempt::Rejected(error)
     }
 
@@ -908,9 +942,13 @@ impl QueueState {
         wakes: &mut WakeList,
     ) -> Observed {
         if matches!(self.waiters[slab_key].state, WaiterState::Waiting { .. }) {
-            // Its own waker: the caller is that very future, already awake.
             let mut own = WakeList::default();
             self.expire(slab_key, Instant::now(), &mut own);
+            // Its waker is the caller's own, already awake: not woken. Its
+            // log goes out with the rest once the lock is released.
+            wakes.failed.append(&mut own.failed);
+            own.first = None;
+            own.rest.clear();
         }
         self.settle(slab_key, grants, wakes)
     }
@@ -1295,13 +1333,12 @@ impl QueueState {
             wakes.push(waker);
         }
         let (tenant, priority) = (waiter.tenant, waiter.priority);
-        tracing::debug!(
-            target: "admission",
-            tenant = %tenant,
-            priority = %priority,
-            waited_us = waited.as_micros() as u64,
-            "{reason}"
-        );
+        wakes.failed.push(FailedWait {
+            tenant,
+            priority,
+            waited,
+            reason,
+        });
         if self.lifo.is_some() {
             self.with_tenant(tenant, |t| t.states.waited(priority, waited, false));
         }
