@@ -298,8 +298,13 @@ impl<G: Granter> PinnedDrop for Admit<G> {
             // code (recorder, subscriber), which could panic here.
             let key = *key;
             shared.with_state(|state, granter, wakes| state.cancel(key, granter, wakes));
-            export::settled(&shared.keys, work.priority(), export::CANCELLED, None);
-            record_outcome(span, export::CANCELLED, *since);
+            // Dropped as its task unwinds, a second panic (the recorder's or
+            // the subscriber's) would abort the process: the count and the
+            // span's outcome are left out then.
+            if !std::thread::panicking() {
+                export::settled(&shared.keys, work.priority(), export::CANCELLED, None);
+                record_outcome(span, export::CANCELLED, *since);
+            }
         }
     }
 }

@@ -186,6 +186,11 @@ impl WakeList {
     /// thread and ask for the lock.
     pub(crate) fn wake_all(mut self) {
         self.wake_collected();
+        // A permit dropped while its task unwinds gets here too; a second
+        // panic (the subscriber's) would abort the process.
+        if std::thread::panicking() {
+            return;
+        }
         for failed in std::mem::take(&mut self.failed) {
             tracing::debug!(
                 target: "admission",
