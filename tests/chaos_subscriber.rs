@@ -83,9 +83,33 @@ fn op() -> impl Strategy<Value = Op> {
     ]
 }
 
+thread_local! {
+    /// Panics other than the subscriber's: admission's own, each a bug.
+    static OWN_PANICS: std::cell::RefCell<Vec<String>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// Runs `f`; `None` if it panicked. The subscriber's panics are expected;
+/// any other is kept for the test to fail on.
+fn quietly<R>(f: impl FnOnce() -> R) -> Option<R> {
+    match catch_unwind(AssertUnwindSafe(f)) {
+        Ok(value) => Some(value),
+        Err(payload) => {
+            let message = payload
+                .downcast_ref::<&str>()
+                .map(|m| m.to_string())
+                .or_else(|| payload.downcast_ref::<String>().cloned())
+                .unwrap_or_default();
+            if message != "subscriber down" {
+                OWN_PANICS.with(|own| own.borrow_mut().push(message));
+            }
+            None
+        }
+    }
+}
+
 /// Polls `admit`; `None` if the poll panicked (the future is then dropped).
 fn poll(admit: &mut Pending) -> Option<Poll<Result<SlotPermit, admission::AdmitError>>> {
-    catch_unwind(AssertUnwindSafe(|| admit.poll())).ok()
+    quietly(|| admit.poll())
 }
 
 /// Polls every waiting future once: permits kept, the settled and the
@@ -105,7 +129,7 @@ fn poll_all(pending: &mut Vec<Pending>, permits: &mut Vec<SlotPermit>) {
 
 /// Drops `value`, whose drop may reach the subscriber and panic.
 fn drop_quietly<T>(value: T) {
-    let _ = catch_unwind(AssertUnwindSafe(move || drop(value)));
+    quietly(move || drop(value));
 }
 
 /// The subscriber's own panics are expected by the hundred: kept off the
@@ -165,27 +189,33 @@ fn run(ops: Vec<Op>, every: u64) -> Result<(), TestCaseError> {
                         drop_quietly(permits.remove(i % permits.len()));
                     }
                     Op::SetTotal(total) => {
-                        let _ = catch_unwind(AssertUnwindSafe(|| queue.set_total_slots(total)));
+                        quietly(|| queue.set_total_slots(total));
                     }
                     Op::Advance(ms) => tokio::time::advance(Duration::from_millis(ms)).await,
                     Op::DropWaiting(_) | Op::DropPermit(_) => {}
                 }
             }
             // With every permit gone, nothing may wait while a slot is free:
-            // each waiter is granted, or refused for its deadline, within a
-            // poll of each (two rounds: a grant made by the first round's
-            // drops reaches a waiter the round already passed).
+            // each round of polls must settle someone (a grant, a refusal,
+            // or a poll that panicked) until nobody is left, since every
+            // permit a round returns is dropped and grants the next waiter.
             for permit in permits.drain(..) {
                 drop_quietly(permit);
             }
-            for _ in 0..2 {
+            let mut wedged = false;
+            while !pending.is_empty() {
+                let before = pending.len();
                 poll_all(&mut pending, &mut permits);
+                let settled = before - pending.len();
                 for permit in permits.drain(..) {
                     drop_quietly(permit);
                 }
+                if settled == 0 {
+                    wedged = true;
+                    break;
+                }
             }
             let slots = queue.granter_snapshot();
-            let wedged = !pending.is_empty() && slots.used < slots.total;
             for admit in pending {
                 drop_quietly(admit);
             }
@@ -193,7 +223,12 @@ fn run(ops: Vec<Op>, every: u64) -> Result<(), TestCaseError> {
         })
     });
     let (wedged, slots) = outcome;
-    prop_assert!(!wedged, "requests waited beside free slots: {slots:?}");
+    let own = OWN_PANICS.with(|own| std::mem::take(&mut *own.borrow_mut()));
+    prop_assert!(own.is_empty(), "admission itself panicked: {own:?}");
+    prop_assert!(
+        !wedged,
+        "requests still waited with every permit gone: {slots:?}"
+    );
     let snapshot = queue.snapshot();
     prop_assert_eq!(
         (snapshot.granter.used, snapshot.waiting),

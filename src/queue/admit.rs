@@ -244,12 +244,22 @@ fn settle_queued<G: Granter>(
             queue.observe(key, waker, grants, wakes)
         }
     });
+    if matches!(observed, Observed::Pending) {
+        return Poll::Pending;
+    }
+    // Settled: the future is done, and the queue forgot the waiter, before
+    // anything that calls the application's code (recorder, subscriber).
+    // If that panics, the drop finds nothing to cancel.
+    let Phase::Queued { work, .. } = std::mem::replace(&mut *this.phase, Phase::Done) else {
+        unreachable!("matched above");
+    };
+    let shared = this.shared.take().expect("checked above");
+    this.timer.set(None);
     let result = match observed {
-        Observed::Pending => return Poll::Pending,
+        Observed::Pending => unreachable!("returned above"),
         Observed::Admitted { charge, waited } => {
-            let shared = this.shared.take().expect("checked above");
             // The permit first, as on the fast path.
-            let permit = SlotPermit::new(shared, work.clone(), charge);
+            let permit = SlotPermit::new(shared, work, charge);
             export::settled(permit.keys(), priority, export::ADMITTED, Some(waited));
             span.record("outcome", export::ADMITTED);
             span.record("wait_us", waited.as_micros() as u64);
@@ -258,12 +268,9 @@ fn settle_queued<G: Granter>(
         Observed::Failed(error) => {
             export::settled(&shared.keys, priority, error.reason(), None);
             record_outcome(&span, error.reason(), since);
-            *this.shared = None;
             Err(error)
         }
     };
-    *this.phase = Phase::Done;
-    this.timer.set(None);
     Poll::Ready(result)
 }
 

@@ -192,14 +192,20 @@ impl WakeList {
             return;
         }
         for failed in std::mem::take(&mut self.failed) {
-            tracing::debug!(
-                target: "admission",
-                tenant = %failed.tenant,
-                priority = %failed.priority,
-                waited_us = failed.waited.as_micros() as u64,
-                "{}",
-                failed.reason
-            );
+            // The caller still has to act on what the critical section
+            // decided (a waiter it removed, a grant it observed): a
+            // subscriber's panic must not unwind through it. Its message
+            // still reaches the panic hook.
+            let _ = std::panic::catch_unwind(|| {
+                tracing::debug!(
+                    target: "admission",
+                    tenant = %failed.tenant,
+                    priority = %failed.priority,
+                    waited_us = failed.waited.as_micros() as u64,
+                    "{}",
+                    failed.reason
+                );
+            });
         }
     }
 
