@@ -16,7 +16,7 @@ use tokio::time::Instant;
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let queue = WorkQueue::new(2)?;
-    queue.set_tenant_weight(TenantId::new(3), TenantWeight::new(2)?);
+    queue.set_tenant_weight(TenantId::new(3), TenantWeight::new(2)?)?;
     let start = Instant::now();
 
     let requests = [

@@ -249,11 +249,23 @@ fn run(ops: Vec<Op>, setup: Setup) -> Result<(), TestCaseError> {
                 }
                 Op::Advance(by) => tokio::time::advance(by).await,
                 Op::Maintain => queue.maintain(),
-                Op::SetWeight { tenant, weight } => queue
-                    .set_tenant_weight(TenantId::new(tenant), TenantWeight::new(weight).unwrap()),
-                Op::ReplaceWeights(n) => queue.set_tenant_weights(
-                    (0..n).map(|id| (TenantId::new(id), TenantWeight::new(2).unwrap())),
-                ),
+                Op::SetWeight { tenant, weight } => {
+                    // Refused only once `max_tenants` (4) tenants have a
+                    // weight of their own, and then by name.
+                    let set = queue.set_tenant_weight(
+                        TenantId::new(tenant),
+                        TenantWeight::new(weight).unwrap(),
+                    );
+                    if let Err(error) = set {
+                        prop_assert_eq!(error.field(), "tenant_weight");
+                    }
+                }
+                Op::ReplaceWeights(n) => {
+                    let replaced = queue.set_tenant_weights(
+                        (0..n).map(|id| (TenantId::new(id), TenantWeight::new(2).unwrap())),
+                    );
+                    prop_assert_eq!(replaced.is_ok(), n <= 4, "{:?}", replaced);
+                }
                 Op::Break(broken) if setup.flaky => {
                     queue.granter().broken.store(broken, Ordering::SeqCst)
                 }

@@ -119,6 +119,47 @@ fn a_deadline_that_has_to_wait_on_a_runtime_without_timers_is_a_typed_error() {
     });
 }
 
+#[test]
+fn tenant_weights_are_bounded_by_max_tenants_and_refused_by_name() {
+    // Weights are configuration and never swept: a weight per request,
+    // keyed by ids callers choose, would grow the table for good.
+    let queue = WorkQueueBuilder::default()
+        .total_slots(1)
+        .max_tenants(4)
+        .build()
+        .unwrap();
+    let two = admission::TenantWeight::new(2).unwrap();
+    for id in 0..4 {
+        queue.set_tenant_weight(TenantId::new(id), two).unwrap();
+    }
+    // Changing one already there is fine; a fifth is refused.
+    queue
+        .set_tenant_weight(TenantId::new(3), admission::TenantWeight::new(5).unwrap())
+        .unwrap();
+    let error = queue.set_tenant_weight(TenantId::new(4), two).unwrap_err();
+    assert_eq!(error.field(), "tenant_weight");
+    assert!(error.to_string().contains("max_tenants"), "{error}");
+    // Back to the default frees a place.
+    queue
+        .set_tenant_weight(TenantId::new(0), admission::TenantWeight::default())
+        .unwrap();
+    queue.set_tenant_weight(TenantId::new(4), two).unwrap();
+    // A table too large is refused whole, and the old one stays.
+    let table = (10..15).map(|id| (TenantId::new(id), two));
+    assert_eq!(
+        queue.set_tenant_weights(table).unwrap_err().field(),
+        "tenant_weight"
+    );
+    assert!(
+        queue.set_tenant_weight(TenantId::new(20), two).is_err(),
+        "still full"
+    );
+    // Default weights take no place.
+    let defaults = (100..10_000).map(|id| (TenantId::new(id), admission::TenantWeight::default()));
+    queue.set_tenant_weights(defaults).unwrap();
+    queue.set_tenant_weight(TenantId::new(20), two).unwrap();
+}
+
 /// The latest `Instant` the clock can represent from `from`, to the
 /// nanosecond: a "never" sentinel, as a caller probing with `checked_add`
 /// would build it.

@@ -243,10 +243,12 @@ fn run(ops: Vec<Op>, policies: Policies) -> Result<(), TestCaseError> {
                 }
                 Op::SetTotal(total) => queue.set_total_slots(total).unwrap(),
                 Op::Advance(ms) => tokio::time::advance(Duration::from_millis(ms)).await,
-                Op::SetWeight { tenant, weight } => queue.set_tenant_weight(
-                    TenantId::new(tenant),
-                    admission::TenantWeight::new(weight).unwrap(),
-                ),
+                Op::SetWeight { tenant, weight } => queue
+                    .set_tenant_weight(
+                        TenantId::new(tenant),
+                        admission::TenantWeight::new(weight).unwrap(),
+                    )
+                    .unwrap(),
                 Op::Close => queue.close(),
                 Op::DropWaiting(_)
                 | Op::ReleasePermit { .. }

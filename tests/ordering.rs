@@ -96,8 +96,12 @@ fn shares_under_backlog(queue: &WorkQueue, tenants: &[u64], grants: usize) -> Ve
 async fn weighted_tenants_share_slots_two_to_five_under_backlog() {
     // Hold every slot first so that the backlog forms before any grant.
     let queue = WorkQueue::new(7).unwrap();
-    queue.set_tenant_weight(TenantId::new(1), TenantWeight::new(2).unwrap());
-    queue.set_tenant_weight(TenantId::new(2), TenantWeight::new(5).unwrap());
+    queue
+        .set_tenant_weight(TenantId::new(1), TenantWeight::new(2).unwrap())
+        .unwrap();
+    queue
+        .set_tenant_weight(TenantId::new(2), TenantWeight::new(5).unwrap())
+        .unwrap();
     let counts = shares_under_backlog(&queue, &[1, 2], 7_000);
     let share = counts[0] as f64 / (counts[0] + counts[1]) as f64;
     // Shares converge to the weights with a granularity of one slot out of
@@ -115,13 +119,15 @@ async fn equal_weights_share_equally_and_weights_can_change_at_run_time() {
     let equal = shares_under_backlog(&queue, &[1, 2], 4_000);
     assert!(equal[0].abs_diff(equal[1]) <= 8, "equal weights: {equal:?}");
 
-    queue.set_tenant_weights([(TenantId::new(2), TenantWeight::new(3).unwrap())]);
+    queue
+        .set_tenant_weights([(TenantId::new(2), TenantWeight::new(3).unwrap())])
+        .unwrap();
     let weighted = shares_under_backlog(&queue, &[1, 2], 8_000);
     let share = weighted[1] as f64 / (weighted[0] + weighted[1]) as f64;
     assert!((share - 0.75).abs() < 0.01, "1:3 weights: {weighted:?}");
 
     // Replacing the table drops tenants not listed back to the default.
-    queue.set_tenant_weights([]);
+    queue.set_tenant_weights([]).unwrap();
     assert_eq!(
         queue.snapshot().tenant(TenantId::new(2)).map(|t| t.weight),
         Some(TenantWeight::MIN)
@@ -186,7 +192,9 @@ async fn counting_grants_shares_even_one_slot_by_weight() {
         .reset_period(Duration::from_secs(3600))
         .build()
         .unwrap();
-    queue.set_tenant_weight(TenantId::new(2), TenantWeight::new(3).unwrap());
+    queue
+        .set_tenant_weight(TenantId::new(2), TenantWeight::new(3).unwrap())
+        .unwrap();
     let counts = shares_under_backlog(&queue, &[1, 2], 4_000);
     let share = counts[1] as f64 / (counts[0] + counts[1]) as f64;
     assert!((share - 0.75).abs() < 0.01, "{counts:?}");

@@ -287,7 +287,9 @@ impl Sut {
                         (controller.queue().clone(), Some(controller))
                     }
                 };
-                queue.set_tenant_weights(weights.iter().copied());
+                queue
+                    .set_tenant_weights(weights.iter().copied())
+                    .map_err(|error| format!("{}: {error}", system.name()))?;
                 Kind::Admission {
                     queue,
                     _controller: controller,
@@ -300,7 +302,9 @@ impl Sut {
                     .build()
                     .map_err(refused)?;
                 let queue = controller.queue().clone();
-                queue.set_tenant_weights(weights.iter().copied());
+                queue
+                    .set_tenant_weights(weights.iter().copied())
+                    .map_err(|error| format!("{}: {error}", system.name()))?;
                 Kind::Admission {
                     queue,
                     _controller: Some(controller),
@@ -318,7 +322,8 @@ impl Sut {
                     .queue(admission_queue(slo, true, true))
                     .build()
                     .map_err(|error| format!("{}: {error}", system.name()))?;
-                pool.set_tenant_weights(weights.iter().copied());
+                pool.set_tenant_weights(weights.iter().copied())
+                    .map_err(|error| format!("{}: {error}", system.name()))?;
                 Kind::Pool(pool)
             }
             System::BlockingSemaphore { limit } => Kind::Blocking(Arc::new(Semaphore::new(limit))),

@@ -211,9 +211,12 @@ impl AllocationDomain {
     /// Allocates `bytes` on `stream` through the backend, after charging the
     /// aligned size against the ceiling. Over the ceiling it fails with
     /// [`BackendError::GrantExceeded`] and the backend is not called; if the
-    /// backend fails, the charge is returned.
+    /// backend fails, the charge is returned. Zero bytes are allocated and
+    /// charged as the smallest aligned unit, so that every live allocation
+    /// counts against the ceiling (otherwise a loop of empty allocations
+    /// would grow the domain's table, and the device's, without bound).
     pub fn alloc(&self, bytes: u64, stream: StreamId) -> Result<DevicePtr, BackendError> {
-        let need = self.charge(bytes)?;
+        let need = self.charge(bytes.max(1))?;
         match self.backend.alloc(self.id, need, stream) {
             Ok(ptr) => {
                 self.allocated.fetch_add(need, Ordering::AcqRel);
@@ -362,6 +365,21 @@ mod tests {
         assert_eq!(domain.used_bytes(), 0);
         assert_eq!(domain.peak_bytes(), 1024);
         assert_eq!(domain.total_bytes(), 1024);
+    }
+
+    #[test]
+    fn empty_allocations_count_against_the_ceiling() {
+        let (_sim, domain, root) = domain(1024);
+        let empty: Vec<_> = (0..4).map(|_| domain.alloc(0, root).unwrap()).collect();
+        assert_eq!(domain.used_bytes(), 1024);
+        assert!(matches!(
+            domain.alloc(0, root),
+            Err(BackendError::GrantExceeded { requested: 256, .. })
+        ));
+        for ptr in empty {
+            domain.free(ptr, root).unwrap();
+        }
+        assert_eq!(domain.used_bytes(), 0);
     }
 
     #[test]

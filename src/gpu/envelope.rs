@@ -842,6 +842,8 @@ struct Shared {
     scope: ScopeId,
     domain: StdArc<AllocationDomain>,
     forks: AtomicU64,
+    /// Dropped forks whose destroy job has not run yet.
+    destroying: AtomicU64,
     source_reads: AtomicU64,
     active: AtomicU64,
     idle: Notify,
@@ -918,12 +920,14 @@ impl Shared {
                 };
                 let before = steps.len();
                 undo(&backend, progress, false, &mut steps);
-                let root_destroyed = steps
+                // A failed destroy still forgets the id (the backend
+                // contract), so the stream leaves the count either way.
+                let root_released = steps
                     .get(before..)
                     .unwrap_or_default()
                     .iter()
-                    .any(|s| s.op == BackendOp::DestroyStream && s.error.is_none());
-                if root_destroyed {
+                    .any(|s| s.op == BackendOp::DestroyStream);
+                if root_released {
                     streams.closed();
                 }
                 errors.extend(std::mem::take(&mut *deferred.lock()));
@@ -1135,6 +1139,7 @@ impl AdmissionEnvelope {
                 scope,
                 domain,
                 forks: AtomicU64::new(0),
+                destroying: AtomicU64::new(0),
                 source_reads: AtomicU64::new(0),
                 active: AtomicU64::new(0),
                 idle: Notify::new(),
@@ -1209,6 +1214,12 @@ impl AdmissionEnvelope {
         let shared = &self.shared;
         let max_streams = shared.spec.bounds.max_streams;
         let limit = u64::from(max_streams.saturating_sub(1));
+        // Dropped contexts whose streams the device worker has not yet
+        // destroyed are bounded too, by as many again: beyond that the
+        // device holds streams that no live context counts.
+        if shared.destroying.load(Ordering::Acquire) > limit {
+            return Err(EnvelopeError::StreamBound { max_streams });
+        }
         take_bounded(&shared.forks, limit)
             .map_err(|()| EnvelopeError::StreamBound { max_streams })?;
         match shared.backend.fork_stream(shared.root) {
@@ -1328,24 +1339,39 @@ impl ExecutionContext {
 
 impl Drop for ExecutionContext {
     fn drop(&mut self) {
-        let backend = self.shared.backend.clone();
-        let deferred = self.shared.deferred.clone();
+        let shared = self.shared.clone();
         let stream = self.stream;
         let streams = self.shared.worker.stream_counter();
-        let queued =
-            self.shared
-                .worker
-                .submit_detached(move || match backend.destroy_stream(stream) {
-                    Ok(()) => streams.closed(),
-                    Err(error) => deferred.lock().push(error),
-                });
+        // The stream is destroyed on the device's worker, later. Until
+        // then it counts as a pending destroy, which `execution_context`
+        // bounds: a loop that makes and drops contexts while the worker is
+        // busy elsewhere must not pile up streams nobody bounds.
+        self.shared.destroying.fetch_add(1, Ordering::AcqRel);
+        let queued = self.shared.worker.submit_detached(move || {
+            if let Err(error) = shared.backend.destroy_stream(stream) {
+                let mut deferred = shared.deferred.lock();
+                if deferred.len() < MAX_DEFERRED_ERRORS {
+                    deferred.push(error);
+                }
+            }
+            // Either way the backend has forgotten the id (it leaves its
+            // tables before the driver call), so the device's stream count
+            // drops too; a failure is reported at teardown.
+            streams.closed();
+            shared.destroying.fetch_sub(1, Ordering::AcqRel);
+        });
         if let Err(gone) = queued {
             tracing::error!(target: "admission", %gone, %stream, "cannot destroy an execution stream");
+            self.shared.destroying.fetch_sub(1, Ordering::AcqRel);
         }
         self.shared.forks.fetch_sub(1, Ordering::AcqRel);
         self.shared.release_activity();
     }
 }
+
+/// The most execution-stream destroy failures kept for the teardown report
+/// (later ones are dropped: the report needs the first, not all of them).
+const MAX_DEFERRED_ERRORS: usize = 64;
 
 /// One running source read of the attempt, within its source-work
 /// allowance; returned on drop.

@@ -267,6 +267,35 @@ async fn the_stream_bound_and_source_work_allowance_are_enforced() {
 }
 
 #[tokio::test]
+async fn streams_waiting_to_be_destroyed_are_bounded_too() {
+    let rig = Rig::new();
+    let envelope = rig.build(4096).await.unwrap();
+    // The worker stops inside the first fork's destroy; later destroys
+    // queue behind it.
+    let gate = rig.sim.gate(BackendOp::DestroyStream);
+    drop(envelope.execution_context().unwrap());
+    assert!(gate.reached());
+    // max_streams 3: two live forks, and as many dropped ones waiting to
+    // be destroyed; a dropped context frees its live place at once.
+    drop(envelope.execution_context().unwrap());
+    drop(envelope.execution_context().unwrap());
+    assert_eq!(envelope.execution_contexts(), 0);
+    assert_eq!(
+        envelope.execution_context().unwrap_err(),
+        EnvelopeError::StreamBound { max_streams: 3 },
+        "three destroys pending: the device holds streams no context counts"
+    );
+    gate.open();
+    // The worker's queue is FIFO: a job after the destroys runs after them.
+    rig.worker.submit(|| ()).await.unwrap();
+    let again = envelope.execution_context().unwrap();
+    drop(again);
+    let report = envelope.teardown().await;
+    assert!(report.errors.is_empty(), "{:?}", report.errors);
+    rig.assert_baseline();
+}
+
+#[tokio::test]
 async fn zero_bounds_are_rejected_before_any_backend_call() {
     let rig = Rig::new();
     let spec = rig.spec(

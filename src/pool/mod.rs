@@ -129,7 +129,11 @@
 //! thread, spawned for that one job and gone when it returns, at most
 //! [`max_borrowed`](CpuPoolBuilder::max_borrowed) at a time (default 1).
 //! Beyond that bound bypass work waits for the next pool thread, still
-//! ahead of everything in the queue.
+//! ahead of everything in the queue, and without a limit: bypass work is
+//! the node's own (untrusted callers never get it, see the tower layer's
+//! trust model), never refused, so how much of it is sent is the caller's
+//! to bound, as on any [`WorkQueue`](crate::WorkQueue), which admits it
+//! past the total.
 //!
 //! **Panics.** A closure runs under `catch_unwind`: its panic comes back as
 //! [`PoolError::Panicked`] with the message, its slot is returned, and the
@@ -282,6 +286,7 @@ use std::fmt;
 use std::thread::JoinHandle;
 
 use self::worker::PoolShared;
+use crate::error::ConfigError;
 use crate::grant::SlotSnapshot;
 use crate::health::ComponentHealth;
 use crate::observe::QueueSnapshot;
@@ -361,15 +366,23 @@ impl CpuPool {
     }
 
     /// Sets one tenant's weight in the pool's queue, effective for the next
-    /// grant; see [`WorkQueue::set_tenant_weight`](crate::WorkQueue::set_tenant_weight).
-    pub fn set_tenant_weight(&self, tenant: TenantId, weight: TenantWeight) {
-        self.shared.queue().set_tenant_weight(tenant, weight);
+    /// grant; see [`WorkQueue::set_tenant_weight`](crate::WorkQueue::set_tenant_weight)
+    /// (at most `max_tenants` weights other than the default).
+    pub fn set_tenant_weight(
+        &self,
+        tenant: TenantId,
+        weight: TenantWeight,
+    ) -> Result<(), ConfigError> {
+        self.shared.queue().set_tenant_weight(tenant, weight)
     }
 
     /// Replaces every tenant's weight in the pool's queue; see
     /// [`WorkQueue::set_tenant_weights`](crate::WorkQueue::set_tenant_weights).
-    pub fn set_tenant_weights(&self, weights: impl IntoIterator<Item = (TenantId, TenantWeight)>) {
-        self.shared.queue().set_tenant_weights(weights);
+    pub fn set_tenant_weights(
+        &self,
+        weights: impl IntoIterator<Item = (TenantId, TenantWeight)>,
+    ) -> Result<(), ConfigError> {
+        self.shared.queue().set_tenant_weights(weights)
     }
 
     /// Periodic upkeep of the pool's queue; see

@@ -280,19 +280,43 @@ impl<G: Granter> WorkQueue<G> {
     }
 
     /// Sets one tenant's weight, effective for the next grant.
-    pub fn set_tenant_weight(&self, tenant: TenantId, weight: TenantWeight) {
+    ///
+    /// Weights are configuration: they stay until set back to the default
+    /// ([`TenantWeight::default`]) or replaced by
+    /// [`set_tenant_weights`](Self::set_tenant_weights), whether or not the
+    /// tenant is seen again. So at most
+    /// [`max_tenants`](WorkQueueBuilder::max_tenants) tenants may have a
+    /// weight other than the default; past that, a new one is refused with
+    /// a [`ConfigError`] naming `tenant_weight` (a weight per request, keyed
+    /// by ids that callers choose, would otherwise grow the table for good).
+    pub fn set_tenant_weight(
+        &self,
+        tenant: TenantId,
+        weight: TenantWeight,
+    ) -> Result<(), ConfigError> {
         self.shared
-            .with_queue(|queue| queue.set_weight(tenant, Some(weight)));
+            .with_queue(|queue| queue.set_weight(tenant, Some(weight)))
     }
 
     /// Replaces every tenant's weight: tenants not listed go back to the
     /// default. The lock is held only to swap the table and then to update
     /// tracked tenants in small batches, so admissions proceed meanwhile.
-    pub fn set_tenant_weights(&self, weights: impl IntoIterator<Item = (TenantId, TenantWeight)>) {
+    /// More than [`max_tenants`](WorkQueueBuilder::max_tenants) weights
+    /// other than the default are refused with a [`ConfigError`] naming
+    /// `tenant_weight`, and the table is left as it was.
+    pub fn set_tenant_weights(
+        &self,
+        weights: impl IntoIterator<Item = (TenantId, TenantWeight)>,
+    ) -> Result<(), ConfigError> {
+        let max = self.shared.with_queue(|queue| queue.max_weighted_tenants());
         let table: FxHashMap<TenantId, TenantWeight> = weights
             .into_iter()
             .filter(|&(_, weight)| weight != TenantWeight::default())
+            .take(max.saturating_add(1))
             .collect();
+        if table.len() > max {
+            return Err(QueueState::too_many_weights(max));
+        }
         let tracked = self.shared.with_queue(|queue| queue.replace_weights(table));
         for batch in tracked.chunks(WEIGHT_BATCH) {
             self.shared.with_queue(|queue| {
@@ -301,6 +325,7 @@ impl<G: Granter> WorkQueue<G> {
                 }
             });
         }
+        Ok(())
     }
 
     /// Periodic upkeep: runs the usage reset if it is due, and, on a queue

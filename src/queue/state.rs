@@ -71,7 +71,7 @@ use super::pacing::Pacing;
 use super::tenant::{newcomer_used, Tenant};
 use super::work::WorkWindow;
 use super::Usage;
-use crate::error::AdmitError;
+use crate::error::{AdmitError, ConfigError};
 use crate::grant::{Granter, Grants};
 use crate::observe::{PrioritySnapshot, PriorityStats, Settled, TenantSnapshot};
 use crate::work::{Priority, TenantId, TenantWeight, WorkInfo};
@@ -1246,10 +1246,22 @@ impl QueueState {
         }
     }
 
-    /// Sets (or with `None`, clears back to the default) one tenant's weight.
-    pub(crate) fn set_weight(&mut self, tenant: TenantId, weight: Option<TenantWeight>) {
+    /// Sets (or with `None`, clears back to the default) one tenant's
+    /// weight. The table is configuration, not a cache, so it is never
+    /// swept; it is bounded by `max_tenants` instead, and a weight that
+    /// would take it past that is refused.
+    pub(crate) fn set_weight(
+        &mut self,
+        tenant: TenantId,
+        weight: Option<TenantWeight>,
+    ) -> Result<(), ConfigError> {
         match weight {
             Some(weight) if weight != TenantWeight::default() => {
+                if !self.weights.contains_key(&tenant)
+                    && self.weights.len() >= self.limits.max_tenants
+                {
+                    return Err(Self::too_many_weights(self.limits.max_tenants));
+                }
                 self.weights.insert(tenant, weight);
             }
             _ => {
@@ -1257,6 +1269,22 @@ impl QueueState {
             }
         }
         self.refresh_weight(tenant);
+        Ok(())
+    }
+
+    /// The most tenants that may have a weight of their own.
+    pub(crate) fn max_weighted_tenants(&self) -> usize {
+        self.limits.max_tenants
+    }
+
+    pub(crate) fn too_many_weights(max: usize) -> ConfigError {
+        ConfigError::new(
+            "tenant_weight",
+            format!(
+                "at most {max} tenants (the queue's max_tenants) may have a weight other \
+                 than the default; set others back to the default, or raise max_tenants"
+            ),
+        )
     }
 
     /// Replaces the whole weight table; tenants already tracked pick up their
