@@ -843,7 +843,7 @@ struct Shared {
     domain: StdArc<AllocationDomain>,
     forks: AtomicU64,
     /// Dropped forks whose destroy job has not run yet.
-    destroying: AtomicU64,
+    destroying: StdArc<AtomicU64>,
     source_reads: AtomicU64,
     active: AtomicU64,
     idle: Notify,
@@ -1139,7 +1139,7 @@ impl AdmissionEnvelope {
                 scope,
                 domain,
                 forks: AtomicU64::new(0),
-                destroying: AtomicU64::new(0),
+                destroying: StdArc::new(AtomicU64::new(0)),
                 source_reads: AtomicU64::new(0),
                 active: AtomicU64::new(0),
                 idle: Notify::new(),
@@ -1339,7 +1339,11 @@ impl ExecutionContext {
 
 impl Drop for ExecutionContext {
     fn drop(&mut self) {
-        let shared = self.shared.clone();
+        // Only what the destroy needs: the job must not keep the envelope
+        // alive, whose last drop queues its teardown behind this job.
+        let backend = self.shared.backend.clone();
+        let deferred = self.shared.deferred.clone();
+        let destroying = self.shared.destroying.clone();
         let stream = self.stream;
         let streams = self.shared.worker.stream_counter();
         // The stream is destroyed on the device's worker, later. Until
@@ -1348,8 +1352,8 @@ impl Drop for ExecutionContext {
         // busy elsewhere must not pile up streams nobody bounds.
         self.shared.destroying.fetch_add(1, Ordering::AcqRel);
         let queued = self.shared.worker.submit_detached(move || {
-            if let Err(error) = shared.backend.destroy_stream(stream) {
-                let mut deferred = shared.deferred.lock();
+            if let Err(error) = backend.destroy_stream(stream) {
+                let mut deferred = deferred.lock();
                 if deferred.len() < MAX_DEFERRED_ERRORS {
                     deferred.push(error);
                 }
@@ -1358,7 +1362,7 @@ impl Drop for ExecutionContext {
             // tables before the driver call), so the device's stream count
             // drops too; a failure is reported at teardown.
             streams.closed();
-            shared.destroying.fetch_sub(1, Ordering::AcqRel);
+            destroying.fetch_sub(1, Ordering::AcqRel);
         });
         if let Err(gone) = queued {
             tracing::error!(target: "admission", %gone, %stream, "cannot destroy an execution stream");
