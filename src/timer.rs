@@ -10,7 +10,6 @@
 //! which says what to change.
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
-
 use std::time::Duration;
 
 use tokio::time::{Instant, Sleep};

@@ -159,22 +159,8 @@ struct Setup {
     grant_burst: Option<usize>,
 }
 
-/// The flaky granter's panics are expected by the hundred: keep them off
-/// stderr, and every other panic on it.
-fn quiet_flaky_panics() {
-    static ONCE: std::sync::Once = std::sync::Once::new();
-    ONCE.call_once(|| {
-        let default = std::panic::take_hook();
-        std::panic::set_hook(Box::new(move |info| {
-            if info.payload().downcast_ref::<&str>() != Some(&"flaky granter") {
-                default(info);
-            }
-        }));
-    });
-}
-
 fn run(ops: Vec<Op>, setup: Setup) -> Result<(), TestCaseError> {
-    quiet_flaky_panics();
+    common::quiet_panics_saying("flaky granter");
     let runtime = common::paused_runtime();
     runtime.block_on(async move {
         let mut builder = WorkQueue::builder()

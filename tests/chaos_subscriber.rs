@@ -132,22 +132,8 @@ fn drop_quietly<T>(value: T) {
     quietly(move || drop(value));
 }
 
-/// The subscriber's own panics are expected by the hundred: kept off the
-/// test's output; any other panic is reported as usual.
-fn quiet_subscriber_panics() {
-    static QUIET: std::sync::Once = std::sync::Once::new();
-    QUIET.call_once(|| {
-        let report = std::panic::take_hook();
-        std::panic::set_hook(Box::new(move |info| {
-            if info.payload().downcast_ref::<&str>() != Some(&"subscriber down") {
-                report(info);
-            }
-        }));
-    });
-}
-
 fn run(ops: Vec<Op>, every: u64) -> Result<(), TestCaseError> {
-    quiet_subscriber_panics();
+    common::quiet_panics_saying("subscriber down");
     let queue = WorkQueue::new(2).unwrap();
     let subscriber = tracing_subscriber::registry().with(Flaky {
         calls: Arc::default(),

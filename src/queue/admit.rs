@@ -244,20 +244,20 @@ fn settle_queued<G: Granter>(
             queue.observe(key, waker, grants, wakes)
         }
     });
-    if matches!(observed, Observed::Pending) {
-        return Poll::Pending;
-    }
-    // Settled: the future is done, and the queue forgot the waiter, before
-    // anything that calls the application's code (recorder, subscriber).
-    // If that panics, the drop finds nothing to cancel.
-    let Phase::Queued { work, .. } = std::mem::replace(&mut *this.phase, Phase::Done) else {
-        unreachable!("matched above");
+    // Settled: the future is done, and holds no queue, before anything
+    // that calls the application's code (recorder, subscriber). If that
+    // panics, the drop finds nothing to cancel.
+    let mut finish = || {
+        let Phase::Queued { work, .. } = std::mem::replace(&mut *this.phase, Phase::Done) else {
+            unreachable!("matched above");
+        };
+        this.timer.set(None);
+        (this.shared.take().expect("checked above"), work)
     };
-    let shared = this.shared.take().expect("checked above");
-    this.timer.set(None);
     let result = match observed {
-        Observed::Pending => unreachable!("returned above"),
+        Observed::Pending => return Poll::Pending,
         Observed::Admitted { charge, waited } => {
+            let (shared, work) = finish();
             // The permit first, as on the fast path.
             let permit = SlotPermit::new(shared, work, charge);
             export::settled(permit.keys(), priority, export::ADMITTED, Some(waited));
@@ -266,6 +266,7 @@ fn settle_queued<G: Granter>(
             Ok(permit)
         }
         Observed::Failed(error) => {
+            let (shared, _) = finish();
             export::settled(&shared.keys, priority, error.reason(), None);
             record_outcome(&span, error.reason(), since);
             Err(error)

@@ -209,6 +209,13 @@ impl WakeList {
         }
     }
 
+    /// The failed waits alone; the wakers are dropped unwoken.
+    fn into_failed(mut self) -> Vec<FailedWait> {
+        self.first = None;
+        self.rest.clear();
+        std::mem::take(&mut self.failed)
+    }
+
     fn wake_collected(&mut self) {
         if let Some(first) = self.first.take() {
             first.wake();
@@ -220,10 +227,10 @@ impl WakeList {
 }
 
 impl Drop for WakeList {
-    /// A panic under the lock (a granter's, caught and re-raised by none,
-    /// or one in this crate) unwinds past `wake_all`; the waiters already
-    /// granted or refused must still be woken, or those without a deadline
-    /// would sleep on their grant. The list is declared before the lock is
+    /// A panic under the lock (granters' are caught there, so one in this
+    /// crate) unwinds past `wake_all`; the waiters already granted or
+    /// refused must still be woken, or those without a deadline would
+    /// sleep on their grant. The list is declared before the lock is
     /// taken, so it drops after the lock is released. The failed waits are
     /// not logged while unwinding: a second panic there would abort.
     fn drop(&mut self) {
@@ -957,9 +964,7 @@ impl QueueState {
             self.expire(slab_key, Instant::now(), &mut own);
             // Its waker is the caller's own, already awake: not woken. Its
             // log goes out with the rest once the lock is released.
-            wakes.failed.append(&mut own.failed);
-            own.first = None;
-            own.rest.clear();
+            wakes.failed.extend(own.into_failed());
         }
         self.settle(slab_key, grants, wakes)
     }
