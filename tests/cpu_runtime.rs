@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 mod common;
 
-use admission::cpu::{Controller, Mode};
+use admission::cpu::{Adjustment, Controller, Hold, Mode};
 use admission::{Priority, TenantId, WorkInfo, WorkQueue};
 use common::HeldRuntime;
 
@@ -128,6 +128,44 @@ fn a_cpu_flood_shrinks_the_total_and_io_bound_work_grows_it_back() {
     // With the load gone, the node goes idle and stops enforcing.
     eventually("the controller goes idle", || {
         controller.snapshot().mode == Mode::Idle
+    });
+    controller.close();
+    runtime.shutdown_timeout(Duration::from_secs(5));
+}
+
+/// Yielding handlers keep both workers busy without showing in any run
+/// queue (a yielded task waits in its worker's defer list), so the runnable
+/// rule alone reads spare capacity and would add slots. The controller must
+/// see that no worker ever runs out of work and hold the total instead.
+#[test]
+fn yielding_handlers_that_keep_every_worker_busy_are_not_given_more_slots() {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let controller = Controller::for_runtime(runtime.handle())
+        .min_slots(1)
+        .initial_slots(2)
+        .build()
+        .unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    start_load(
+        &runtime,
+        controller.queue(),
+        8,
+        false,
+        chunk_iterations(),
+        &stop,
+    );
+    eventually("an increase held back for busy workers", || {
+        let snapshot = controller.snapshot();
+        snapshot.last_adjustment == Some(Adjustment::Hold(Hold::WorkersBusy))
+            && snapshot.worker_idled == Some(false)
+    });
+    stop.store(true, Ordering::Relaxed);
+    eventually("the workers run out of work once the load stops", || {
+        controller.snapshot().worker_idled == Some(true)
     });
     controller.close();
     runtime.shutdown_timeout(Duration::from_secs(5));

@@ -57,6 +57,13 @@ pub enum Hold {
     /// Underloaded by the runnable rule, but admitted work's holds are not
     /// (yet) near their unloaded value: see [`inflation`](super::inflation).
     Inflated,
+    /// Underloaded by the runnable rule with every slot in use, but no
+    /// worker ran out of work since the previous tick: the workers are
+    /// already busy, and another slot would only share them between more
+    /// handlers. A handler parked by `yield_now` or by an exhausted
+    /// cooperative budget is in no run queue, so the runnable rule alone
+    /// takes such work for spare capacity.
+    WorkersBusy,
     /// The controller is idle and does not enforce or adjust.
     Idle,
     /// The signal panicked: no sample, so the total is held (and

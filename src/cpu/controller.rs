@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use tokio::runtime::Handle;
+use tokio::runtime::{Handle, RuntimeMetrics};
 use tokio_metrics::{RuntimeIntervals, RuntimeMonitor};
 
 use super::adjuster::{Adjustment, Hold, SlotAdjuster};
@@ -110,6 +110,37 @@ struct RuntimeWatch {
     intervals: RuntimeIntervals,
     busy: BusySpan,
     global_queue: GlobalQueueWatch,
+    parks: ParkWatch,
+}
+
+/// Whether a worker has run out of work right now, with every slot in use:
+/// the evidence an increase needs (see [`Hold::WorkersBusy`]).
+///
+/// Read from tokio's per-worker park/unpark counts, which are stable
+/// metrics: a worker publishes its counters just before it parks and again
+/// as it wakes, so an odd count means it is parked at this moment. Only the
+/// moment of the sample counts, the same moment as the slots in use: a park
+/// earlier in the tick may well have come before a burst filled the slots.
+/// A worker whose only work is a task in its defer list (`yield_now`, an
+/// exhausted cooperative budget) does not park: it polls the driver and
+/// goes on, so such handlers keep their workers busy here even though no
+/// run queue shows them.
+struct ParkWatch {
+    metrics: RuntimeMetrics,
+}
+
+impl ParkWatch {
+    fn new(handle: &Handle) -> Self {
+        ParkWatch {
+            metrics: handle.metrics(),
+        }
+    }
+
+    /// Whether any worker is parked now.
+    fn a_worker_is_parked(&self) -> bool {
+        (0..self.metrics.num_workers())
+            .any(|worker| self.metrics.worker_park_unpark_count(worker) % 2 == 1)
+    }
 }
 
 impl RuntimeWatch {
@@ -214,6 +245,7 @@ struct Stats {
     last_adjustment: Option<Adjustment>,
     recent: VecDeque<Decision>,
     runtime: Option<RuntimeSummary>,
+    worker_idled: Option<bool>,
 }
 
 /// One tick's outcome.
@@ -295,6 +327,10 @@ pub struct ControllerSnapshot {
     pub recent: Vec<Decision>,
     /// Runtime-wide figures, when built for a runtime.
     pub runtime: Option<RuntimeSummary>,
+    /// Whether a worker ran out of work (parked) between the latest tick
+    /// and the one before: an increase needs one ([`Hold::WorkersBusy`]).
+    /// `None` with an injected signal, which has no workers to ask.
+    pub worker_idled: Option<bool>,
     /// The queue, including slots used and total.
     pub queue: QueueSnapshot<SlotSnapshot>,
     /// The latest window of the second signal: admitted work's hold
@@ -373,6 +409,7 @@ impl Controller {
             idle_overruns: stats.idle_overruns,
             recent: stats.recent.iter().copied().collect(),
             runtime: stats.runtime,
+            worker_idled: stats.worker_idled,
             queue: self.core.queue.snapshot(),
             inflation: stats.inflation,
             hold_baselines: ticking.inflation.baselines(),
@@ -419,6 +456,11 @@ impl Core {
             runtime,
             stats,
         } = &mut *ticking;
+        // Before the sample: the stable signal's probe wakes a task, which
+        // unparks a parked worker.
+        let worker_idled = runtime
+            .as_ref()
+            .map(|watch| watch.parks.a_worker_is_parked());
         let sampled = self.signal_boundary.call(|| signal.sample());
         let now = Instant::now();
         stats.ticks = stats.ticks.saturating_add(1);
@@ -456,7 +498,15 @@ impl Core {
         let total_now = self.queue.granter().total();
         let reading = inflation.observe(reported, now, total_now, adjuster.min_slots(), cpu_busy);
         let verdict = reading.map(|r| r.verdict).filter(|_| cpu_busy);
-        let increase_allowed = !cpu_busy || inflation.allows_increase();
+        let holds_allow = !cpu_busy || inflation.allows_increase();
+        stats.worker_idled = worker_idled;
+        let increase = if !holds_allow {
+            Err(Hold::Inflated)
+        } else if worker_idled == Some(false) {
+            Err(Hold::WorkersBusy)
+        } else {
+            Ok(())
+        };
         // The adjuster keeps the total within bounds the builder checked
         // against the granter's, so moving it cannot fail.
         let slots_before = match self.queue.adjust_total(|slots| {
@@ -464,7 +514,7 @@ impl Core {
                 adjustment = combine(
                     adjuster.decide(&load, slots.used, slots.total),
                     verdict,
-                    increase_allowed,
+                    increase,
                     slots,
                     adjuster.min_slots(),
                 );
@@ -567,11 +617,12 @@ impl Core {
 /// admitted work's holds say otherwise. A cut (holds grew twofold) or a
 /// decrease (grew by 40%, or priority was inverted) wins over a hold or an
 /// increase, as long as a slot is in use (the load is admitted work) and
-/// the total is above its minimum; an increase waits for good windows.
+/// the total is above its minimum; an increase waits for good windows and
+/// for a worker that ran out of work (`increase` says why not).
 fn combine(
     runnable: Adjustment,
     verdict: Option<InflationVerdict>,
-    increase_allowed: bool,
+    increase: Result<(), Hold>,
     slots: SlotSnapshot,
     min_slots: u64,
 ) -> Adjustment {
@@ -586,7 +637,10 @@ fn combine(
         _ => {}
     }
     match runnable {
-        Adjustment::Increase if !increase_allowed => Adjustment::Hold(Hold::Inflated),
+        Adjustment::Increase => match increase {
+            Ok(()) => Adjustment::Increase,
+            Err(why) => Adjustment::Hold(why),
+        },
         other => other,
     }
 }
@@ -818,6 +872,7 @@ impl ControllerBuilder {
             intervals: RuntimeMonitor::new(handle).intervals(),
             busy: BusySpan::default(),
             global_queue: GlobalQueueWatch::default(),
+            parks: ParkWatch::new(handle),
         });
         let core = Arc::new(Core {
             queue,
@@ -949,6 +1004,141 @@ mod tests {
     use super::*;
 
     const MS: Duration = Duration::from_millis(1);
+
+    fn slots(used: u64, total: u64) -> SlotSnapshot {
+        SlotSnapshot { used, total }
+    }
+
+    /// `combine` as a table: (runnable rule, holds' verdict, why an
+    /// increase is not allowed, slots used/total) → decision, with a
+    /// minimum of one slot.
+    #[test]
+    fn the_two_signals_and_the_idle_worker_gate_combine_as_a_table() {
+        use Adjustment::{Cut, Decrease, Hold as H, Increase};
+        use InflationVerdict as V;
+        /// (runnable rule, verdict, increase gate, slots) → decision.
+        type Row = (
+            Adjustment,
+            Option<V>,
+            Result<(), Hold>,
+            SlotSnapshot,
+            Adjustment,
+        );
+        let cut = Some(V::Cut { to: 2 });
+        let rows: [Row; 12] = [
+            // The runnable rule alone.
+            (Increase, None, Ok(()), slots(4, 4), Increase),
+            (Decrease, None, Ok(()), slots(4, 4), Decrease),
+            (
+                H(Hold::DeadBand),
+                None,
+                Ok(()),
+                slots(4, 4),
+                H(Hold::DeadBand),
+            ),
+            // An increase waits for good windows, then for an idle worker.
+            (
+                Increase,
+                None,
+                Err(Hold::Inflated),
+                slots(4, 4),
+                H(Hold::Inflated),
+            ),
+            (
+                Increase,
+                Some(V::Good),
+                Err(Hold::WorkersBusy),
+                slots(4, 4),
+                H(Hold::WorkersBusy),
+            ),
+            // A hold from the rule is not turned into anything by the gate.
+            (
+                H(Hold::SlotsFree),
+                None,
+                Err(Hold::WorkersBusy),
+                slots(3, 4),
+                H(Hold::SlotsFree),
+            ),
+            // Inflated holds lower the total whatever the rule says...
+            (Increase, cut, Err(Hold::WorkersBusy), slots(4, 4), Cut(2)),
+            (
+                H(Hold::DeadBand),
+                Some(V::Decrease),
+                Ok(()),
+                slots(4, 4),
+                Decrease,
+            ),
+            // ...a cut to no less than the total is one slot...
+            (
+                Increase,
+                Some(V::Cut { to: 4 }),
+                Ok(()),
+                slots(4, 4),
+                Decrease,
+            ),
+            // ...but only with a slot in use and the total above its minimum.
+            (Increase, cut, Ok(()), slots(0, 4), Increase),
+            (
+                H(Hold::DeadBand),
+                Some(V::Decrease),
+                Ok(()),
+                slots(1, 1),
+                H(Hold::DeadBand),
+            ),
+            // A good verdict changes nothing by itself.
+            (Decrease, Some(V::Good), Ok(()), slots(4, 4), Decrease),
+        ];
+        for (rule, verdict, increase, slots, expected) in rows {
+            assert_eq!(
+                combine(rule, verdict, increase, slots, 1),
+                expected,
+                "{rule:?} {verdict:?} {increase:?} {slots:?}"
+            );
+        }
+    }
+
+    /// Waits until `condition` holds, a millisecond at a time, for at most
+    /// a minute (a liveness guard, not a timing assertion).
+    fn eventually(what: &str, mut condition: impl FnMut() -> bool) {
+        let start = std::time::Instant::now();
+        while !condition() {
+            assert!(start.elapsed() < Duration::from_secs(60), "never: {what}");
+            std::thread::sleep(MS);
+        }
+    }
+
+    #[test]
+    fn workers_kept_busy_by_yielding_tasks_read_as_never_parked() {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .build()
+            .unwrap();
+        let parks = ParkWatch::new(runtime.handle());
+        eventually("an idle runtime's workers park", || {
+            parks.a_worker_is_parked()
+        });
+        // Two tasks that only yield keep both workers polling: a yielded
+        // task waits in its worker's defer list, and a worker with deferred
+        // tasks does not park. No run queue shows them.
+        let stop = std::sync::Arc::new(AtomicBool::new(false));
+        for _ in 0..2 {
+            let stop = stop.clone();
+            runtime.spawn(async move {
+                while !stop.load(Ordering::Relaxed) {
+                    tokio::task::yield_now().await;
+                }
+            });
+        }
+        eventually("both workers stay busy", || {
+            // Read many times in a row, so that no single lucky moment
+            // passes.
+            (0..100).all(|_| !parks.a_worker_is_parked())
+        });
+        stop.store(true, Ordering::Relaxed);
+        eventually("the workers park again", || parks.a_worker_is_parked());
+        runtime.shutdown_timeout(Duration::from_secs(5));
+    }
 
     #[test]
     fn the_busy_span_slides_with_every_interval() {

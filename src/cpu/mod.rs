@@ -11,7 +11,8 @@
 //!
 //! Every tick (1 ms) the [`SlotAdjuster`] moves the total by one: down when
 //! runnable per worker reaches the threshold, up when it is at most half of
-//! it and every slot is in use, and not at all in between (additive
+//! it, every slot is in use and a worker has nothing to do (below), and not
+//! at all in between (additive
 //! increase, additive decrease, with a dead band). When slots free up, the
 //! queue hands out at most `workers × max(1, threshold / 4)` grants before
 //! those tasks have actually started running (grant pacing), so a sampled
@@ -40,6 +41,38 @@
 //! more slots do not worsen. [`ControllerSnapshot::inflation`] and
 //! [`hold_baselines`](ControllerSnapshot::hold_baselines) show the inputs
 //! and the verdict of the latest window.
+//!
+//! # An increase needs a worker with nothing to do
+//!
+//! Holds are not trusted while the workers are not busy, so at light load
+//! neither signal sees yielding handlers share a worker, and every burst
+//! that filled the slots added one: at 0.5x C the total drifted to about 5
+//! on 2 workers, and bursts of `yield_now` handlers then took turns on the
+//! workers, their priority lost there. So an increase also needs a worker
+//! parked at the moment of the sample ([`Hold::WorkersBusy`] otherwise):
+//! the only state in which another admitted task can start at once. A
+//! parked worker is read from tokio's park/unpark counts (stable metrics,
+//! published as a worker parks and as it wakes), before the signal samples,
+//! since the stable probe wakes a worker. Work waiting on IO or on a lock
+//! leaves its workers parked and still gets slots; work that computes, or
+//! yields (a worker with a task in its defer list polls the driver instead
+//! of parking), does not. [`ControllerSnapshot::worker_idled`] shows the
+//! reading. Measured on this 2-core VM, stable tokio, against the same run
+//! of the code without it (`--scenario w1`, `--scenario matrix`):
+//!
+//! | scenario | without | with |
+//! |---|---|---|
+//! | W1 0.5x, `yield_now`: mean total, p99 (fixed total: 4.5 ms) | 5.1, 6.2 ms | 2.5, 4.7 ms |
+//! | W1 1x: late, p99 (fixed: 1.1–1.3%, 5.1–5.2 ms) | 3.3%, 6.7 ms | 1.2%, 5.2 ms |
+//! | W2 3x, `yield_now`, goodput − fixed total's (two runs each) | +1.7, +1.1 points | +2.7, −2.8 points |
+//! | W2 3x, IO handlers, goodput / fixed total's | 2.1x | 2.0x |
+//! | W2 3x, IO handlers, configured runtime: mean total, completions/s (two runs each) | 5.3–5.5, 1,669–1,772 | 4.3–4.6, 1,616–1,681 |
+//! | W9 (IO), goodput / fixed total's | 2.2x | 2.1x |
+//! | W8 (mutex), goodput − fixed total's | −1.8 points | −2.3 points |
+//!
+//! Tried first: taking a park at any time since the previous tick as the
+//! evidence. The total still drifted to 4.3 at 0.5x: a worker often parks
+//! just before a burst fills the slots.
 //!
 //! # The runtime: arrivals before admitted work
 //!
