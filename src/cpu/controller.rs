@@ -113,8 +113,8 @@ struct RuntimeWatch {
     parks: ParkWatch,
 }
 
-/// Whether a worker has run out of work right now, with every slot in use:
-/// the evidence an increase needs (see [`Hold::WorkersBusy`]).
+/// Reads whether a worker has run out of work right now: with every slot
+/// in use, the evidence an increase needs (see [`Hold::WorkersBusy`]).
 ///
 /// Read from tokio's per-worker park/unpark counts, which are stable
 /// metrics: a worker publishes its counters just before it parks and again
@@ -327,9 +327,9 @@ pub struct ControllerSnapshot {
     pub recent: Vec<Decision>,
     /// Runtime-wide figures, when built for a runtime.
     pub runtime: Option<RuntimeSummary>,
-    /// Whether a worker ran out of work (parked) between the latest tick
-    /// and the one before: an increase needs one ([`Hold::WorkersBusy`]).
-    /// `None` with an injected signal, which has no workers to ask.
+    /// Whether a worker was parked (had run out of work) as the latest
+    /// tick sampled: an increase needs one ([`Hold::WorkersBusy`]). `None`
+    /// with an injected signal, which has no workers to ask.
     pub worker_idled: Option<bool>,
     /// The queue, including slots used and total.
     pub queue: QueueSnapshot<SlotSnapshot>,
