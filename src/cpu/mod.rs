@@ -69,6 +69,12 @@
 //! | W2 3x, IO handlers, configured runtime: mean total, completions/s (two runs each) | 5.3–5.5, 1,669–1,772 | 4.3–4.6, 1,616–1,681 |
 //! | W9 (IO), goodput / fixed total's | 2.2x | 2.1x |
 //! | W8 (mutex), goodput − fixed total's | −1.8 points | −2.3 points |
+//! | W5 (0.5x foreground beside a bulk job): bulk's share of the leftover, foreground p99 / alone (three runs each) | 79.9–93.2%, 1.02–1.18x | 75.0–77.6%, 0.99–1.27x |
+//!
+//! The cost is W5's: a closed-loop bulk job beside a light foreground had
+//! used a third slot to cover the gaps between its own re-admissions, and
+//! now gets 2–5 points less than the 80% of the leftover CPU it was
+//! meant to have; the foreground's tail moved within the runs' spread.
 //!
 //! Tried first: taking a park at any time since the previous tick as the
 //! evidence. The total still drifted to 4.3 at 0.5x: a worker often parks
