@@ -75,8 +75,9 @@
 //! while lower-priority work completes) take a slot, and the first rule may
 //! add a slot only after windows of holds near their unloaded value
 //! ([`cpu::inflation`]), and only while a worker is parked: with every
-//! worker busy, another admitted task could only share one. When freed slots come back in a
-//! burst, only a few grants go out until their tasks have actually started
+//! worker busy, another admitted task could only share one. When freed
+//! slots come back in a burst, only a few grants go out until their tasks
+//! have actually started
 //! running (grant pacing). When the node is idle, sampling slows down and
 //! admission stops enforcing. See [`cpu`] for the measurements behind the
 //! defaults and for what the stable-tokio fallback signal can and cannot see.

@@ -72,6 +72,15 @@ fn start_load(
     }
 }
 
+/// The runtime every test here reads: two workers, with timers.
+fn two_workers() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
 /// Waits (checking every few milliseconds) until `condition` holds.
 fn eventually(what: &str, mut condition: impl FnMut() -> bool) {
     let start = Instant::now();
@@ -83,11 +92,7 @@ fn eventually(what: &str, mut condition: impl FnMut() -> bool) {
 
 #[test]
 fn a_cpu_flood_shrinks_the_total_and_io_bound_work_grows_it_back() {
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
+    let runtime = two_workers();
     let controller = Controller::for_runtime(runtime.handle())
         .min_slots(1)
         .max_slots(64)
@@ -139,11 +144,7 @@ fn a_cpu_flood_shrinks_the_total_and_io_bound_work_grows_it_back() {
 /// see that no worker ever runs out of work and hold the total instead.
 #[test]
 fn yielding_handlers_that_keep_every_worker_busy_are_not_given_more_slots() {
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
+    let runtime = two_workers();
     let controller = Controller::for_runtime(runtime.handle())
         .min_slots(1)
         .initial_slots(2)
@@ -174,11 +175,7 @@ fn yielding_handlers_that_keep_every_worker_busy_are_not_given_more_slots() {
 #[test]
 fn the_stable_probe_can_be_chosen_in_any_build() {
     use admission::cpu::{Controller, RuntimeSignal, SignalSource};
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
+    let runtime = two_workers();
     let probing = Controller::for_runtime(runtime.handle())
         .signal_source(SignalSource::GlobalQueueAndProbe)
         .manual()

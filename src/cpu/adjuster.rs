@@ -58,9 +58,8 @@ pub enum Hold {
     /// (yet) near their unloaded value: see [`inflation`](super::inflation).
     Inflated,
     /// Underloaded by the runnable rule with every slot in use, but no
-    /// worker ran out of work since the previous tick: the workers are
-    /// already busy, and another slot would only share them between more
-    /// handlers. A handler parked by `yield_now` or by an exhausted
+    /// worker was parked as the tick sampled: the workers are already busy,
+    /// and another slot would only share them between more handlers. A handler parked by `yield_now` or by an exhausted
     /// cooperative budget is in no run queue, so the runnable rule alone
     /// takes such work for spare capacity.
     WorkersBusy,

@@ -15,7 +15,7 @@ use tokio_metrics::{RuntimeIntervals, RuntimeMonitor};
 use super::adjuster::{Adjustment, Hold, SlotAdjuster};
 use super::idle::{IdleDetector, Mode};
 use super::inflation::{self, HoldInflation, InflationReading, InflationVerdict};
-use super::signal::{CpuLoad, CpuSignal, RuntimeSignal, SignalSource};
+use super::signal::{a_worker_is_parked, CpuLoad, CpuSignal, RuntimeSignal, SignalSource};
 use super::tuning::{GlobalQueueBacklog, GlobalQueueWatch, WatchVerdict};
 use crate::error::ConfigError;
 use crate::grant::{SlotGranter, SlotSnapshot};
@@ -110,37 +110,9 @@ struct RuntimeWatch {
     intervals: RuntimeIntervals,
     busy: BusySpan,
     global_queue: GlobalQueueWatch,
-    parks: ParkWatch,
-}
-
-/// Reads whether a worker has run out of work right now: with every slot
-/// in use, the evidence an increase needs (see [`Hold::WorkersBusy`]).
-///
-/// Read from tokio's per-worker park/unpark counts, which are stable
-/// metrics: a worker publishes its counters just before it parks and again
-/// as it wakes, so an odd count means it is parked at this moment. Only the
-/// moment of the sample counts, the same moment as the slots in use: a park
-/// earlier in the tick may well have come before a burst filled the slots.
-/// A worker whose only work is a task in its defer list (`yield_now`, an
-/// exhausted cooperative budget) does not park: it polls the driver and
-/// goes on, so such handlers keep their workers busy here even though no
-/// run queue shows them.
-struct ParkWatch {
+    /// Read every tick for a parked worker: with every slot in use, the
+    /// evidence an increase needs (see [`Hold::WorkersBusy`]).
     metrics: RuntimeMetrics,
-}
-
-impl ParkWatch {
-    fn new(handle: &Handle) -> Self {
-        ParkWatch {
-            metrics: handle.metrics(),
-        }
-    }
-
-    /// Whether any worker is parked now.
-    fn a_worker_is_parked(&self) -> bool {
-        (0..self.metrics.num_workers())
-            .any(|worker| self.metrics.worker_park_unpark_count(worker) % 2 == 1)
-    }
 }
 
 impl RuntimeWatch {
@@ -456,11 +428,13 @@ impl Core {
             runtime,
             stats,
         } = &mut *ticking;
-        // Before the sample: the stable signal's probe wakes a task, which
-        // unparks a parked worker.
+        // Only the moment of the sample counts, the same moment as the slots
+        // in use: a park earlier in the tick may well have come before a
+        // burst filled them. And before the sample: the stable signal's probe
+        // wakes a task, which unparks a parked worker.
         let worker_idled = runtime
             .as_ref()
-            .map(|watch| watch.parks.a_worker_is_parked());
+            .map(|watch| a_worker_is_parked(&watch.metrics));
         let sampled = self.signal_boundary.call(|| signal.sample());
         let now = Instant::now();
         stats.ticks = stats.ticks.saturating_add(1);
@@ -872,7 +846,7 @@ impl ControllerBuilder {
             intervals: RuntimeMonitor::new(handle).intervals(),
             busy: BusySpan::default(),
             global_queue: GlobalQueueWatch::default(),
-            parks: ParkWatch::new(handle),
+            metrics: handle.metrics(),
         });
         let core = Arc::new(Core {
             queue,
@@ -1114,9 +1088,9 @@ mod tests {
             .worker_threads(2)
             .build()
             .unwrap();
-        let parks = ParkWatch::new(runtime.handle());
+        let metrics = runtime.handle().metrics();
         eventually("an idle runtime's workers park", || {
-            parks.a_worker_is_parked()
+            a_worker_is_parked(&metrics)
         });
         // Two tasks that only yield keep both workers polling: a yielded
         // task waits in its worker's defer list, and a worker with deferred
@@ -1133,10 +1107,10 @@ mod tests {
         eventually("both workers stay busy", || {
             // Read many times in a row, so that no single lucky moment
             // passes.
-            (0..100).all(|_| !parks.a_worker_is_parked())
+            (0..100).all(|_| !a_worker_is_parked(&metrics))
         });
         stop.store(true, Ordering::Relaxed);
-        eventually("the workers park again", || parks.a_worker_is_parked());
+        eventually("the workers park again", || a_worker_is_parked(&metrics));
         runtime.shutdown_timeout(Duration::from_secs(5));
     }
 

@@ -223,10 +223,7 @@ impl CpuSignal for RuntimeSignal {
         };
         // Read before the probe sends its next task into the global queue.
         let global = self.metrics.global_queue_depth() as u64;
-        // An odd park/unpark count means that worker is parked now.
-        let a_worker_is_parked = (0..self.metrics.num_workers())
-            .any(|worker| self.metrics.worker_park_unpark_count(worker) % 2 == 1);
-        let delay = probe.sample(a_worker_is_parked);
+        let delay = probe.sample(a_worker_is_parked(&self.metrics));
         let per_worker = delay.as_nanos() / probe.poll_estimate.as_nanos();
         let estimated = u64::try_from(per_worker)
             .unwrap_or(u64::MAX)
@@ -237,4 +234,15 @@ impl CpuSignal for RuntimeSignal {
             probe_delay: Some(delay),
         }
     }
+}
+
+/// Whether any of the runtime's workers is parked at this moment.
+///
+/// A worker publishes its park/unpark count just before it parks and again
+/// as it wakes (tokio's stable metrics), so an odd count means it is parked
+/// now. A worker whose only work is a task in its defer list (`yield_now`,
+/// an exhausted cooperative budget) does not park: it polls the driver and
+/// goes on.
+pub(super) fn a_worker_is_parked(metrics: &RuntimeMetrics) -> bool {
+    (0..metrics.num_workers()).any(|worker| metrics.worker_park_unpark_count(worker) % 2 == 1)
 }
