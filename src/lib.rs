@@ -272,7 +272,9 @@ pub use grant::{SlotGranter, TokenGranter};
 pub use health::ComponentHealth;
 pub use observe::QueueSnapshot;
 pub use pool::{CpuPool, PoolError, PoolTask};
-pub use queue::{Admit, EpochLifo, ReleaseDuring, SlotPermit, Usage, WorkQueue, WorkQueueBuilder};
+pub use queue::{
+    Admit, EpochLifo, GiveWay, ReleaseDuring, SlotPermit, Usage, WorkQueue, WorkQueueBuilder,
+};
 pub use work::{Priority, TenantId, TenantWeight, WorkInfo};
 
 /// The README's examples, compiled and run as doc tests.

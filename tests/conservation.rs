@@ -8,7 +8,9 @@
 //! quiescence every slot is back, nothing waits, and the queue's counters
 //! agree with what the test saw. Permits may also give their slots back
 //! for a wait (`SlotPermit::release_during`) and ask again when the test
-//! ends the wait. The same property is run through the CPU pool, whose
+//! ends the wait, or offer them to higher priorities
+//! (`SlotPermit::give_way`); at the end, the elastic share's count is back
+//! to zero too. The same property is run through the CPU pool, whose
 //! threads take the place of the permits.
 
 mod common;
@@ -40,6 +42,10 @@ enum Op {
     /// Ends one such wait: the work asks for its slots again.
     EndWait(usize),
     DropReleased(usize),
+    /// A permit offers its slots to waiting work of higher priority.
+    GiveWay(usize),
+    /// Drops a permit's offer while it asks for its slots again.
+    DropGivingWay(usize),
     Advance(u64),
     SetWeight {
         tenant: u64,
@@ -61,6 +67,8 @@ fn op() -> impl Strategy<Value = Op> {
         2 => any::<usize>().prop_map(Op::Release),
         2 => any::<usize>().prop_map(Op::EndWait),
         1 => any::<usize>().prop_map(Op::DropReleased),
+        2 => any::<usize>().prop_map(Op::GiveWay),
+        1 => any::<usize>().prop_map(Op::DropGivingWay),
         2 => (0..15u64).prop_map(Op::Advance),
         1 => (1..4u64, 1..6u32).prop_map(|(tenant, weight)| Op::SetWeight { tenant, weight }),
         // Rare: closing ends the interesting part of a run.
@@ -162,6 +170,8 @@ fn run(ops: Vec<Op>, policies: Policies) -> Result<(), TestCaseError> {
         let mut waiting: Vec<Pending> = Vec::new();
         let mut permits: Vec<SlotPermit> = Vec::new();
         let mut released: Vec<Released> = Vec::new();
+        // Permits that gave way, asking for their slots again.
+        let mut giving_way: Vec<tokio_test::task::Spawn<admission::GiveWay>> = Vec::new();
         let mut seen = Seen::default();
 
         for op in ops {
@@ -203,6 +213,38 @@ fn run(ops: Vec<Op>, policies: Policies) -> Result<(), TestCaseError> {
                         }
                         None => true,
                     });
+                    giving_way.retain_mut(|work| match work.poll() {
+                        std::task::Poll::Ready(result) => {
+                            seen.settle(result, &mut permits);
+                            false
+                        }
+                        std::task::Poll::Pending => true,
+                    });
+                }
+                Op::GiveWay(index) if !permits.is_empty() => {
+                    let permit = permits.swap_remove(index % permits.len());
+                    let gave_way = permit.give_way();
+                    let asks_again = gave_way.gave_way();
+                    let mut gave_way = tokio_test::task::spawn(gave_way);
+                    match gave_way.poll() {
+                        // Kept: the same permit, no admission.
+                        std::task::Poll::Ready(Ok(permit)) if !asks_again => permits.push(permit),
+                        std::task::Poll::Ready(result) => {
+                            prop_assert!(asks_again, "a kept permit came back as {result:?}");
+                            seen.requested += 1;
+                            seen.settle(result, &mut permits);
+                        }
+                        std::task::Poll::Pending => {
+                            prop_assert!(asks_again, "a kept permit must come back at once");
+                            seen.requested += 1;
+                            giving_way.push(gave_way);
+                        }
+                    }
+                }
+                Op::DropGivingWay(index) if !giving_way.is_empty() => {
+                    drop(giving_way.swap_remove(index % giving_way.len()));
+                    // Cancelled while it waited: counted as errored.
+                    seen.errored += 1;
                 }
                 Op::Release(index) if !permits.is_empty() => {
                     let permit = permits.swap_remove(index % permits.len());
@@ -254,12 +296,14 @@ fn run(ops: Vec<Op>, policies: Policies) -> Result<(), TestCaseError> {
                 | Op::ReleasePermit { .. }
                 | Op::Release(_)
                 | Op::EndWait(_)
-                | Op::DropReleased(_) => {}
+                | Op::DropReleased(_)
+                | Op::GiveWay(_)
+                | Op::DropGivingWay(_) => {}
             }
             let snapshot = queue.snapshot();
             // Slots held never exceed what permits and grants not yet
             // observed can hold (two units at most each).
-            let asked = released.iter().filter(|work| work.asked).count();
+            let asked = released.iter().filter(|work| work.asked).count() + giving_way.len();
             prop_assert!(
                 snapshot.granter.used <= 2 * (permits.len() + waiting.len() + asked) as u64
             );
@@ -292,8 +336,19 @@ fn run(ops: Vec<Op>, policies: Policies) -> Result<(), TestCaseError> {
                 }
                 None => true,
             });
+            giving_way.retain_mut(|work| match work.poll() {
+                std::task::Poll::Ready(result) => {
+                    seen.settle(result, &mut permits);
+                    false
+                }
+                std::task::Poll::Pending => true,
+            });
         }
         prop_assert!(waiting.is_empty(), "requests still pending at quiescence");
+        prop_assert!(
+            giving_way.is_empty(),
+            "work that gave way still pending at quiescence"
+        );
         prop_assert!(
             released.is_empty(),
             "released work still pending at quiescence"
@@ -319,6 +374,21 @@ fn run(ops: Vec<Op>, policies: Policies) -> Result<(), TestCaseError> {
             "{:?}",
             snapshot.tenants
         );
+        // Nor is any elastic work counted against the elastic share: on an
+        // open queue with nothing held, bulk work is admitted at once, with
+        // regular work about.
+        if policies.elastic_share && !snapshot.closed {
+            queue.set_total_slots(2).unwrap();
+            let regular = WorkInfo::new(TenantId::new(1), Priority::NORMAL);
+            let regular = try_settle(&mut tokio_test::task::spawn(queue.admit(regular)));
+            prop_assert!(matches!(regular, Some(Ok(_))), "{regular:?}");
+            let bulk = WorkInfo::new(TenantId::new(1), Priority::BULK_NORMAL);
+            let bulk = try_settle(&mut tokio_test::task::spawn(queue.admit(bulk)));
+            prop_assert!(
+                matches!(bulk, Some(Ok(_))),
+                "elastic units leaked: {bulk:?}"
+            );
+        }
         Ok(())
     })
 }

@@ -340,6 +340,49 @@ async fn a_refusal_after_the_wait_and_drops_around_it_lose_nothing() {
     assert_eq!(queue.waiting(), 0);
 }
 
+/// A long handler behind the layer offers its slot between chunks: kept
+/// while nobody of higher priority waits, taken by urgent work when some
+/// does, and held again (then returned by the layer) after it.
+#[tokio::test(start_paused = true)]
+async fn a_long_handler_gives_way_to_urgent_work_between_chunks() {
+    use std::time::Duration;
+    let queue = WorkQueue::new(1).unwrap();
+    let order = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let seen = order.clone();
+    let inner = service_fn(move |request: (u64, i8)| {
+        let order = seen.clone();
+        async move {
+            if request.1 > 0 {
+                order.lock().unwrap().push("urgent".to_string());
+                return Ok::<_, Infallible>(());
+            }
+            for chunk in 0..3 {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+                order.lock().unwrap().push(format!("export {chunk}"));
+                admission::tower::give_way().await.unwrap();
+            }
+            Ok(())
+        }
+    });
+    let service = AdmissionLayer::new(queue.clone(), classify).layer(inner);
+    let export = tokio::spawn(service.clone().oneshot((1, -30)));
+    tokio::time::sleep(Duration::from_millis(7)).await;
+    assert_eq!(queue.snapshot().granter.used, 1);
+    service.oneshot((2, 50)).await.unwrap();
+    export.await.unwrap().unwrap();
+    assert_eq!(
+        *order.lock().unwrap(),
+        ["export 0", "export 1", "urgent", "export 2"]
+    );
+    assert_eq!(
+        queue.snapshot().granter.used,
+        0,
+        "returned after the response"
+    );
+    // Outside a request the layer admitted there is nothing to offer.
+    admission::tower::give_way().await.unwrap();
+}
+
 /// Outside a request the layer admitted there is nothing to give back: the
 /// wait runs and comes back with `Ok`.
 #[tokio::test]

@@ -30,6 +30,8 @@ use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
 use rand_distr::{Distribution, Exp};
 
+use admission::{AdmitError, SlotPermit};
+
 use crate::stats::{Outcome, Record};
 
 /// One chunk of computation between two awaits.
@@ -225,26 +227,52 @@ impl HandlerEnv {
         service / 2
     }
 
+    /// [`chunks`](Self::chunks), with the slot offered to waiting work of a
+    /// higher priority between chunks (`SlotPermit::give_way`): the permit
+    /// it holds at the end, or the refusal of asking for it again.
+    pub async fn chunks_giving_way(
+        &self,
+        mut left: Duration,
+        mut permit: SlotPermit,
+    ) -> Result<SlotPermit, AdmitError> {
+        while let Some(rest) = self.one_chunk(left) {
+            left = rest;
+            let give_way = permit.give_way();
+            if !give_way.gave_way() {
+                // Kept: the worker is given back all the same.
+                self.pause().await;
+            }
+            permit = give_way.await?;
+        }
+        Ok(permit)
+    }
+
     /// Computes for `left`, giving the worker back between chunks as the
     /// style says.
     pub async fn chunks(&self, mut left: Duration) {
-        let longest = match self.kind.yielding {
-            Yielding::YieldNow | Yielding::SelfWake => CHUNK,
+        while let Some(rest) = self.one_chunk(left) {
+            left = rest;
+            self.pause().await;
+        }
+    }
+
+    /// Computes the next chunk of `left`; what is left after it, if any.
+    fn one_chunk(&self, left: Duration) -> Option<Duration> {
+        let chunk = match self.kind.yielding {
+            Yielding::YieldNow | Yielding::SelfWake => left.min(CHUNK),
+            // Its one chunk is all of it.
             Yielding::Never => left,
         };
-        while !left.is_zero() {
-            let chunk = left.min(longest);
-            self.units.run(chunk);
-            left -= chunk;
-            if left.is_zero() {
-                break;
-            }
-            match self.kind.yielding {
-                Yielding::YieldNow => tokio::task::yield_now().await,
-                Yielding::SelfWake => wake_self().await,
-                // Its one chunk was all of it.
-                Yielding::Never => {}
-            }
+        self.units.run(chunk);
+        Some(left - chunk).filter(|rest| !rest.is_zero())
+    }
+
+    /// Gives the worker back between chunks, as the style says.
+    async fn pause(&self) {
+        match self.kind.yielding {
+            Yielding::YieldNow => tokio::task::yield_now().await,
+            Yielding::SelfWake => wake_self().await,
+            Yielding::Never => {}
         }
     }
 }

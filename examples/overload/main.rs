@@ -655,6 +655,7 @@ mod smoke {
             service: MEAN_SERVICE,
             intended: now,
             deadline: now + MEAN_SERVICE * 10,
+            gives_way: false,
         };
         let waiting = runtime.spawn({
             let sut = sut.clone();

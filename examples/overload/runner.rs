@@ -143,6 +143,9 @@ pub struct Background {
     pub chunk: Duration,
     pub priority: Priority,
     pub tenant: TenantId,
+    /// Whether each chunk's handler gives its slot to waiting work of a
+    /// higher priority between its 50 µs pieces (`SlotPermit::give_way`).
+    pub gives_way: bool,
 }
 
 /// What to run.
@@ -446,6 +449,7 @@ pub fn run(bench: &Bench, system: System, spec: &RunSpec) -> Result<RunResult, S
                         intended: now,
                         // Bulk work has no deadline worth the name.
                         deadline: now + Duration::from_secs(3600),
+                        gives_way: job.gives_way,
                     };
                     let served = sut.serve(request).await;
                     if matches!(served, Outcome::Completed { .. }) && Instant::now() >= warm {
@@ -475,6 +479,7 @@ pub fn run(bench: &Bench, system: System, spec: &RunSpec) -> Result<RunResult, S
                     service: planned.service,
                     intended,
                     deadline: intended + slo,
+                    gives_way: false,
                 };
                 let outcome = sut.serve(request).await;
                 outcomes.record(index, outcome);

@@ -822,6 +822,15 @@ pub fn w4(bench: &Bench, dir: &Path, quick: bool) -> Result<Vec<SummaryRow>, Str
 /// would saturate the CPU. Both are the same tenant's work (a service and
 /// its own background job): priority orders work within a tenant, while
 /// across tenants fair share comes first.
+///
+/// Run twice: with a bulk job that holds its slot through each 5 ms chunk,
+/// beside fixed totals of one and two slots per worker (the trade the
+/// elastic share makes: bulk work at half of 2 slots cannot use the CPU
+/// the foreground leaves, at half of 4 it shares workers with the
+/// foreground); and with a bulk job that gives its slot to the foreground
+/// between its 50 µs pieces (`SlotPermit::give_way`), rows marked
+/// `+give-way`, under the default share and with the whole total open to
+/// it.
 pub fn w5(bench: &Bench, dir: &Path) -> Result<Vec<SummaryRow>, String> {
     let c = bench.capacity;
     let classes = vec![NORMAL];
@@ -832,21 +841,22 @@ pub fn w5(bench: &Bench, dir: &Path) -> Result<Vec<SummaryRow>, String> {
         &RunSpec::new(classes.clone(), foreground.clone()),
     )?;
     let alone_p99 = stats::latency_of_class(&alone.measured(), 0, alone.length).p99_ms;
-    let mut spec = RunSpec::new(classes.clone(), foreground);
+    let mut holding = RunSpec::new(classes.clone(), foreground);
     let chunk = Duration::from_millis(5);
-    spec.background = Some(Background {
+    let bulk = Background {
         workers: 8,
         chunk,
         priority: Priority::BULK_NORMAL,
         tenant: TenantId::new(1),
+        gives_way: false,
+    };
+    holding.background = Some(bulk);
+    let mut giving_way = holding.clone();
+    giving_way.background = Some(Background {
+        gives_way: true,
+        ..bulk
     });
-    let systems = [
-        System::NoAdmission,
-        System::SemaphoreWait { limit: WORKERS },
-        System::admission(),
-        System::AdmissionDefaults,
-    ];
-    let (rows, series) = compare(bench, "w5", &systems, &spec, 0.5, |_, result, summary| {
+    let mut extra = |_: &System, result: &RunResult, summary: &mut SummaryRow| {
         let p99 = summary.latency_ms["normal"].p99_ms;
         let bulk_per_sec = result.background_done as f64 / result.measured_len().as_secs_f64();
         // Leftover CPU: half the capacity, in seconds of work per second.
@@ -862,7 +872,33 @@ pub fn w5(bench: &Bench, dir: &Path) -> Result<Vec<SummaryRow>, String> {
             "bulk_share_of_leftover".into(),
             json!(bulk_per_sec * chunk.as_secs_f64() / leftover),
         );
-    })?;
+    };
+    let holders = [
+        System::NoAdmission,
+        System::SemaphoreWait { limit: WORKERS },
+        System::admission(),
+        System::AdmissionDefaults,
+        System::admission_fixed("admission-fixed", WORKERS as u64),
+        System::admission_fixed("admission-fixed-4", 2 * WORKERS as u64),
+    ];
+    let (mut rows, mut series) = compare(bench, "w5", &holders, &holding, 0.5, &mut extra)?;
+    let givers = [
+        System::AdmissionDefaults,
+        System::admission().with_elastic_share("admission-share-1", 1.0),
+        System::admission_fixed("admission-fixed", WORKERS as u64)
+            .with_elastic_share("admission-fixed-share-1", 1.0),
+    ];
+    let (given, given_series) = compare(bench, "w5", &givers, &giving_way, 0.5, &mut extra)?;
+    rows.extend(given.into_iter().map(|mut row| {
+        row.system.push_str("+give-way");
+        row
+    }));
+    for (lines, given) in series.iter_mut().zip(given_series) {
+        lines.extend(given.into_iter().map(|mut line| {
+            line.system.push_str("+give-way");
+            line
+        }));
+    }
     plot_all(dir, "w5", &classes, series);
     Ok(rows)
 }

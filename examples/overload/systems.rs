@@ -47,6 +47,8 @@ pub enum System {
         fixed_slots: Option<u64>,
         epoch_lifo: bool,
         early_rejection: bool,
+        /// `WorkQueueBuilder::elastic_share`.
+        elastic_share: f64,
     },
     /// This crate as a new user gets it: `Controller::for_runtime(..).build()`
     /// and nothing else (deadlines still carried as admission deadlines).
@@ -89,6 +91,7 @@ impl System {
                 fixed_slots: None,
                 epoch_lifo: false,
                 early_rejection: true,
+                elastic_share: ELASTIC_SHARE,
             },
             System::AdmissionDefaults,
         ]
@@ -101,6 +104,7 @@ impl System {
             fixed_slots: None,
             epoch_lifo: true,
             early_rejection: true,
+            elastic_share: ELASTIC_SHARE,
         }
     }
 
@@ -112,6 +116,27 @@ impl System {
             fixed_slots: Some(slots),
             epoch_lifo: true,
             early_rejection: true,
+            elastic_share: ELASTIC_SHARE,
+        }
+    }
+
+    /// This system (one of `Admission`'s) with bulk work allowed `share`
+    /// of the slots instead of the suite's half.
+    pub fn with_elastic_share(self, name: &'static str, share: f64) -> System {
+        match self {
+            System::Admission {
+                fixed_slots,
+                epoch_lifo,
+                early_rejection,
+                ..
+            } => System::Admission {
+                name,
+                fixed_slots,
+                epoch_lifo,
+                early_rejection,
+                elastic_share: share,
+            },
+            other => other,
         }
     }
 
@@ -176,6 +201,10 @@ pub struct Request {
     pub service: Duration,
     pub intended: Instant,
     pub deadline: Instant,
+    /// Whether the handler gives its slot to waiting work of a higher
+    /// priority between chunks (`SlotPermit::give_way`, on the admission
+    /// systems; the others have no way to).
+    pub gives_way: bool,
 }
 
 impl Request {
@@ -221,15 +250,24 @@ enum Kind {
 }
 
 /// The queue settings of `admission` (see `Sut::build`).
-fn admission_queue(slo: Duration, epoch_lifo: bool, early_rejection: bool) -> WorkQueueBuilder {
+/// The elastic share of the suite's admission systems: bulk work may hold at
+/// most half the slots, so that it never holds them all when user work
+/// arrives.
+const ELASTIC_SHARE: f64 = 0.5;
+
+fn admission_queue(
+    slo: Duration,
+    epoch_lifo: bool,
+    early_rejection: bool,
+    elastic_share: f64,
+) -> WorkQueueBuilder {
     // Tenants are admitted in proportion to their weights over each reset
     // period: with two slots, counting slots held would ignore the weights
-    // (see `Usage`). Bulk work may hold at most half the slots, so that it
-    // never holds them all when user work arrives.
+    // (see `Usage`).
     let builder = WorkQueue::builder()
         .max_waiters(100_000)
         .usage(Usage::Granted)
-        .elastic_share(0.5)
+        .elastic_share(elastic_share)
         .early_rejection(early_rejection);
     if epoch_lifo {
         builder.epoch_lifo(EpochLifo::for_deadline(slo))
@@ -272,9 +310,10 @@ impl Sut {
                 fixed_slots,
                 epoch_lifo,
                 early_rejection,
+                elastic_share,
                 ..
             } => {
-                let builder = admission_queue(slo, epoch_lifo, early_rejection);
+                let builder = admission_queue(slo, epoch_lifo, early_rejection, elastic_share);
                 let refused = |error: admission::ConfigError| format!("{}: {error}", system.name());
                 let (queue, controller) = match fixed_slots {
                     Some(total) => (builder.total_slots(total).build().map_err(refused)?, None),
@@ -319,7 +358,7 @@ impl Sut {
                     .threads(threads)
                     .spin_before_wait(Duration::from_micros(spin_us))
                     .collect_grants(collect)
-                    .queue(admission_queue(slo, true, true))
+                    .queue(admission_queue(slo, true, true, ELASTIC_SHARE))
                     .build()
                     .map_err(|error| format!("{}: {error}", system.name()))?;
                 pool.set_tenant_weights(weights.iter().copied())
@@ -397,6 +436,20 @@ impl Sut {
                         self.handler.chunks(service - before).await;
                         drop(permit);
                     }
+                    Err(error) => return refused(error),
+                }
+            }
+            Kind::Admission { queue, .. } if request.gives_way => {
+                let permit = match queue.admit(request.work_info()).await {
+                    Ok(permit) => permit,
+                    Err(error) => return refused(error),
+                };
+                match self
+                    .handler
+                    .chunks_giving_way(request.service, permit)
+                    .await
+                {
+                    Ok(permit) => drop(permit),
                     Err(error) => return refused(error),
                 }
             }

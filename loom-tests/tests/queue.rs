@@ -233,3 +233,44 @@ fn a_released_permit_asking_again_races_a_newcomer() {
         assert_eq!((normal.requested, normal.admitted), (3, 3));
     });
 }
+
+/// Bulk work offers its slot (`SlotPermit::give_way`) while regular work
+/// arrives for it. Whichever comes first, the regular work is admitted and
+/// the bulk work ends up holding the slot again (kept, or granted after the
+/// regular work completes); a lost wake-up would be a deadlock. At the end
+/// nothing is held, and the elastic share's count is back to zero: a new
+/// bulk request, with regular work about, is admitted at once.
+#[test]
+fn a_permit_giving_way_races_higher_priority_work() {
+    model(|| {
+        let queue = WorkQueue::builder()
+            .total_slots(1)
+            .elastic_share(0.5)
+            .build()
+            .unwrap();
+        let bulk = |tenant| WorkInfo::new(TenantId::new(tenant), Priority::BULK_NORMAL);
+        let held = match poll_once(&mut Box::pin(queue.admit(bulk(1)))) {
+            Poll::Ready(Ok(permit)) => permit,
+            other => panic!("expected the fast path, got {other:?}"),
+        };
+
+        let giving_way = thread::spawn(move || {
+            let again = loom::future::block_on(held.give_way()).unwrap();
+            drop(again);
+        });
+        let regular = {
+            let queue = queue.clone();
+            thread::spawn(move || {
+                let permit = loom::future::block_on(queue.admit(work(2))).unwrap();
+                drop(permit);
+            })
+        };
+        giving_way.join().unwrap();
+        regular.join().unwrap();
+
+        let snapshot = queue.snapshot();
+        assert_eq!((snapshot.granter.used, snapshot.waiting), (0, 0));
+        let again = poll_once(&mut Box::pin(queue.admit(bulk(3))));
+        assert!(matches!(again, Poll::Ready(Ok(_))), "{again:?}");
+    });
+}

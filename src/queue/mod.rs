@@ -22,7 +22,7 @@ mod work;
 
 pub use admit::Admit;
 pub use epoch::EpochLifo;
-pub use permit::{ReleaseDuring, SlotPermit};
+pub use permit::{GiveWay, ReleaseDuring, SlotPermit};
 pub use tokens::TokenQueues;
 
 use std::fmt;
@@ -113,6 +113,12 @@ impl<G: Granter> Shared<G> {
 
     fn release(&self, tenant: TenantId, charge: Charge) {
         self.with_state(|state, granter, wakes| state.release(tenant, charge, granter, wakes));
+    }
+
+    /// Whether the holder of `charge` gives its units to a waiter of higher
+    /// priority (see `QueueState::give_way`).
+    fn give_way(&self, tenant: TenantId, charge: &mut Charge) -> bool {
+        self.with_state(|state, granter, wakes| state.give_way(tenant, charge, granter, wakes))
     }
 }
 

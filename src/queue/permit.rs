@@ -128,6 +128,138 @@ impl SlotPermit<SlotGranter> {
     }
 }
 
+impl SlotPermit<SlotGranter> {
+    /// Gives the slots to waiting work of higher priority, if there is
+    /// any, and waits for them again; otherwise keeps them, at the cost of
+    /// one turn of the queue's lock: a preemption point for long work, to
+    /// call between its chunks (a batch of a backfill, a block of an
+    /// export, every few milliseconds of a report).
+    ///
+    /// A slot is held until the work completes, so a request that arrives
+    /// while long low-priority work holds every slot waits for one of those
+    /// to finish, however high its priority: the queue orders waiters, it
+    /// cannot interrupt holders. Work that gives way between chunks bounds
+    /// that wait by one chunk. The overload suite's W5 measures it: a
+    /// foreground at half the capacity beside a bulk job in 5 ms chunks
+    /// (see the README).
+    ///
+    /// The permit gives way when the waiter the queue would grant next,
+    /// were these slots free, has a higher priority than this work
+    /// ([`WorkInfo::priority`]). Work of the same priority does not take
+    /// the slot: among equals, fair share and arrival order act at
+    /// admission, and rotating holders every chunk would only add
+    /// hand-offs. Nor does work that [bypasses](crate::work::WorkInfoBuilder::bypass)
+    /// admission give way: it would be admitted again at once.
+    ///
+    /// Elastic work (bulk and background priorities) that has offered its
+    /// slot this way once no longer counts against the queue's
+    /// [elastic share](crate::WorkQueueBuilder::elastic_share): the share
+    /// keeps slots from elastic work because a slot cannot be taken back
+    /// from it, and this work gives its slot back when asked. So bulk work
+    /// that gives way can use the CPU that regular work leaves, all of it,
+    /// and still steps aside within a chunk. (It counts again when it asks
+    /// for the slot again after giving way, until its next offer.)
+    ///
+    /// Giving way is a [`release_during`](Self::release_during) of no wait:
+    /// the slots go to the waiter at once, and this work asks for them
+    /// again with its own [`WorkInfo`] (same tenant, priority, create time
+    /// and deadline), so it is ordered ahead of work of its priority that
+    /// arrived after it, and can be refused for its deadline like any
+    /// request. Each time it gives way counts as one more request and one
+    /// more grant, in metrics and in the tenant's usage under
+    /// [`Usage::Granted`](crate::Usage::Granted).
+    ///
+    /// Cancel-safe: dropping the returned future, before or after it gave
+    /// way, leaves the queue as dropping the permit or an [`Admit`] does.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), admission::AdmitError> {
+    /// use admission::{Priority, TenantId, WorkInfo, WorkQueue};
+    ///
+    /// let queue = WorkQueue::new(1).unwrap();
+    /// let backfill = WorkInfo::new(TenantId::new(1), Priority::BULK_NORMAL);
+    /// let mut permit = queue.admit(backfill).await?;
+    /// for _batch in 0..3 {
+    ///     // ... copy one batch of rows ...
+    ///     // Nobody of higher priority waits: the slot is kept.
+    ///     permit = permit.give_way().await?;
+    /// }
+    /// # assert_eq!(queue.granter_snapshot().used, 1);
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn give_way(mut self) -> GiveWay {
+        let tenant = self.work.tenant();
+        if self.work.is_bypass() || !self.shared.give_way(tenant, &mut self.charge) {
+            return GiveWay {
+                state: GiveWayState::Kept(Some(self)),
+            };
+        }
+        let (shared, work) = (self.shared.clone(), self.work.clone());
+        // Now, not at the first poll: the waiter has the slots even if the
+        // returned future is never polled.
+        drop(self);
+        GiveWay {
+            state: GiveWayState::Admitting(Admit::new(shared, work)),
+        }
+    }
+}
+
+/// The future returned by [`SlotPermit::give_way`]: the permit kept, or the
+/// admission that asks for its slots again. Cancel-safe at every point.
+#[pin_project]
+#[must_use = "a permit that gave way holds nothing until this future is awaited"]
+pub struct GiveWay {
+    #[pin]
+    state: GiveWayState,
+}
+
+#[pin_project(project = GiveWayProjection)]
+enum GiveWayState {
+    /// Nobody outranked the work: the permit, until the first poll.
+    Kept(Option<SlotPermit<SlotGranter>>),
+    Admitting(#[pin] Admit),
+}
+
+impl GiveWay {
+    /// Whether the permit gave its slots away (and this future asks for
+    /// them again), rather than keeping them.
+    pub fn gave_way(&self) -> bool {
+        matches!(self.state, GiveWayState::Admitting(_))
+    }
+}
+
+impl Future for GiveWay {
+    type Output = Result<SlotPermit<SlotGranter>, AdmitError>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        match self.project().state.project() {
+            GiveWayProjection::Kept(permit) => Poll::Ready(Ok(permit
+                .take()
+                .expect("`GiveWay` polled after it completed"))),
+            GiveWayProjection::Admitting(admit) => admit.poll(cx),
+        }
+    }
+}
+
+impl FusedFuture for GiveWay {
+    fn is_terminated(&self) -> bool {
+        match &self.state {
+            GiveWayState::Kept(permit) => permit.is_none(),
+            GiveWayState::Admitting(admit) => admit.is_terminated(),
+        }
+    }
+}
+
+impl fmt::Debug for GiveWay {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("GiveWay")
+            .field("gave_way", &self.gave_way())
+            .finish()
+    }
+}
+
 /// The future returned by [`SlotPermit::release_during`]: the wait, then
 /// the second admission. A named type, like [`Admit`], so that it can be
 /// stored without boxing; cancel-safe at every point.

@@ -130,6 +130,21 @@ pub(crate) struct Charge {
     concurrency: u64,
     /// The admitted work's deadline, to tell a late completion.
     deadline: Option<Instant>,
+    /// Elastic work only: counted against the elastic share (`false` once
+    /// the work has offered its slot to higher priorities, see
+    /// `QueueState::give_way`).
+    capped: bool,
+}
+
+impl Charge {
+    /// Elastic units counted against the elastic share.
+    fn capped_units(&self) -> u64 {
+        if self.capped {
+            self.count
+        } else {
+            0
+        }
+    }
 }
 
 /// What a first attempt at admission came to.
@@ -639,6 +654,7 @@ impl QueueState {
             admitted_at,
             concurrency: self.in_flight,
             deadline,
+            capped: priority.is_elastic(),
         }
     }
 
@@ -1048,6 +1064,76 @@ impl QueueState {
         }
     }
 
+    /// What [`SlotPermit::give_way`](super::SlotPermit::give_way) asks:
+    /// `true` when the waiter the queue would grant next, were the units of
+    /// `charge` returned, has a higher priority than the work holding them;
+    /// the permit then returns them. Work of the same priority never
+    /// outranks a holder (among equals fair share acts at admission). "Were
+    /// they returned" in full: an elastic holder's units count as free
+    /// against the elastic share, and under [`Usage::Held`] the holder's
+    /// tenant is un-charged, which can move its own waiters ahead of other
+    /// tenants'.
+    ///
+    /// Otherwise (`false`, the permit keeps its units) elastic work that
+    /// offers its slot this way no longer counts against the elastic
+    /// share: the share keeps slots free for regular work because elastic
+    /// work cannot be made to give them back, and this work can. What the
+    /// share it held allows is granted at once.
+    pub(crate) fn give_way<G: Granter>(
+        &mut self,
+        tenant: TenantId,
+        charge: &mut Charge,
+        grants: &mut Grants<'_, G>,
+        wakes: &mut WakeList,
+    ) -> bool {
+        if self.outranks_holder(tenant, charge, grants) {
+            return true;
+        }
+        if charge.capped {
+            charge.capped = false;
+            self.elastic_held = self.elastic_held.saturating_sub(charge.count);
+            self.grant_waiting(grants, wakes);
+        }
+        false
+    }
+
+    fn outranks_holder<G: Granter>(
+        &self,
+        tenant: TenantId,
+        charge: &Charge,
+        grants: &Grants<'_, G>,
+    ) -> bool {
+        if self.waiting == 0 {
+            return false;
+        }
+        let elastic_full = self
+            .elastic_limit(grants)
+            .is_some_and(|limit| self.elastic_held.saturating_sub(charge.capped_units()) >= limit);
+        let eligible = |record: &Tenant| {
+            let slab_key = record.first()?;
+            let blocked = elastic_full && self.waiters[slab_key].priority.is_elastic();
+            (!blocked).then_some(slab_key)
+        };
+        let others = self
+            .tenant_order
+            .iter()
+            .filter(|order| order.id != tenant)
+            .find_map(|order| Some((*order, eligible(self.tenants.get(&order.id)?)?)));
+        let returned = self.limits.usage == Usage::Held && charge.generation == self.generation;
+        let own = self.tenants.get(&tenant).and_then(|record| {
+            let mut order = record.order(tenant);
+            if returned {
+                order.used = order.used.saturating_sub(charge.count);
+            }
+            Some((order, eligible(record)?))
+        });
+        let next = match (others, own) {
+            (Some(other), Some(own)) => Some(if own.0 < other.0 { own } else { other }),
+            (other, own) => other.or(own),
+        };
+        next.is_some_and(|(_, slab_key)| self.waiters[slab_key].priority > charge.priority)
+    }
+
     /// Admitted work completed: its slot goes back to the granter and on to
     /// the next waiter, and its tenant is un-charged (if charged in this
     /// generation).
@@ -1076,9 +1162,7 @@ impl QueueState {
     ) {
         self.drain.completions += 1;
         self.in_flight = self.in_flight.saturating_sub(charge.count);
-        if charge.priority.is_elastic() {
-            self.elastic_held = self.elastic_held.saturating_sub(charge.count);
-        }
+        self.elastic_held = self.elastic_held.saturating_sub(charge.capped_units());
         if let Some(admitted_at) = charge.admitted_at {
             let now = Instant::now();
             let held = now.saturating_duration_since(admitted_at);

@@ -11,7 +11,8 @@
 //! [`SlotPermit::release_during`](crate::SlotPermit::release_during) for
 //! why it keeps priority true), and one left only with waiting (a call to
 //! another service, a response to stream) can give it back for good with
-//! [`release_slot`].
+//! [`release_slot`]. A handler that computes for long can offer its slot
+//! to waiting work of a higher priority between chunks with [`give_way`].
 //!
 //! **HTTP mode** ([`AdmissionLayer::http`]): a refused request is answered with
 //! a response (503 by default, or 429, with `Retry-After` from the queue's
@@ -154,6 +155,6 @@ pub use layer::AdmissionLayer;
 pub use propagate::{
     current_work, format_grpc_timeout, parse_grpc_timeout, PropagateLayer, PropagateService,
 };
-pub use release::{release_during, release_slot};
+pub use release::{give_way, release_during, release_slot};
 pub use service::{AdmissionService, CLASSIFIER_FALLBACK_PRIORITY};
 pub use status::{rejection_response, status_for};

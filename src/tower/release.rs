@@ -1,7 +1,8 @@
 //! The admitted request's slot, reachable from its handler: so that a
 //! handler behind [`AdmissionLayer`](super::AdmissionLayer) can give it back
-//! while it waits on IO ([`release_during`]), or for good once only waiting
-//! is left ([`release_slot`]).
+//! while it waits on IO ([`release_during`]), to waiting work of a higher
+//! priority between chunks of long work ([`give_way`]), or for good once
+//! only waiting is left ([`release_slot`]).
 //!
 //! The response future keeps the permit in a task-local cell around the
 //! inner call rather than beside it: the handler runs inside that scope, so
@@ -69,6 +70,41 @@ pub async fn release_during<F: IntoFuture>(wait: F) -> (F::Output, Result<(), Ad
         }
         Err(error) => (output, Err(error)),
     }
+}
+
+/// Offers the slot of the request this task is serving to waiting work of
+/// a higher priority, and waits for it again if it was taken: the tower
+/// counterpart of [`SlotPermit::give_way`], a preemption point for a
+/// handler behind [`AdmissionLayer`](super::AdmissionLayer) that computes
+/// for long (an export, a report), to call between its chunks.
+///
+/// `Ok(())` once the request holds its slot again (at once, when nobody of
+/// a higher priority waits), or the refusal of asking again (its deadline),
+/// after which the request holds no slot and the handler should answer as a
+/// refused request would. Outside a request admitted by the layer, or while
+/// [`release_during`] has the slot, there is nothing to offer: `Ok(())`.
+///
+/// ```
+/// # async fn export_batch(_: u32) {}
+/// # async fn handler() -> Result<(), admission::AdmitError> {
+/// for batch in 0..10 {
+///     export_batch(batch).await;
+///     admission::tower::give_way().await?;
+/// }
+/// # Ok(())
+/// # }
+/// # tokio::runtime::Builder::new_current_thread().build().unwrap()
+/// #     .block_on(async { handler().await.unwrap() });
+/// ```
+pub async fn give_way() -> Result<(), AdmitError> {
+    let Some(permit) = take_held() else {
+        return Ok(());
+    };
+    let permit = permit.give_way().await?;
+    // Back in the cell, in the scope `take_held` ran in (see
+    // `release_during`).
+    let _ = HELD.try_with(|cell| cell.borrow_mut().replace(permit));
+    Ok(())
 }
 
 /// Gives the slot of the request this task is serving back for good: for a
