@@ -55,7 +55,9 @@
 //! **early rejection** fails a request at once when the work ahead of it
 //! would outlast its deadline, **epoch-LIFO** (after CockroachDB) serves a
 //! priority that has fallen behind newest-first, by epoch, until it catches
-//! up, and an **elastic share** keeps bulk work from holding every slot. `cargo run --release --example overload` measures them against the
+//! up, and an **elastic share** keeps bulk work from holding every slot
+//! (bulk work that gives way, below, is exempt: it hands its slot over
+//! when asked). `cargo run --release --example overload` measures them against the
 //! alternatives (tokio's semaphore, tower's concurrency limit with load
 //! shedding, nothing at all).
 //!
@@ -183,7 +185,11 @@
 //! holds a [`SlotPermit`] while it runs; work that waits on IO in the
 //! middle can give the slot back for the wait and be admitted again in its
 //! own order ([`SlotPermit::release_during`]), so that slots stay about one
-//! per worker and every phase of computation is admitted by priority.
+//! per worker and every phase of computation is admitted by priority. Long
+//! work (a bulk job's batch) can offer its slot between chunks to waiting
+//! work of a higher priority ([`SlotPermit::give_way`]): the queue cannot
+//! take a slot back from a holder, but a holder can hand it over, so that
+//! an urgent request waits one chunk rather than one batch.
 //!
 //! **Cancel safety.** Dropping an [`Admit`] while it waits removes it from the
 //! queue; dropping it after it was granted but before it saw the grant passes

@@ -371,6 +371,7 @@ fn scenario_table(name: &str, rows: &[SummaryRow]) -> String {
         }
         "w7" => report::table(rows, classes_of(name)) + &scenarios::w7_table(rows),
         "w4" => report::table(rows, classes_of(name)) + &scenarios::w4_table(rows),
+        "w5" => report::table(rows, classes_of(name)) + &scenarios::w5_table(rows),
         "w1" => report::table(rows, classes_of(name)) + &scenarios::w1_table(rows),
         _ => report::table(rows, classes_of(name)),
     }
@@ -551,6 +552,40 @@ mod smoke {
                 && row["signal"] == "stable"
                 && row["priority_inversion"].is_boolean()));
         assert!(dir.join("w2-high-p99.svg").exists());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// W5 at toy size: the bulk job runs holding its slots and giving way
+    /// (`+give-way` rows), and each row has its bulk and foreground
+    /// figures. Asserts only that the scenario works.
+    #[test]
+    fn a_tiny_w5_runs_the_bulk_job_holding_and_giving_way() {
+        let bench = tiny_bench(Handler::YIELD, SignalSource::GlobalQueueAndProbe);
+        let dir = temp_dir("smoke-w5");
+        let rows = scenarios::w5(&bench, &dir).unwrap();
+        let systems: Vec<&str> = rows.iter().map(|row| row.system.as_str()).collect();
+        assert_eq!(
+            systems,
+            [
+                "no-admission",
+                "semaphore-wait(2)",
+                "admission",
+                "admission-defaults",
+                "admission-fixed",
+                "admission-fixed-4",
+                "admission-defaults+give-way",
+                "admission-share-1+give-way",
+                "admission-fixed-share-1+give-way",
+            ]
+        );
+        for row in &rows {
+            for key in ["bulk_share_of_leftover", "foreground_p99_vs_alone"] {
+                let value = row.extra_f64(key).unwrap_or(f64::NAN);
+                assert!(value.is_finite() && value >= 0.0, "{}: {key}", row.system);
+            }
+        }
+        let text = scenario_table("w5", &rows);
+        assert!(text.contains("bulk share of leftover") && text.contains("+give-way"));
         std::fs::remove_dir_all(&dir).unwrap();
     }
 

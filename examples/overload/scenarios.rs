@@ -992,6 +992,25 @@ pub fn w6(settings: &crate::ingest::Settings) -> Result<Vec<SummaryRow>, String>
 }
 
 /// W6's own figures, one line per system, for the terminal.
+/// W5's own columns: what the bulk job got and what the foreground paid.
+pub fn w5_table(rows: &[SummaryRow]) -> String {
+    let figure = |row: &SummaryRow, key: &str| row.extra_f64(key).unwrap_or(f64::NAN);
+    let mut text = format!(
+        "\n{:<34} {:>22} {:>21} {:>9}\n",
+        "system", "bulk share of leftover", "foreground p99/alone", "CPU busy"
+    );
+    for row in rows {
+        text.push_str(&format!(
+            "{:<34} {:>21.1}% {:>20.2}x {:>8.1}%\n",
+            row.system,
+            100.0 * figure(row, "bulk_share_of_leftover"),
+            figure(row, "foreground_p99_vs_alone"),
+            100.0 * figure(row, "cpu_busy_frac"),
+        ));
+    }
+    text
+}
+
 pub fn w6_table(rows: &[SummaryRow]) -> String {
     let figure = |row: &SummaryRow, key: &str| row.extra_f64(key).unwrap_or(f64::NAN);
     let mut text = format!(

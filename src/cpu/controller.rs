@@ -736,7 +736,8 @@ impl ControllerBuilder {
     /// epoch-LIFO against 93.4% with it; in W5 (a foreground at half the
     /// capacity beside a bulk job in 5 ms chunks) the foreground's p99 was
     /// 2.9x its value alone without the elastic share against 1.17x with
-    /// it.
+    /// it (bulk work that gives way, [`SlotPermit::give_way`](crate::SlotPermit::give_way),
+    /// is not held to the share).
     pub fn default_queue() -> WorkQueueBuilder {
         WorkQueueBuilder::default()
             .early_rejection(true)

@@ -550,8 +550,11 @@ impl WorkQueueBuilder {
     /// [`reset_period`](Self::reset_period)): with nothing else to run,
     /// elastic work may use every slot, and regular work arriving after a
     /// quiet spell waits for the elastic holds that are running (one bulk
-    /// chunk) before the cap is back. Between 0 (exclusive) and 1. Off by
-    /// default; 0.5 in
+    /// chunk) before the cap is back. Elastic work that offers its slot
+    /// to higher priorities between chunks ([`SlotPermit::give_way`]) is
+    /// not capped once it has: it gives its slot back when asked, which is
+    /// what the cap is for. Between 0 (exclusive) and 1. Off by default;
+    /// 0.5 in
     /// [`ControllerBuilder::default_queue`](crate::cpu::ControllerBuilder::default_queue).
     pub fn elastic_share(mut self, share: f64) -> Self {
         self.elastic_share = Some(share);
