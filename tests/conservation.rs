@@ -231,6 +231,10 @@ fn run(ops: Vec<Op>, policies: Policies) -> Result<(), TestCaseError> {
                         std::task::Poll::Ready(Ok(permit)) if !asks_again => permits.push(permit),
                         std::task::Poll::Ready(result) => {
                             prop_assert!(asks_again, "a kept permit came back as {result:?}");
+                            prop_assert!(
+                                !matches!(result, Err(AdmitError::QueueFull { .. })),
+                                "work that gave way found the queue full"
+                            );
                             seen.requested += 1;
                             seen.settle(result, &mut permits);
                         }

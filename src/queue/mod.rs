@@ -114,11 +114,22 @@ impl<G: Granter> Shared<G> {
     fn release(&self, tenant: TenantId, charge: Charge) {
         self.with_state(|state, granter, wakes| state.release(tenant, charge, granter, wakes));
     }
+}
 
-    /// Whether the holder of `charge` gives its units to a waiter of higher
+impl Shared<SlotGranter> {
+    /// Whether the holder of `charge` gives its slots to a waiter of higher
     /// priority (see `QueueState::give_way`).
     fn give_way(&self, tenant: TenantId, charge: &mut Charge) -> bool {
-        self.with_state(|state, granter, wakes| state.give_way(tenant, charge, granter, wakes))
+        self.with_state(|state, grants, wakes| {
+            // Slots only: what the grant loop will find free once the
+            // holder's are back (none of it while the total is not
+            // enforced, when nobody waits).
+            let slots = grants
+                .granter
+                .is_enforcing()
+                .then(|| grants.granter.snapshot(grants.state));
+            state.give_way(tenant, charge, slots, grants, wakes)
+        })
     }
 }
 

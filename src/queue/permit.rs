@@ -145,11 +145,24 @@ impl SlotPermit<SlotGranter> {
     ///
     /// The permit gives way when the waiter the queue would grant next,
     /// were these slots free, has a higher priority than this work
-    /// ([`WorkInfo::priority`]). Work of the same priority does not take
+    /// ([`WorkInfo::priority`]) and would be granted them at once: it asks
+    /// for no more slots than will be free once this permit's are back
+    /// (work that [bypassed](crate::work::WorkInfoBuilder::bypass)
+    /// admission may hold slots beyond the total), and the queue's
+    /// [grant pacing](crate::WorkQueueBuilder::grant_burst) has room. So
+    /// the slots never sit idle between the two, and the grant makes room
+    /// in the queue for this work's second admission: a full queue never
+    /// refuses work that gave way. Work of the same priority does not take
     /// the slot: among equals, fair share and arrival order act at
     /// admission, and rotating holders every chunk would only add
     /// hand-offs. Nor does work that [bypasses](crate::work::WorkInfoBuilder::bypass)
     /// admission give way: it would be admitted again at once.
+    ///
+    /// Call it where the work holds nothing that higher-priority work may
+    /// wait for (a lock, a connection from a small pool): work that gave way
+    /// waits for a slot while holding it, and if the work on its slot waits
+    /// for it in turn, neither moves until a deadline refuses one. The same
+    /// holds for [`release_during`](Self::release_during).
     ///
     /// Elastic work (bulk and background priorities) that has offered its
     /// slot this way once no longer counts against the queue's

@@ -72,7 +72,7 @@ use super::tenant::{newcomer_used, Tenant};
 use super::work::WorkWindow;
 use super::Usage;
 use crate::error::{AdmitError, ConfigError};
-use crate::grant::{Granter, Grants};
+use crate::grant::{Granter, Grants, SlotSnapshot};
 use crate::observe::{PrioritySnapshot, PriorityStats, Settled, TenantSnapshot};
 use crate::work::{Priority, TenantId, TenantWeight, WorkInfo};
 
@@ -1066,8 +1066,10 @@ impl QueueState {
 
     /// What [`SlotPermit::give_way`](super::SlotPermit::give_way) asks:
     /// `true` when the waiter the queue would grant next, were the units of
-    /// `charge` returned, has a higher priority than the work holding them;
-    /// the permit then returns them. Work of the same priority never
+    /// `charge` returned, has a higher priority than the work holding them
+    /// and would be granted them at once (the slots free once they are
+    /// back are enough for it, and grant pacing has room); the permit then
+    /// returns them. Work of the same priority never
     /// outranks a holder (among equals fair share acts at admission). "Were
     /// they returned" in full: an elastic holder's units count as free
     /// against the elastic share, and under [`Usage::Held`] the holder's
@@ -1079,14 +1081,24 @@ impl QueueState {
     /// share: the share keeps slots free for regular work because elastic
     /// work cannot be made to give them back, and this work can. What the
     /// share it held allows is granted at once.
+    ///
+    /// `slots` is the slot granter's state, `None` while its total is not
+    /// enforced (then anything fits).
     pub(crate) fn give_way<G: Granter>(
         &mut self,
         tenant: TenantId,
         charge: &mut Charge,
+        slots: Option<SlotSnapshot>,
         grants: &mut Grants<'_, G>,
         wakes: &mut WakeList,
     ) -> bool {
-        if self.outranks_holder(tenant, charge, grants) {
+        let returned = if charge.accounted { charge.count } else { 0 };
+        let free_after = slots.map_or(u64::MAX, |slots| {
+            slots
+                .total
+                .saturating_sub(slots.used.saturating_sub(returned))
+        });
+        if self.outranks_holder(tenant, charge, free_after, grants) {
             return true;
         }
         if charge.capped {
@@ -1101,6 +1113,7 @@ impl QueueState {
         &self,
         tenant: TenantId,
         charge: &Charge,
+        free_after: u64,
         grants: &Grants<'_, G>,
     ) -> bool {
         if self.waiting == 0 {
@@ -1131,7 +1144,16 @@ impl QueueState {
             (Some(other), Some(own)) => Some(if own.0 < other.0 { own } else { other }),
             (other, own) => other.or(own),
         };
-        next.is_some_and(|(_, slab_key)| self.waiters[slab_key].priority > charge.priority)
+        // Only when the slot goes to it at once: the grant removes it from
+        // the queue, which makes room for the holder's second admission
+        // (a full queue never refuses work that gave way), and no slot
+        // sits idle while grants are paced or a bigger request waits.
+        next.is_some_and(|(_, slab_key)| {
+            let waiter = &self.waiters[slab_key];
+            waiter.priority > charge.priority
+                && waiter.count <= free_after
+                && !self.pacing.is_full()
+        })
     }
 
     /// Admitted work completed: its slot goes back to the granter and on to
