@@ -8,17 +8,22 @@ use std::task::Poll;
 use std::time::Duration;
 
 use admission::{AdmitError, Priority, SlotPermit, TenantId, WorkInfo, WorkQueue};
-use common::{admit_now, enqueue, try_settle, work};
+use common::{admit_now, enqueue, requested, try_settle, work};
 use tokio::time::Instant;
 use tokio_test::task;
 
-fn requested(queue: &WorkQueue) -> u64 {
-    queue
-        .snapshot()
-        .priorities
-        .iter()
-        .map(|p| p.requested)
-        .sum()
+/// Two slots, elastic work capped at one of them while regular work is
+/// about, and regular work has asked; then `bulk` admitted on the share.
+fn sharing_with_bulk(bulk: Priority) -> (WorkQueue, SlotPermit) {
+    let queue = WorkQueue::builder()
+        .total_slots(2)
+        .elastic_share(0.5)
+        .build()
+        .unwrap();
+    let regular = admit_now(&queue, at(1, Priority::NORMAL));
+    let holder = admit_now(&queue, at(1, bulk));
+    drop(regular);
+    (queue, holder)
 }
 
 fn at(tenant: u64, priority: Priority) -> WorkInfo {
@@ -161,15 +166,7 @@ async fn the_holders_own_tenant_is_counted_as_it_will_be_once_the_slot_is_back()
 /// holder uses, takes it.
 #[tokio::test(start_paused = true)]
 async fn an_elastic_holder_gives_way_to_higher_elastic_work_its_share_held_back() {
-    let queue = WorkQueue::builder()
-        .total_slots(2)
-        .elastic_share(0.5)
-        .build()
-        .unwrap();
-    // Regular work about, so the share applies: one elastic slot of two.
-    let regular = admit_now(&queue, at(1, Priority::NORMAL));
-    let backfill = admit_now(&queue, at(1, Priority::BULK_LOW));
-    drop(regular);
+    let (queue, backfill) = sharing_with_bulk(Priority::BULK_LOW);
     let mut export = enqueue(&queue, at(1, Priority::BULK_NORMAL));
     assert!(
         try_settle(&mut export).is_none(),
@@ -194,14 +191,7 @@ async fn an_elastic_holder_gives_way_to_higher_elastic_work_its_share_held_back(
 /// work comes.
 #[tokio::test(start_paused = true)]
 async fn elastic_work_that_gives_way_is_not_kept_to_the_elastic_share() {
-    let queue = WorkQueue::builder()
-        .total_slots(2)
-        .elastic_share(0.5)
-        .build()
-        .unwrap();
-    let regular = admit_now(&queue, at(1, Priority::NORMAL));
-    let first = admit_now(&queue, at(1, Priority::BULK_NORMAL));
-    drop(regular);
+    let (queue, first) = sharing_with_bulk(Priority::BULK_NORMAL);
     let mut second = enqueue(&queue, at(1, Priority::BULK_NORMAL));
     assert!(try_settle(&mut second).is_none(), "held back by the share");
 
@@ -226,14 +216,7 @@ async fn elastic_work_that_gives_way_is_not_kept_to_the_elastic_share() {
 /// the share to the elastic work that has not.
 #[tokio::test(start_paused = true)]
 async fn the_share_still_holds_back_elastic_work_that_never_gave_way() {
-    let queue = WorkQueue::builder()
-        .total_slots(2)
-        .elastic_share(0.5)
-        .build()
-        .unwrap();
-    let regular = admit_now(&queue, at(1, Priority::NORMAL));
-    let offering = admit_now(&queue, at(1, Priority::BULK_NORMAL));
-    drop(regular);
+    let (queue, offering) = sharing_with_bulk(Priority::BULK_NORMAL);
     let mut holding = enqueue(&queue, at(1, Priority::BULK_NORMAL));
     let offering = kept(offering);
     let holding = try_settle(&mut holding).expect("granted").unwrap();

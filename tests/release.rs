@@ -8,18 +8,9 @@ use std::task::Poll;
 use std::time::Duration;
 
 use admission::{AdmitError, Priority, TenantId, WorkInfo, WorkQueue};
-use common::{admit_now, enqueue, try_settle, work};
+use common::{admit_now, enqueue, requested, try_settle, work};
 use tokio::time::Instant;
 use tokio_test::task;
-
-fn requested(queue: &WorkQueue) -> u64 {
-    queue
-        .snapshot()
-        .priorities
-        .iter()
-        .map(|p| p.requested)
-        .sum()
-}
 
 #[tokio::test(start_paused = true)]
 async fn the_slot_is_free_during_the_wait_and_taken_again_after_it() {

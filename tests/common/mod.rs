@@ -31,6 +31,16 @@ pub fn work(tenant: u64, priority: i8, t0: Instant, created_ms: u64) -> WorkInfo
         .build()
 }
 
+/// Requests the queue has counted, of every priority.
+pub fn requested(queue: &WorkQueue) -> u64 {
+    queue
+        .snapshot()
+        .priorities
+        .iter()
+        .map(|p| p.requested)
+        .sum()
+}
+
 /// Polls an admission once and expects it to have to wait.
 pub fn enqueue(queue: &WorkQueue, work: WorkInfo) -> Pending {
     let mut admit = task::spawn(queue.admit(work));
