@@ -10,6 +10,10 @@
 //!   the slot directly), per admission.
 //! * `cancel_with_10k_waiters`: with 10,000 requests already waiting,
 //!   enqueue one more and drop it.
+//! * `give_way_kept`: a permit offering its slot (`SlotPermit::give_way`)
+//!   that nobody outranks, with nobody waiting and with 1,000 requests of
+//!   a lower priority waiting: the price of a preemption point that finds
+//!   nothing to do.
 //!
 //! Run with `cargo bench --bench admit`; compare the lines of a group with
 //! each other, not across machines.
@@ -183,5 +187,41 @@ fn cancel_with_waiters(c: &mut Criterion) {
     drop(semaphore_waiting);
 }
 
-criterion_group!(benches, uncontended, contended, cancel_with_waiters);
+fn give_way_kept(c: &mut Criterion) {
+    let mut group = c.benchmark_group("give_way_kept");
+    let queue = WorkQueue::new(1).unwrap();
+    let bulk = WorkInfo::new(TenantId::new(1), Priority::BULK_NORMAL);
+    let Poll::Ready(Ok(permit)) = poll_once(queue.admit(bulk)) else {
+        unreachable!("capacity is free");
+    };
+    let mut permit = Some(permit);
+    let mut offer = |b: &mut criterion::Bencher<'_>| {
+        b.iter(|| {
+            let held = permit.take().expect("kept every time");
+            match poll_once(held.give_way()) {
+                Poll::Ready(Ok(kept)) => permit = Some(black_box(kept)),
+                _ => unreachable!("nobody outranks bulk work here"),
+            }
+        })
+    };
+    group.bench_function("nobody_waiting", &mut offer);
+    let low = WorkInfo::new(TenantId::new(2), Priority::BULK_LOW);
+    let mut waiting: Vec<_> = (0..1_000)
+        .map(|_| Box::pin(queue.admit(low.clone())))
+        .collect();
+    for admit in &mut waiting {
+        assert!(poll_once(admit.as_mut()).is_pending());
+    }
+    group.bench_function("1000_lower_waiting", &mut offer);
+    group.finish();
+    drop(waiting);
+}
+
+criterion_group!(
+    benches,
+    uncontended,
+    contended,
+    cancel_with_waiters,
+    give_way_kept
+);
 criterion_main!(benches);

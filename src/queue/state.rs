@@ -170,9 +170,19 @@ pub(crate) enum Observed {
 /// waits that failed meanwhile, logged after that. A subscriber is the
 /// application's code: a panic in it must not unwind through the grant
 /// loop half-way, leaving free capacity beside waiters nobody will grant.
+///
+/// Every admission and release builds one and nearly always collects
+/// nothing, so the empty list is two `None`s: nothing to drop, nothing to
+/// wake, two compares. What grants beyond the first collect, and the failed
+/// waits, live behind one allocation made when the first of them comes.
 #[derive(Debug, Default)]
 pub(crate) struct WakeList {
     first: Option<Waker>,
+    more: Option<Box<MoreWakes>>,
+}
+
+#[derive(Debug, Default)]
+struct MoreWakes {
     rest: Vec<Waker>,
     failed: Vec<FailedWait>,
 }
@@ -192,21 +202,39 @@ impl WakeList {
         if self.first.is_none() {
             self.first = Some(waker);
         } else {
-            self.rest.push(waker);
+            self.more.get_or_insert_with(Box::default).rest.push(waker);
         }
+    }
+
+    fn push_failed(&mut self, failed: FailedWait) {
+        self.more
+            .get_or_insert_with(Box::default)
+            .failed
+            .push(failed);
     }
 
     /// Wakes everything collected, then logs the failed waits. Call only
     /// after the lock is released: a woken task may run at once on another
     /// thread and ask for the lock.
-    pub(crate) fn wake_all(mut self) {
+    #[inline]
+    pub(crate) fn wake_all(self) {
+        if self.first.is_some() || self.more.is_some() {
+            self.wake_and_log();
+        }
+    }
+
+    #[inline(never)]
+    fn wake_and_log(mut self) {
         self.wake_collected();
+        let Some(more) = self.more.take() else {
+            return;
+        };
         // A permit dropped while its task unwinds gets here too; a second
         // panic (the subscriber's) would abort the process.
         if std::thread::panicking() {
             return;
         }
-        for failed in std::mem::take(&mut self.failed) {
+        for failed in more.failed {
             // The caller still has to act on what the critical section
             // decided (a waiter it removed, a grant it observed): a
             // subscriber's panic must not unwind through it. Its message
@@ -227,16 +255,17 @@ impl WakeList {
     /// The failed waits alone; the wakers are dropped unwoken.
     fn into_failed(mut self) -> Vec<FailedWait> {
         self.first = None;
-        self.rest.clear();
-        std::mem::take(&mut self.failed)
+        self.more.take().map(|more| more.failed).unwrap_or_default()
     }
 
     fn wake_collected(&mut self) {
         if let Some(first) = self.first.take() {
             first.wake();
         }
-        for waker in std::mem::take(&mut self.rest) {
-            waker.wake();
+        if let Some(more) = &mut self.more {
+            for waker in std::mem::take(&mut more.rest) {
+                waker.wake();
+            }
         }
     }
 }
@@ -248,8 +277,11 @@ impl Drop for WakeList {
     /// sleep on their grant. The list is declared before the lock is
     /// taken, so it drops after the lock is released. The failed waits are
     /// not logged while unwinding: a second panic there would abort.
+    #[inline]
     fn drop(&mut self) {
-        self.wake_collected();
+        if self.first.is_some() || self.more.is_some() {
+            self.wake_collected();
+        }
     }
 }
 
@@ -980,7 +1012,9 @@ impl QueueState {
             self.expire(slab_key, Instant::now(), &mut own);
             // Its waker is the caller's own, already awake: not woken. Its
             // log goes out with the rest once the lock is released.
-            wakes.failed.extend(own.into_failed());
+            for failed in own.into_failed() {
+                wakes.push_failed(failed);
+            }
         }
         self.settle(slab_key, grants, wakes)
     }
@@ -1483,7 +1517,7 @@ impl QueueState {
             wakes.push(waker);
         }
         let (tenant, priority) = (waiter.tenant, waiter.priority);
-        wakes.failed.push(FailedWait {
+        wakes.push_failed(FailedWait {
             tenant,
             priority,
             waited,
