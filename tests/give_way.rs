@@ -299,6 +299,35 @@ async fn the_slot_is_handed_over_only_if_the_waiter_gets_it_at_once() {
     assert_eq!(queue.waiting(), 0);
 }
 
+/// A waiter whose deadline has passed, not yet taken out of the queue by
+/// its own timer, is not given the slot: the grant loop would pass it by
+/// and hand the slot to whoever is next, here work below the holder's
+/// priority.
+#[tokio::test(start_paused = true)]
+async fn the_slot_is_not_handed_to_a_waiter_whose_deadline_has_passed() {
+    let t0 = Instant::now();
+    let queue = WorkQueue::new(1).unwrap();
+    let holder = admit_now(&queue, at(1, Priority::NORMAL));
+    let urgent = WorkInfo::builder()
+        .tenant(TenantId::new(2))
+        .priority(Priority::HIGH)
+        .deadline(t0 + Duration::from_millis(10))
+        .build();
+    let mut urgent = enqueue(&queue, urgent);
+    let mut low = enqueue(&queue, at(3, Priority::USER_LOW));
+    // Past the deadline; the urgent request's future has not run since.
+    tokio::time::advance(Duration::from_millis(11)).await;
+    let holder = kept(holder);
+    assert!(try_settle(&mut low).is_none());
+    assert!(matches!(
+        try_settle(&mut urgent),
+        Some(Err(AdmitError::DeadlineExceeded { .. }))
+    ));
+    drop(holder);
+    drop(try_settle(&mut low).expect("granted").unwrap());
+    assert_eq!(queue.granter_snapshot().used, 0);
+}
+
 #[tokio::test(start_paused = true)]
 async fn bypass_work_keeps_what_it_took() {
     let queue = WorkQueue::new(1).unwrap();

@@ -149,7 +149,9 @@ impl SlotPermit<SlotGranter> {
     /// for no more slots than will be free once this permit's are back
     /// (work that [bypassed](crate::work::WorkInfoBuilder::bypass)
     /// admission may hold slots beyond the total), and the queue's
-    /// [grant pacing](crate::WorkQueueBuilder::grant_burst) has room. So
+    /// [grant pacing](crate::WorkQueueBuilder::grant_burst) has room, and
+    /// its deadline would not refuse it (one that passed, its own timer
+    /// not yet run, would see the slot go past it to whoever is next). So
     /// the slots never sit idle between the two, and the grant makes room
     /// in the queue for this work's second admission: a full queue never
     /// refuses work that gave way. Work of the same priority does not take

@@ -1181,13 +1181,37 @@ impl QueueState {
         // Only when the slot goes to it at once: the grant removes it from
         // the queue, which makes room for the holder's second admission
         // (a full queue never refuses work that gave way), and no slot
-        // sits idle while grants are paced or a bigger request waits.
+        // sits idle while grants are paced or a bigger request waits. Nor
+        // to a waiter the grant loop would refuse for its deadline: the
+        // slot would go past it to whoever is next, perhaps work below the
+        // holder's priority. The holder keeps its slot until the waiter's
+        // own timer has taken it out of the queue.
         next.is_some_and(|(_, slab_key)| {
             let waiter = &self.waiters[slab_key];
             waiter.priority > charge.priority
                 && waiter.count <= free_after
                 && !self.pacing.is_full()
+                && !self.would_refuse_at_grant(waiter)
         })
+    }
+
+    /// Whether the grant loop would refuse `waiter` now: its deadline has
+    /// passed, or with early rejection, the typical hold of its priority
+    /// outlasts what is left of it (the loop's own two checks).
+    fn would_refuse_at_grant(&self, waiter: &Waiter) -> bool {
+        let Some(deadline) = waiter.deadline else {
+            return false;
+        };
+        let now = Instant::now();
+        if deadline <= now {
+            return true;
+        }
+        let remaining = deadline.saturating_duration_since(now);
+        self.limits.early_rejection
+            && self
+                .drain
+                .hold(waiter.priority)
+                .is_some_and(|hold| hold > remaining)
     }
 
     /// Admitted work completed: its slot goes back to the granter and on to
