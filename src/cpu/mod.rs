@@ -74,12 +74,12 @@
 //! The cost showed in W5. Without the gate, the total had wandered above 2
 //! beside a light foreground (a mean of 2.9–3.0). At 4, the elastic share
 //! (half the total) lets the bulk job use two workers; a fixed total of 3
-//! gives it no more than 2 does. At 2 it has one worker: 75–80% of the
+//! gives it no more than 2 does. At 2 it has one worker: 74–80% of the
 //! leftover CPU, the same as a fixed total of 2 in the same runs. The
 //! foreground's tail moved within the runs' spread. A bulk job that offers
 //! its slot between chunks ([`SlotPermit::give_way`](crate::SlotPermit::give_way))
 //! is not held to the share, and got 80–97% beside a foreground at
-//! 0.80–0.96x its p99 alone (`docs/OVERLOAD.md`).
+//! 0.75–0.96x its p99 alone (`docs/OVERLOAD.md`).
 //!
 //! Tried first: taking a park at any time since the previous tick as the
 //! evidence. The total still drifted to 4.3 at 0.5x: a worker often parks
