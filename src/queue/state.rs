@@ -158,6 +158,15 @@ pub(crate) enum Attempt {
     Rejected(AdmitError),
 }
 
+/// Why the grant loop passes a waiter by and fails it.
+#[derive(Debug)]
+enum GrantRefusal {
+    /// Its deadline passed.
+    Expired,
+    /// Early rejection: its priority's typical hold outlasts what is left.
+    WouldMiss(AdmitError),
+}
+
 /// What polling a queued request came to.
 #[derive(Debug)]
 pub(crate) enum Observed {
@@ -657,10 +666,17 @@ impl QueueState {
     /// elastic is passed over while elastic work holds its share.
     fn next_grantee(&self, elastic_full: bool) -> Option<(TenantOrder, usize)> {
         self.tenant_order.iter().find_map(|&order| {
-            let slab_key = self.tenants.get(&order.id).and_then(Tenant::first)?;
-            let blocked = elastic_full && self.waiters[slab_key].priority.is_elastic();
-            (!blocked).then_some((order, slab_key))
+            let record = self.tenants.get(&order.id)?;
+            Some((order, self.grantable_first(record, elastic_full)?))
         })
+    }
+
+    /// A tenant's next request, unless it is elastic work held back by a
+    /// full elastic share.
+    fn grantable_first(&self, record: &Tenant, elastic_full: bool) -> Option<usize> {
+        let slab_key = record.first()?;
+        let blocked = elastic_full && self.waiters[slab_key].priority.is_elastic();
+        (!blocked).then_some(slab_key)
     }
 
     /// The charge of a slot granted now; the clock is read only when slot
@@ -856,30 +872,16 @@ impl QueueState {
             let deadline = self.waiters[slab_key].deadline;
             if deadline.is_some() || epoch_lifo || self.limits.early_rejection {
                 let at = *now.get_or_insert_with(Instant::now);
-                if let Some(deadline) = deadline {
-                    // Never hand a slot to work that can no longer use it.
-                    if deadline <= at {
+                match self.refusal_at_grant(&self.waiters[slab_key], at) {
+                    None => {}
+                    Some(GrantRefusal::Expired) => {
                         self.expire(slab_key, at, wakes);
                         continue;
                     }
-                    // Nor, with early rejection, to work that would not
-                    // finish in time even if it started now.
-                    let remaining = deadline.saturating_duration_since(at);
-                    let priority = self.waiters[slab_key].priority;
-                    let hold = self
-                        .drain
-                        .hold(priority)
-                        .filter(|_| self.limits.early_rejection);
-                    if let Some(hold) = hold {
-                        if hold > remaining {
-                            self.drain.refused_on_hold(priority);
-                            let error = AdmitError::WouldMissDeadline {
-                                expected: hold,
-                                remaining,
-                            };
-                            self.fail_waiting(slab_key, at, WaiterState::Refused(error), wakes);
-                            continue;
-                        }
+                    Some(GrantRefusal::WouldMiss(error)) => {
+                        self.drain.refused_on_hold(self.waiters[slab_key].priority);
+                        self.fail_waiting(slab_key, at, WaiterState::Refused(error), wakes);
+                        continue;
                     }
                 }
             }
@@ -1156,11 +1158,7 @@ impl QueueState {
         let elastic_full = self
             .elastic_limit(grants)
             .is_some_and(|limit| self.elastic_held.saturating_sub(charge.capped_units()) >= limit);
-        let eligible = |record: &Tenant| {
-            let slab_key = record.first()?;
-            let blocked = elastic_full && self.waiters[slab_key].priority.is_elastic();
-            (!blocked).then_some(slab_key)
-        };
+        let eligible = |record: &Tenant| self.grantable_first(record, elastic_full);
         let others = self
             .tenant_order
             .iter()
@@ -1195,23 +1193,32 @@ impl QueueState {
         })
     }
 
-    /// Whether the grant loop would refuse `waiter` now: its deadline has
-    /// passed, or with early rejection, the typical hold of its priority
-    /// outlasts what is left of it (the loop's own two checks).
+    /// Whether the grant loop would refuse `waiter` now (see
+    /// [`refusal_at_grant`](Self::refusal_at_grant)); the clock is read only
+    /// for a waiter with a deadline.
     fn would_refuse_at_grant(&self, waiter: &Waiter) -> bool {
-        let Some(deadline) = waiter.deadline else {
-            return false;
-        };
-        let now = Instant::now();
-        if deadline <= now {
-            return true;
+        waiter.deadline.is_some() && self.refusal_at_grant(waiter, Instant::now()).is_some()
+    }
+
+    /// Why the grant loop refuses `waiter` at `at`, if it does: never hand
+    /// a slot to work that can no longer use it (its deadline passed), nor,
+    /// with early rejection, to work that would not finish in time even if
+    /// it started now (the typical hold of its priority outlasts what is
+    /// left of its deadline).
+    fn refusal_at_grant(&self, waiter: &Waiter, at: Instant) -> Option<GrantRefusal> {
+        let deadline = waiter.deadline?;
+        if deadline <= at {
+            return Some(GrantRefusal::Expired);
         }
-        let remaining = deadline.saturating_duration_since(now);
-        self.limits.early_rejection
-            && self
-                .drain
-                .hold(waiter.priority)
-                .is_some_and(|hold| hold > remaining)
+        let remaining = deadline.saturating_duration_since(at);
+        let hold = self
+            .drain
+            .hold(waiter.priority)
+            .filter(|&hold| self.limits.early_rejection && hold > remaining)?;
+        Some(GrantRefusal::WouldMiss(AdmitError::WouldMissDeadline {
+            expected: hold,
+            remaining,
+        }))
     }
 
     /// Admitted work completed: its slot goes back to the granter and on to
