@@ -615,9 +615,13 @@ mod smoke {
         assert!(rows
             .iter()
             .all(|row| row.extra["handler"] == "mutex+self-wake"));
+        // What a user gets is judged against the fixed total in the same run.
+        let has = |rows: &[SummaryRow], name: &str| rows.iter().any(|row| row.system == name);
+        assert!(has(&rows, "admission-defaults") && has(&rows, "admission-fixed"));
         let bench = tiny_bench(Handler::YIELD, SignalSource::GlobalQueueAndProbe);
         let rows = scenarios::w2_variant(&bench, &dir, "w9", Awaits::Io).unwrap();
         assert!(rows.iter().all(|row| row.extra["handler"] == "io"));
+        assert!(has(&rows, "admission-defaults") && has(&rows, "admission-fixed"));
         std::fs::remove_dir_all(&dir).unwrap();
     }
 

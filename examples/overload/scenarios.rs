@@ -1035,7 +1035,9 @@ pub fn w6_table(rows: &[SummaryRow]) -> String {
 /// (a shared async mutex) or that wait on IO between chunks; between
 /// awaits they compute and yield as `--handler` says (`yield_now` by
 /// default). W9-released is W9 with handlers that give their slot back
-/// during the wait (`SlotPermit::release_during`).
+/// during the wait (`SlotPermit::release_during`). Both the controller's
+/// defaults (what a user gets) and the policies set by hand run, beside
+/// the fixed totals they are judged against.
 pub fn w2_variant(
     bench: &Bench,
     dir: &Path,
@@ -1049,6 +1051,7 @@ pub fn w2_variant(
         System::NoAdmission,
         System::SemaphoreWait { limit: WORKERS },
         System::admission(),
+        System::AdmissionDefaults,
         System::admission_fixed("admission-fixed", WORKERS as u64),
         System::admission_fixed("admission-fixed-32", 32),
     ];
