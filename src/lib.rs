@@ -87,12 +87,15 @@
 //! Admission orders a request only once its task has been polled and asked.
 //! Before that the task waits where tokio put it: a task spawned or woken
 //! from outside the runtime waits in tokio's global queue, which a busy
-//! worker looks at only every few hundred microseconds. The controller
-//! reports a backlog there ([`cpu::GlobalQueueBacklog`]) and logs a
-//! warning while one lasts; a runtime built through
-//! [`cpu::configure_runtime`] has workers look there first, so that
-//! arrivals reach the queue that can order them, at a cost of a few points
-//! of goodput. See [`cpu::tuning`] for the measurements and when to use it.
+//! worker looks at only every few hundred microseconds. So a controller's
+//! queue keeps a slot returned while tasks wait there free for the next
+//! request to ask ([`cpu::ControllerBuilder::arrivals_first`], on by
+//! default): the worker that returned it runs out of local work, takes the
+//! arrivals in, and the queue orders them before the slot is given out.
+//! The controller also reports a backlog there
+//! ([`cpu::GlobalQueueBacklog`]) and logs a warning while one lasts; a
+//! runtime built through [`cpu::configure_runtime`] has workers look there
+//! first. See [`cpu::tuning`] for the measurements and when to use it.
 //!
 //! # Work that does not yield: the CPU pool
 //!

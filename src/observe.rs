@@ -144,6 +144,11 @@ pub struct QueueSnapshot<S> {
     /// [`epoch_lifo_from_deadlines`](crate::WorkQueueBuilder::epoch_lifo_from_deadlines);
     /// `None` while epoch-LIFO is off or not yet chosen.
     pub epoch_lifo: Option<EpochLifo>,
+    /// Releases that kept their slot back for requests waiting in tokio's
+    /// global queue instead of passing it to a waiter at once (only in a
+    /// CPU controller's queue; see
+    /// [`ControllerBuilder::arrivals_first`](crate::cpu::ControllerBuilder::arrivals_first)).
+    pub kept_for_arrivals: u64,
 }
 
 impl<S> QueueSnapshot<S> {

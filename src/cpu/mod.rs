@@ -87,16 +87,26 @@
 //!
 //! # The runtime: arrivals before admitted work
 //!
-//! No controller decision reaches a task that has not asked for admission
-//! yet. With handlers that wake themselves between chunks (an await whose
+//! No slot total reaches a task that has not asked for admission yet.
+//! With handlers that wake themselves between chunks (an await whose
 //! value is ready), each worker always has local work and takes tokio's
 //! global queue, where tasks spawned from outside the runtime arrive, one
 //! task every ~200 µs of polling: at 3x overload arrivals wait there past
 //! their deadlines, and a fixed total shows the same loss as an adaptive
-//! one. [`ControllerSnapshot::global_queue`] and a warning report a
-//! backlog there; [`configure_runtime`] has workers look at the global
-//! queue first, for a few points of goodput. See [`tuning`] for the
-//! measurements.
+//! one. Two things reach them:
+//!
+//! * **Arrivals first** ([`ControllerBuilder::arrivals_first`], on by
+//!   default): a slot returned on a worker while the global queue holds a
+//!   task a worker or more is kept back for the next request to ask, so the worker runs
+//!   out of local work, takes a batch of arrivals from the global queue,
+//!   and the queue orders them before the slot is given out. One slot at a
+//!   time, given out by the next grant loop at the latest on the next
+//!   tick.
+//! * [`configure_runtime`] has workers look at the global queue first, on
+//!   every tick; it needs the application to build its runtime.
+//!
+//! [`ControllerSnapshot::global_queue`] and a warning report a backlog
+//! there. See [`tuning`] for the measurements.
 //!
 //! # Failure model
 //!

@@ -96,8 +96,8 @@ impl<G: Granter> Future for Admit<G> {
             let Phase::Start(work) = std::mem::replace(&mut *this.phase, Phase::Done) else {
                 unreachable!("matched above");
             };
-            let attempt =
-                shared.with_state(|queue, grants, _| queue.attempt(&work, grants, cx.waker()));
+            let attempt = shared
+                .with_state(|queue, grants, wakes| queue.attempt(&work, grants, cx.waker(), wakes));
             let tenant = work.tenant();
             let priority = work.priority();
             match attempt {

@@ -11,6 +11,7 @@
 //! released. The state machine itself is in `state.rs`.
 
 mod admit;
+mod arrivals;
 mod epoch;
 mod order;
 mod pacing;
@@ -377,6 +378,7 @@ impl<G: Granter> WorkQueue<G> {
             granter: self.shared.granter.snapshot(&locked.granter),
             granter_health: self.shared.granter_boundary.health(),
             epoch_lifo: locked.queue.epoch_lifo(),
+            kept_for_arrivals: locked.queue.kept_for_arrivals(),
         }
     }
 }
@@ -410,6 +412,7 @@ pub struct WorkQueueBuilder {
     newcomers_behind: bool,
     name: &'static str,
     report_work: bool,
+    arrivals_first: bool,
 }
 
 impl Default for WorkQueueBuilder {
@@ -429,6 +432,7 @@ impl Default for WorkQueueBuilder {
             newcomers_behind: false,
             name: Self::DEFAULT_NAME,
             report_work: false,
+            arrivals_first: false,
         }
     }
 }
@@ -624,6 +628,17 @@ impl WorkQueueBuilder {
         self
     }
 
+    /// Keeps a returned slot back while tasks wait in the releasing
+    /// task's runtime's global queue, for the next request to ask (see
+    /// [`ControllerBuilder::arrivals_first`](crate::cpu::ControllerBuilder::arrivals_first)
+    /// and `arrivals.rs`). Only for a queue that something maintains every
+    /// few milliseconds (the controller's tick), which grants a slot kept
+    /// back for arrivals that did not come.
+    pub(crate) fn arrivals_first(mut self, on: bool) -> Self {
+        self.arrivals_first = on;
+        self
+    }
+
     /// A slot queue.
     pub fn build(self) -> Result<WorkQueue<SlotGranter>, ConfigError> {
         let granter = SlotGranter::new(self.total_slots)?;
@@ -696,6 +711,9 @@ impl WorkQueueBuilder {
             max_tenants: self.max_tenants,
             newcomers_behind: self.newcomers_behind,
             report_work: self.report_work,
+            arrivals_waiting: self
+                .arrivals_first
+                .then_some(arrivals::waiting_in_runtime as fn() -> bool),
         };
         let locked = Locked {
             queue: QueueState::new(limits),

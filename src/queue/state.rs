@@ -38,7 +38,11 @@
 //! the granter's `used` equals the number of live permits plus the number of
 //! `Granted` waiters; `waiting` equals the number of `Waiting` waiters; when
 //! `waiting > 0`, the granter refused the last `try_get` (every path that
-//! returns capacity runs the grant loop before releasing the lock).
+//! returns capacity runs the grant loop before releasing the lock), with one
+//! exception: in a controller's queue, a release while tokio's global queue
+//! holds tasks may keep its slot free for the next request to ask
+//! (`kept_for_arrivals`, one slot at a time; see `arrivals.rs`), and the
+//! next grant loop, whatever runs it, gives it out.
 //!
 //! **Grant pacing** (`pacing.rs`) bounds grants made but not yet observed;
 //! **epoch-LIFO** (`epoch.rs`) decides per tenant which priorities are served
@@ -313,6 +317,10 @@ pub(crate) struct Limits {
     pub(crate) newcomers_behind: bool,
     /// Report every completion's hold to the controller (see `work.rs`).
     pub(crate) report_work: bool,
+    /// With arrivals first (a controller's queue): whether requests wait
+    /// where the runtime keeps them from the queue, so that a release keeps
+    /// its slot back for them (see `arrivals.rs`).
+    pub(crate) arrivals_waiting: Option<fn() -> bool>,
 }
 
 /// How fast the queue drains, for early rejection: the rate at which
@@ -475,6 +483,12 @@ pub(crate) struct QueueState {
     /// and the concurrency at or below which work has the CPU to itself.
     work: WorkWindow,
     base_concurrency: u64,
+    /// A released slot left free for the next request to ask, while the
+    /// runtime held arrivals (`arrivals_waiting`); the next grant loop gives
+    /// it out. At most one at a time.
+    kept_for_arrivals: bool,
+    /// Releases that kept their slot back, for the snapshot.
+    kept_for_arrivals_count: u64,
     stats: PriorityStats,
 }
 
@@ -515,6 +529,8 @@ impl QueueState {
             in_flight: 0,
             work: WorkWindow::default(),
             base_concurrency: 0,
+            kept_for_arrivals: false,
+            kept_for_arrivals_count: 0,
             stats: PriorityStats::new(),
         }
     }
@@ -541,6 +557,7 @@ impl QueueState {
         work: &WorkInfo,
         grants: &mut Grants<'_, G>,
         waker: &Waker,
+        wakes: &mut WakeList,
     ) -> Attempt {
         let priority = work.priority();
         self.stats.requested(priority);
@@ -610,9 +627,13 @@ impl QueueState {
         if let Some(error) = self.doomed(work, now, grants.capacity()) {
             return self.reject(work, error);
         }
-        Attempt::Queued {
-            key: self.enqueue(work, now, waker),
+        let key = self.enqueue(work, now, waker);
+        if self.kept_for_arrivals {
+            // The slot a release kept back for arrivals like this one: it
+            // goes to whoever is first now, this request included.
+            self.grant_waiting(grants, wakes);
         }
+        Attempt::Queued { key }
     }
 
     /// Admission without waiting (fast path or bypass): charged, counted
@@ -853,6 +874,9 @@ impl QueueState {
         grants: &mut Grants<'_, G>,
         wakes: &mut WakeList,
     ) -> u64 {
+        // Whatever was kept back for arrivals is given out now, or free
+        // with nobody it could go to.
+        self.kept_for_arrivals = false;
         if self.waiting == 0 {
             // Every release runs this: keep the uncontended case free.
             return 0;
@@ -1269,7 +1293,30 @@ impl QueueState {
         {
             self.update_tenant(tenant, |t| t.used = t.used.saturating_sub(charge.count));
         }
+        if self.keep_for_arrivals() {
+            return;
+        }
         self.grant_waiting(grants, wakes);
+    }
+
+    /// Whether a returned slot stays free for the next request to ask
+    /// instead of going to a waiter now: only with arrivals first, while
+    /// requests wait where the runtime keeps them from the queue, and one
+    /// slot at a time (see `arrivals.rs`).
+    fn keep_for_arrivals(&mut self) -> bool {
+        let Some(arrivals_waiting) = self.limits.arrivals_waiting else {
+            return false;
+        };
+        if self.waiting == 0 || self.kept_for_arrivals || !arrivals_waiting() {
+            return false;
+        }
+        self.kept_for_arrivals = true;
+        self.kept_for_arrivals_count = self.kept_for_arrivals_count.saturating_add(1);
+        true
+    }
+
+    pub(crate) fn kept_for_arrivals(&self) -> u64 {
+        self.kept_for_arrivals_count
     }
 
     /// Charges (`delta > 0`) or credits a tenant's usage after the fact: an
