@@ -88,8 +88,8 @@
 //! Before that the task waits where tokio put it: a task spawned or woken
 //! from outside the runtime waits in tokio's global queue, which a busy
 //! worker looks at only every few hundred microseconds. So a controller's
-//! queue keeps a slot returned while tasks wait there free for the next
-//! request to ask ([`cpu::ControllerBuilder::arrivals_first`], on by
+//! queue keeps a slot returned on a worker while a task a worker or more
+//! waits there free for the next request to ask ([`cpu::ControllerBuilder::arrivals_first`], on by
 //! default): the worker that returned it runs out of local work, takes the
 //! arrivals in, and the queue orders them before the slot is given out.
 //! The controller also reports a backlog there

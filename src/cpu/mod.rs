@@ -97,9 +97,9 @@
 //!
 //! * **Arrivals first** ([`ControllerBuilder::arrivals_first`], on by
 //!   default): a slot returned on a worker while the global queue holds a
-//!   task a worker or more is kept back for the next request to ask, so the worker runs
-//!   out of local work, takes a batch of arrivals from the global queue,
-//!   and the queue orders them before the slot is given out. One slot at a
+//!   task a worker or more is kept back for the next request to ask, so
+//!   the worker runs out of local work, takes a batch of arrivals from the
+//!   global queue, and the queue orders them before the slot is given out. One slot at a
 //!   time, given out by the next grant loop at the latest on the next
 //!   tick.
 //! * [`configure_runtime`] has workers look at the global queue first, on

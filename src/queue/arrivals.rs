@@ -17,11 +17,11 @@
 //!
 //! So a controller's queue keeps a returned slot back, instead of granting
 //! it at once, when the task returning it runs on a runtime whose global
-//! queue holds a task a worker or more. That worker then has nothing local to run, and tokio
-//! has it take a batch from the global queue; the first of those arrivals
-//! to ask for admission finds the slot free and the grant loop gives it to
-//! whoever is first in the queue's order, the newcomer included. What
-//! bounds the cost:
+//! queue holds a task a worker or more. That worker then has nothing local
+//! to run, and tokio has it take a batch from the global queue; the first
+//! of those arrivals to ask for admission finds the slot free and the grant
+//! loop gives it to whoever is first in the queue's order, the newcomer
+//! included. What bounds the cost:
 //!
 //! * one slot at a time: while one is kept back, other releases grant as
 //!   usual;

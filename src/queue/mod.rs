@@ -628,8 +628,9 @@ impl WorkQueueBuilder {
         self
     }
 
-    /// Keeps a returned slot back while tasks wait in the releasing
-    /// task's runtime's global queue, for the next request to ask (see
+    /// Keeps a returned slot back while a task a worker or more waits in
+    /// the releasing task's runtime's global queue, for the next request
+    /// to ask (see
     /// [`ControllerBuilder::arrivals_first`](crate::cpu::ControllerBuilder::arrivals_first)
     /// and `arrivals.rs`). Only for a queue that something maintains every
     /// few milliseconds (the controller's tick), which grants a slot kept

@@ -40,7 +40,8 @@
 //! `waiting > 0`, the granter refused the last `try_get` (every path that
 //! returns capacity runs the grant loop before releasing the lock), with one
 //! exception: in a controller's queue, a release while tokio's global queue
-//! holds tasks may keep its slot free for the next request to ask
+//! holds a task a worker or more may keep its slot free for the next
+//! request to ask
 //! (`kept_for_arrivals`, one slot at a time; see `arrivals.rs`), and the
 //! next grant loop, whatever runs it, gives it out.
 //!

@@ -153,6 +153,15 @@ impl HeldRuntime {
     }
 }
 
+impl Drop for HeldRuntime {
+    /// Lets the worker go if the test did not (an assertion failed first):
+    /// the runtime's drop waits for its worker, which would otherwise wait
+    /// for this sender forever, and the test would hang instead of failing.
+    fn drop(&mut self) {
+        let _ = self.release.send(());
+    }
+}
+
 /// Keeps panics whose message is `expected` (a test's injected failures,
 /// by the hundred) off the output; every other panic is reported as usual.
 /// The hook is the process's: set once per test binary.
