@@ -809,8 +809,9 @@ impl ControllerBuilder {
     /// 96.1–98.9% without it (four runs of each, side by side), at a p99 of
     /// 3.5–4.2 ms against 4.5–5.4 ms, for goodput within the runs' spread
     /// (see [`tuning`](super::tuning)). At most one slot is kept back at a
-    /// time, and the next grant loop gives it out: an arrival queueing,
-    /// another release, or the controller's tick. Turn it off for a
+    /// time, and the next request to ask gives it out, whatever it is
+    /// answered, or else the next grant loop: another release, or the
+    /// controller's tick. Turn it off for a
     /// [`manual`](Self::manual) controller that is not stepped every
     /// period, whose step is what gives out a slot kept for arrivals that
     /// were not requests. A runtime built with

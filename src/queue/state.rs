@@ -43,7 +43,8 @@
 //! holds a task a worker or more may keep its slot free for the next
 //! request to ask
 //! (`kept_for_arrivals`, one slot at a time; see `arrivals.rs`), and the
-//! next grant loop, whatever runs it, gives it out.
+//! next `attempt`, whatever it answers, or the next grant loop, whatever
+//! runs it, gives it out.
 //!
 //! **Grant pacing** (`pacing.rs`) bounds grants made but not yet observed;
 //! **epoch-LIFO** (`epoch.rs`) decides per tenant which priorities are served
@@ -560,6 +561,27 @@ impl QueueState {
         waker: &Waker,
         wakes: &mut WakeList,
     ) -> Attempt {
+        let attempt = self.answer(work, grants, waker);
+        if self.kept_for_arrivals {
+            // The slot a release kept back for arrivals: one has asked, so
+            // it goes to whoever is first now, this request included if it
+            // queued. Whatever the answer: under overload most arrivals
+            // taken in are refused at the door (a deadline spent in the
+            // runtime's queue, early rejection), and a slot left for the
+            // next one to queue sat idle with requests waiting.
+            self.grant_waiting(grants, wakes);
+        }
+        attempt
+    }
+
+    /// What [`attempt`](Self::attempt) answers a request, before a slot
+    /// kept for arrivals goes out.
+    fn answer<G: Granter>(
+        &mut self,
+        work: &WorkInfo,
+        grants: &mut Grants<'_, G>,
+        waker: &Waker,
+    ) -> Attempt {
         let priority = work.priority();
         self.stats.requested(priority);
         if !priority.is_elastic() {
@@ -629,11 +651,6 @@ impl QueueState {
             return self.reject(work, error);
         }
         let key = self.enqueue(work, now, waker);
-        if self.kept_for_arrivals {
-            // The slot a release kept back for arrivals like this one: it
-            // goes to whoever is first now, this request included.
-            self.grant_waiting(grants, wakes);
-        }
         Attempt::Queued { key }
     }
 
