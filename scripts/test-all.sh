@@ -62,9 +62,10 @@ RUSTDOCFLAGS="-D warnings" cargo doc --locked --no-deps --workspace $FEATURES
 
 # loom models: a separate target directory, because --cfg loom rebuilds every
 # dependency. LOOM_MAX_PREEMPTIONS may be raised for a deeper (slower) search.
-# loom-tests/tests/gpu.rs and pool.rs run the GPU and CPU pool models that
-# live in the crate (src/gpu/loom_models/, src/pool/loom_models.rs, compiled
-# only under --cfg loom) so that they can drive crate-private code.
+# loom-tests/tests/gpu.rs, pool.rs and part of queue.rs run the GPU, CPU
+# pool and arrivals-first models that live in the crate (src/gpu/loom_models/,
+# src/pool/loom_models.rs, src/queue/loom_models.rs, compiled only under
+# --cfg loom) so that they can drive crate-private code.
 step "loom models (LOOM_MAX_PREEMPTIONS=${LOOM_MAX_PREEMPTIONS:-3})"
 RUSTFLAGS="--cfg loom -D warnings" \
   LOOM_MAX_PREEMPTIONS="${LOOM_MAX_PREEMPTIONS:-3}" \

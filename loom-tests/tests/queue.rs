@@ -274,3 +274,26 @@ fn a_permit_giving_way_races_higher_priority_work() {
         assert!(matches!(again, Poll::Ready(Ok(_))), "{again:?}");
     });
 }
+
+// Arrivals first: the models live in the crate (`src/queue/loom_models.rs`),
+// where they can say that arrivals always wait in the runtime.
+
+#[test]
+fn a_refused_arrival_gives_out_a_slot_a_racing_release_kept() {
+    admission::queue::loom_models::a_refused_arrival_gives_out_a_slot_a_racing_release_kept();
+}
+
+#[test]
+fn a_cancel_racing_a_keeping_release_loses_no_slot() {
+    admission::queue::loom_models::a_cancel_racing_a_keeping_release_loses_no_slot();
+}
+
+#[test]
+fn a_kept_slot_with_nobody_left_waiting_is_free() {
+    admission::queue::loom_models::a_kept_slot_with_nobody_left_waiting_is_free();
+}
+
+#[test]
+fn two_racing_releases_keep_one_slot_at_most() {
+    admission::queue::loom_models::two_racing_releases_keep_one_slot_at_most();
+}

@@ -52,7 +52,9 @@
 //!
 //! The queue state decides through a plain `fn` (`Limits::arrivals_waiting`)
 //! so that it stays free of the runtime and its tests can say what the
-//! runtime holds.
+//! runtime holds: the loom models (`loom_models.rs`) say arrivals always
+//! wait, and race a keeping release against a refusal, a cancellation and
+//! a second release.
 
 /// Whether the runtime of the calling thread holds a task a worker or more
 /// in its global queue; `false` off a runtime.

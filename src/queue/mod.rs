@@ -21,6 +21,10 @@ mod tenant;
 mod tokens;
 mod work;
 
+#[cfg(loom)]
+#[doc(hidden)]
+pub mod loom_models;
+
 pub use admit::Admit;
 pub use epoch::EpochLifo;
 pub use permit::{GiveWay, ReleaseDuring, SlotPermit};
@@ -412,7 +416,7 @@ pub struct WorkQueueBuilder {
     newcomers_behind: bool,
     name: &'static str,
     report_work: bool,
-    arrivals_first: bool,
+    arrivals_waiting: Option<fn() -> bool>,
 }
 
 impl Default for WorkQueueBuilder {
@@ -432,7 +436,7 @@ impl Default for WorkQueueBuilder {
             newcomers_behind: false,
             name: Self::DEFAULT_NAME,
             report_work: false,
-            arrivals_first: false,
+            arrivals_waiting: None,
         }
     }
 }
@@ -636,7 +640,16 @@ impl WorkQueueBuilder {
     /// few milliseconds (the controller's tick), which grants a slot kept
     /// back for arrivals that did not come.
     pub(crate) fn arrivals_first(mut self, on: bool) -> Self {
-        self.arrivals_first = on;
+        self.arrivals_waiting = on.then_some(arrivals::waiting_in_runtime as fn() -> bool);
+        self
+    }
+
+    /// Arrivals first, with `check` saying whether arrivals wait where the
+    /// runtime keeps them: for the loom models, which have no runtime to
+    /// ask.
+    #[cfg(loom)]
+    pub(crate) fn arrivals_waiting_by(mut self, check: fn() -> bool) -> Self {
+        self.arrivals_waiting = Some(check);
         self
     }
 
@@ -712,9 +725,7 @@ impl WorkQueueBuilder {
             max_tenants: self.max_tenants,
             newcomers_behind: self.newcomers_behind,
             report_work: self.report_work,
-            arrivals_waiting: self
-                .arrivals_first
-                .then_some(arrivals::waiting_in_runtime as fn() -> bool),
+            arrivals_waiting: self.arrivals_waiting,
         };
         let locked = Locked {
             queue: QueueState::new(limits),
