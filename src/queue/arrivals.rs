@@ -54,7 +54,8 @@
 //! so that it stays free of the runtime and its tests can say what the
 //! runtime holds: the loom models (`loom_models.rs`) say arrivals always
 //! wait, and race a keeping release against a refusal, a cancellation and
-//! a second release.
+//! a second release; the property test (`arrivals_tests.rs`) switches it
+//! between random operations.
 
 /// Whether the runtime of the calling thread holds a task a worker or more
 /// in its global queue; `false` off a runtime.

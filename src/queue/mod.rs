@@ -25,6 +25,9 @@ mod work;
 #[doc(hidden)]
 pub mod loom_models;
 
+#[cfg(test)]
+mod arrivals_tests;
+
 pub use admit::Admit;
 pub use epoch::EpochLifo;
 pub use permit::{GiveWay, ReleaseDuring, SlotPermit};
@@ -645,9 +648,9 @@ impl WorkQueueBuilder {
     }
 
     /// Arrivals first, with `check` saying whether arrivals wait where the
-    /// runtime keeps them: for the loom models, which have no runtime to
-    /// ask.
-    #[cfg(loom)]
+    /// runtime keeps them: for the loom models and the property test, which
+    /// decide that themselves.
+    #[cfg(any(test, loom))]
     pub(crate) fn arrivals_waiting_by(mut self, check: fn() -> bool) -> Self {
         self.arrivals_waiting = Some(check);
         self

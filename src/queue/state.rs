@@ -1337,6 +1337,12 @@ impl QueueState {
         self.kept_for_arrivals_count
     }
 
+    /// Whether a slot is kept back for arrivals now.
+    #[cfg(test)]
+    pub(crate) fn holds_kept_slot(&self) -> bool {
+        self.kept_for_arrivals
+    }
+
     /// Charges (`delta > 0`) or credits a tenant's usage after the fact: an
     /// estimate corrected once the actual cost is known.
     pub(crate) fn adjust_used(&mut self, tenant: TenantId, delta: i64) {
