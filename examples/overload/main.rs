@@ -63,7 +63,11 @@
 //! handler style (yield, self-wake, mutex, io), runtime and signal, with the
 //! high class alone for its p99 ratio and `admission-fixed` per style and
 //! runtime for the goodput to match, in one table; it ignores `--handler`,
-//! `--signal` and `--runtime`.
+//! `--signal` and `--runtime`. The fixed total runs before and after each
+//! style and runtime's cells, and the table gives their mean and each: C
+//! drifts on a shared machine, and how far the fixed total moved between
+//! its two runs says how much of a cell's difference from it is the
+//! machine's.
 //!
 //! Every report checks priority: for each admission system, a class served
 //! within the SLO less often than a lower-priority class (by more than half
@@ -635,7 +639,8 @@ mod smoke {
         let signals = runner::signals_in_this_build();
         let styles = scenarios::MATRIX_STYLES.len();
         let runtimes = RuntimeSetup::ALL.len();
-        assert_eq!(rows.len(), styles * runtimes * (signals.len() + 1));
+        // A line per signal, and the fixed total run before and after them.
+        assert_eq!(rows.len(), styles * runtimes * (signals.len() + 2));
         assert_filled_in(&rows);
         let table = scenario_table("matrix", &rows);
         for handler in scenarios::MATRIX_STYLES {
@@ -653,13 +658,14 @@ mod smoke {
                             .eq(cell.iter().map(String::as_str))),
                         "{cell:?} missing from\n{table}"
                     );
-                    let fixed = rows
+                    let fixed: Vec<_> = rows
                         .iter()
                         .filter(|row| row.system == "admission-fixed")
                         .filter(|row| row.extra["handler"] == handler.name().as_str())
                         .filter(|row| row.extra["runtime"] == runtime.name())
-                        .count();
-                    assert_eq!(fixed, 1, "{cell:?}");
+                        .map(|row| row.extra["bracket"].clone())
+                        .collect();
+                    assert_eq!(fixed, ["before", "after"], "{cell:?}");
                 }
             }
         }
@@ -669,7 +675,12 @@ mod smoke {
         );
         for row in rows.iter().filter(|row| row.system == "admission-defaults") {
             assert!(row.extra["high_p99_vs_alone"].is_number());
-            assert!(row.extra["fixed_total_goodput_frac"].is_number());
+            let fixed = |key: &str| row.extra[key].as_f64().unwrap();
+            let (before, after) = (
+                fixed("fixed_total_goodput_before"),
+                fixed("fixed_total_goodput_after"),
+            );
+            assert_eq!(fixed("fixed_total_goodput_frac"), (before + after) / 2.0);
         }
     }
 
