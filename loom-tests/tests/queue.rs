@@ -9,34 +9,12 @@
 
 #![cfg(loom)]
 
-use std::future::Future;
-use std::pin::Pin;
-use std::task::{Context, Poll, Waker};
+use std::task::Poll;
 
-use admission::{Admit, AdmitError, Priority, SlotPermit, TenantId, WorkInfo, WorkQueue};
+use admission::queue::loom_models::{self, admitted_now, poll_once, queued, work};
+use admission::{AdmitError, Priority, TenantId, WorkInfo, WorkQueue};
 use loom::thread;
 use loom_tests::model;
-
-fn work(tenant: u64) -> WorkInfo {
-    WorkInfo::new(TenantId::new(tenant), Priority::NORMAL)
-}
-
-fn poll_once(admit: &mut Pin<Box<Admit>>) -> Poll<Result<SlotPermit, AdmitError>> {
-    admit.as_mut().poll(&mut Context::from_waker(Waker::noop()))
-}
-
-fn admitted_now(queue: &WorkQueue, tenant: u64) -> SlotPermit {
-    match poll_once(&mut Box::pin(queue.admit(work(tenant)))) {
-        Poll::Ready(Ok(permit)) => permit,
-        other => panic!("expected the fast path, got {other:?}"),
-    }
-}
-
-fn queued(queue: &WorkQueue, tenant: u64) -> Pin<Box<Admit>> {
-    let mut admit = Box::pin(queue.admit(work(tenant)));
-    assert!(poll_once(&mut admit).is_pending());
-    admit
-}
 
 /// A slot released by one thread races the cancellation of the waiter it
 /// would be granted to. Whatever the order, the slot ends up with the next
@@ -280,20 +258,20 @@ fn a_permit_giving_way_races_higher_priority_work() {
 
 #[test]
 fn a_refused_arrival_gives_out_a_slot_a_racing_release_kept() {
-    admission::queue::loom_models::a_refused_arrival_gives_out_a_slot_a_racing_release_kept();
+    loom_models::a_refused_arrival_gives_out_a_slot_a_racing_release_kept();
 }
 
 #[test]
 fn a_cancel_racing_a_keeping_release_loses_no_slot() {
-    admission::queue::loom_models::a_cancel_racing_a_keeping_release_loses_no_slot();
+    loom_models::a_cancel_racing_a_keeping_release_loses_no_slot();
 }
 
 #[test]
 fn a_kept_slot_with_nobody_left_waiting_is_free() {
-    admission::queue::loom_models::a_kept_slot_with_nobody_left_waiting_is_free();
+    loom_models::a_kept_slot_with_nobody_left_waiting_is_free();
 }
 
 #[test]
 fn two_racing_releases_keep_one_slot_at_most() {
-    admission::queue::loom_models::two_racing_releases_keep_one_slot_at_most();
+    loom_models::two_racing_releases_keep_one_slot_at_most();
 }

@@ -97,6 +97,30 @@ impl Seen {
     }
 }
 
+/// Polls every waiting request and every permit asking again after giving
+/// way, and keeps what settled.
+fn poll_all(
+    waiting: &mut Vec<Spawn<Admit>>,
+    giving_way: &mut Vec<Spawn<GiveWay>>,
+    seen: &mut Seen,
+    permits: &mut Vec<SlotPermit>,
+) {
+    waiting.retain_mut(|admit| match admit.poll() {
+        Poll::Ready(result) => {
+            seen.settle(result, permits);
+            false
+        }
+        Poll::Pending => true,
+    });
+    giving_way.retain_mut(|work| match work.poll() {
+        Poll::Ready(result) => {
+            seen.settle(result, permits);
+            false
+        }
+        Poll::Pending => true,
+    });
+}
+
 /// (used, total, waiting, a slot kept now, slots kept so far).
 fn state(queue: &WorkQueue) -> (u64, u64, usize, bool, u64) {
     let locked = queue.shared.locked.lock();
@@ -157,22 +181,7 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
                         Poll::Pending => waiting.push(admit),
                     }
                 }
-                Op::PollAll => {
-                    waiting.retain_mut(|admit| match admit.poll() {
-                        Poll::Ready(result) => {
-                            seen.settle(result, &mut permits);
-                            false
-                        }
-                        Poll::Pending => true,
-                    });
-                    giving_way.retain_mut(|work| match work.poll() {
-                        Poll::Ready(result) => {
-                            seen.settle(result, &mut permits);
-                            false
-                        }
-                        Poll::Pending => true,
-                    });
-                }
+                Op::PollAll => poll_all(&mut waiting, &mut giving_way, &mut seen, &mut permits),
                 Op::DropWaiting(index) if !waiting.is_empty() => {
                     drop(waiting.swap_remove(index % waiting.len()));
                     seen.errored += 1;
@@ -236,20 +245,7 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
         for _ in 0..3 {
             tokio::time::advance(Duration::from_secs(1)).await;
             queue.maintain();
-            waiting.retain_mut(|admit| match admit.poll() {
-                Poll::Ready(result) => {
-                    seen.settle(result, &mut permits);
-                    false
-                }
-                Poll::Pending => true,
-            });
-            giving_way.retain_mut(|work| match work.poll() {
-                Poll::Ready(result) => {
-                    seen.settle(result, &mut permits);
-                    false
-                }
-                Poll::Pending => true,
-            });
+            poll_all(&mut waiting, &mut giving_way, &mut seen, &mut permits);
         }
         prop_assert!(waiting.is_empty() && giving_way.is_empty(), "still pending");
         drop(permits);

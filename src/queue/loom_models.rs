@@ -11,6 +11,9 @@
 //! lost or granted twice, that at most one is kept, and that the next
 //! request to ask gives a kept slot out whatever it is answered, without
 //! the tick that is the last resort.
+//!
+//! Its helpers (`work`, `poll_once`, `admitted_now`, `queued`) serve
+//! `loom-tests/tests/queue.rs`'s own models too.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -19,11 +22,13 @@ use std::task::{Context, Poll, Waker};
 use crate::sync::loom_model as model;
 use crate::{Admit, AdmitError, Priority, SlotPermit, TenantId, WorkInfo, WorkQueue};
 
-fn poll_once(admit: &mut Pin<Box<Admit>>) -> Poll<Result<SlotPermit, AdmitError>> {
+/// Polls `admit` once with a waker that does nothing.
+pub fn poll_once(admit: &mut Pin<Box<Admit>>) -> Poll<Result<SlotPermit, AdmitError>> {
     admit.as_mut().poll(&mut Context::from_waker(Waker::noop()))
 }
 
-fn work(tenant: u64) -> WorkInfo {
+/// Normal-priority work of `tenant`.
+pub fn work(tenant: u64) -> WorkInfo {
     WorkInfo::new(TenantId::new(tenant), Priority::NORMAL)
 }
 
@@ -37,14 +42,16 @@ fn keeping_queue(total: u64) -> WorkQueue {
         .expect("a valid queue")
 }
 
-fn admitted_now(queue: &WorkQueue, tenant: u64) -> SlotPermit {
+/// A permit taken on the fast path; panics if the request would wait.
+pub fn admitted_now(queue: &WorkQueue, tenant: u64) -> SlotPermit {
     match poll_once(&mut Box::pin(queue.admit(work(tenant)))) {
         Poll::Ready(Ok(permit)) => permit,
         other => panic!("expected the fast path, got {other:?}"),
     }
 }
 
-fn queued(queue: &WorkQueue, tenant: u64) -> Pin<Box<Admit>> {
+/// A request polled once and left waiting in the queue.
+pub fn queued(queue: &WorkQueue, tenant: u64) -> Pin<Box<Admit>> {
     let mut admit = Box::pin(queue.admit(work(tenant)));
     assert!(poll_once(&mut admit).is_pending());
     admit
