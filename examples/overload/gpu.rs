@@ -619,7 +619,7 @@ pub fn run(settings: &Settings, system: System) -> Result<Outcome, String> {
     let settings = Arc::new(settings.clone());
     let plan = settings.schedule();
     let observed = Arc::new(Mutex::new(Vec::new()));
-    let runtime = runner::runtime(runner::WORKERS, runner::RuntimeSetup::Tokio)?;
+    let runtime = runner::runtime(runner::DEFAULT_WORKERS, runner::RuntimeSetup::Tokio)?;
     // The service spawns nothing on tokio at build, but its futures need a
     // runtime context; building inside one keeps that true if it changes.
     let under = Arc::new(runtime.block_on(async {

@@ -14,9 +14,13 @@
 //! cargo run --release --example overload -- --system admission --system tower
 //! cargo run --release --example overload -- --scenario w2-pool --handler never-yields
 //! cargo run --release --example overload -- --scenario w2-socket --handler self-wake
+//! cargo run --release --example overload -- --scenario w2-pool-split --workers 8
 //! ```
 //!
-//! The system under test is a two-worker tokio runtime. Load is open-loop
+//! The system under test is a two-worker tokio runtime (`--workers N` for
+//! another size: the fixed totals, semaphores, tower limits, pools and the
+//! ideal scheduler beside the controller are sized to N, and C is
+//! calibrated on N workers; the published runs are of two, on two cores). Load is open-loop
 //! Poisson from a dedicated OS thread, with a seeded schedule; latency counts
 //! from each request's intended send time; requests still unfinished at the
 //! end count as misses. Capacity C (closed loop) and the unloaded latency
@@ -82,7 +86,7 @@
 //! says why and the others go on.
 //!
 //! Every run writes `target/admission-report/summary.json` (`run`: signal,
-//! handler, C before and after, `valid`, `invalid_reasons`; `rows`: one
+//! handler, workers and cores, C before and after, `valid`, `invalid_reasons`; `rows`: one
 //! object per system and scenario, with its handler, signal and priority
 //! check) and SVG plots of per-class p99 over time.
 //!
@@ -103,10 +107,11 @@
 //! rayon pool's `spawn` with a oneshot, each with as many threads as the
 //! runtime has workers. Its C is that of handlers that never yield: with
 //! another `--handler`, the scenario calibrates it again for itself.
-//! W2-pool-split runs the same on a runtime of one worker beside one pool
-//! thread (each with a core of its own on two cores, as the pool's docs
-//! advise when the workers also compute), C calibrated on that one worker,
-//! and adds the pool with `spin_before_wait` of 100 µs.
+//! W2-pool-split runs the same on a runtime of half the workers beside as
+//! many pool threads (one and one by default: each with a core of its own
+//! on two cores, as the pool's docs advise when the workers also compute),
+//! C calibrated on those workers, and adds the pool with `spin_before_wait`
+//! of 100 µs.
 //!
 //! W6 (IO admission on a fjall database) is compiled in with the `fjall`
 //! feature only; without it, W6 says so and reports nothing. W7 (GPU query
@@ -130,7 +135,7 @@ use std::time::Duration;
 use admission::cpu::SignalSource;
 use load::{Awaits, Dispatch, Handler, Service, WorkUnits};
 use report::{RunInfo, SummaryRow};
-use runner::{Bench, RuntimeSetup, WORKERS};
+use runner::{Bench, RuntimeSetup, DEFAULT_WORKERS};
 use systems::System;
 
 const MEAN_SERVICE: Duration = Duration::from_micros(500);
@@ -145,9 +150,16 @@ struct Options {
     handler: Handler,
     signal: SignalSource,
     runtime: RuntimeSetup,
+    /// Worker threads of the runtime under test (`--workers`): the fixed
+    /// totals, semaphores and pools beside the controller are sized to them.
+    workers: usize,
     /// Only the systems whose names start with one of these (all if empty).
     only: Vec<String>,
 }
+
+/// The most `--workers` takes: far beyond any machine the suite is run on,
+/// low enough that a typo does not spawn a runtime of a million threads.
+const MAX_WORKERS: usize = 1024;
 
 fn parse(args: &[String]) -> Result<Options, String> {
     let mut options = Options {
@@ -158,6 +170,7 @@ fn parse(args: &[String]) -> Result<Options, String> {
         handler: Handler::YIELD,
         signal: SignalSource::GlobalQueueAndProbe,
         runtime: RuntimeSetup::Tokio,
+        workers: DEFAULT_WORKERS,
         only: Vec::new(),
     };
     let mut args = args.iter();
@@ -206,6 +219,15 @@ fn parse(args: &[String]) -> Result<Options, String> {
                     .and_then(|name| RuntimeSetup::named(name))
                     .ok_or("--runtime takes tokio, configured or configured-events")?;
             }
+            "--workers" => {
+                options.workers = args
+                    .next()
+                    .and_then(|n| n.parse::<usize>().ok())
+                    .filter(|n| (1..=MAX_WORKERS).contains(n))
+                    .ok_or_else(|| {
+                        format!("--workers takes a thread count from 1 to {MAX_WORKERS}")
+                    })?;
+            }
             other => return Err(format!("unknown argument {other}")),
         }
     }
@@ -231,7 +253,7 @@ fn bench(options: &Options) -> Result<Bench, String> {
         MEAN_SERVICE,
         calibration_length(quick),
         42,
-        WORKERS,
+        options.workers,
         options.runtime,
     )?;
     if !(capacity.is_finite() && capacity > 0.0) {
@@ -259,7 +281,7 @@ fn bench(options: &Options) -> Result<Bench, String> {
         service: options.service,
         handler: options.handler,
         signal: options.signal,
-        workers: WORKERS,
+        workers: options.workers,
         runtime: options.runtime,
     };
     let spec = runner::RunSpec::new(
@@ -309,7 +331,7 @@ fn run_scenario(
     quick: bool,
     only: &[String],
 ) -> Result<Vec<SummaryRow>, String> {
-    let systems: Vec<System> = System::all(WORKERS)
+    let systems: Vec<System> = System::all(bench.workers)
         .into_iter()
         .filter(|system| selected(only, system))
         .collect();
@@ -335,10 +357,12 @@ fn run_scenario(
         "w9" => scenarios::w2_variant(bench, dir, "w9", Awaits::Io),
         "w9-released" => scenarios::w2_variant(bench, dir, "w9-released", Awaits::IoReleased),
         "matrix" => scenarios::matrix(bench),
+        "w2-ideal" => scenarios::w2_ideal(bench),
         "w2-pool" | "w2-pool-split" => {
-            // Split: one worker and one pool thread, each with a core of
-            // its own, as the pool's docs advise when both compute.
-            let threads = if name == "w2-pool" { WORKERS } else { 1 };
+            // Split: half the workers become pool threads, so that each
+            // thread has a core of its own, as the pool's docs advise when
+            // both compute (one and one on the default two).
+            let threads = pool_threads(name, bench.workers);
             let systems: Vec<System> = scenarios::pool_systems(threads, name != "w2-pool")
                 .into_iter()
                 .filter(|system| selected(only, system))
@@ -350,6 +374,17 @@ fn run_scenario(
     }
 }
 
+/// The pool threads, and the runtime's workers beside them, of a pool
+/// scenario on `workers` workers: all of them in W2-pool, half in
+/// W2-pool-split (at least one).
+fn pool_threads(scenario: &str, workers: usize) -> usize {
+    if scenario == "w2-pool-split" {
+        (workers / 2).max(1)
+    } else {
+        workers
+    }
+}
+
 /// Whether `--system` (given as `only`, name prefixes) lets `system` run.
 fn selected(only: &[String], system: &System) -> bool {
     only.is_empty() || only.iter().any(|o| system.name().starts_with(o.as_str()))
@@ -357,8 +392,8 @@ fn selected(only: &[String], system: &System) -> bool {
 
 fn classes_of(name: &str) -> &'static [&'static str] {
     match name {
-        "w2" | "w2-local" | "w2-socket" | "w2-pool" | "w2-pool-split" | "w8" | "w9"
-        | "w9-released" | "matrix" => &["high", "normal", "low"],
+        "w2" | "w2-local" | "w2-socket" | "w2-pool" | "w2-pool-split" | "w2-ideal" | "w8"
+        | "w9" | "w9-released" | "matrix" => &["high", "normal", "low"],
         "w4" => &["high", "normal"],
         "w6" => &["foreground"],
         "w7" => &gpu::CLASSES,
@@ -367,9 +402,9 @@ fn classes_of(name: &str) -> &'static [&'static str] {
 }
 
 /// The terminal's table of one scenario's rows.
-fn scenario_table(name: &str, rows: &[SummaryRow]) -> String {
+fn scenario_table(name: &str, rows: &[SummaryRow], workers: usize) -> String {
     match name {
-        "matrix" => scenarios::matrix_table(rows),
+        "matrix" => scenarios::matrix_table(rows, workers),
         "w6" if !rows.is_empty() => {
             report::table(rows, classes_of(name)) + &scenarios::w6_table(rows)
         }
@@ -377,6 +412,7 @@ fn scenario_table(name: &str, rows: &[SummaryRow]) -> String {
         "w4" => report::table(rows, classes_of(name)) + &scenarios::w4_table(rows),
         "w5" => report::table(rows, classes_of(name)) + &scenarios::w5_table(rows),
         "w1" => report::table(rows, classes_of(name)) + &scenarios::w1_table(rows),
+        "w2-ideal" => scenarios::w2_ideal_table(rows),
         _ => report::table(rows, classes_of(name)),
     }
 }
@@ -402,9 +438,17 @@ fn main() {
             std::process::exit(1);
         }
     };
+    let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
+    if bench.workers > cores {
+        eprintln!(
+            "note: {} workers on {cores} cores: the runtime's threads share cores, \
+             and the generator thread shares them too",
+            bench.workers
+        );
+    }
     println!(
-        "machine: {} cores; runtime: {WORKERS} workers, {}; signal: {} ({}); service: {:?}; handler: {}",
-        std::thread::available_parallelism().map_or(0, |n| n.get()),
+        "machine: {cores} cores; runtime: {} workers, {}; signal: {} ({}); service: {:?}; handler: {}",
+        bench.workers,
         bench.runtime.name(),
         runner::signal_name(bench.signal),
         bench.signal,
@@ -422,7 +466,7 @@ fn main() {
         match run_scenario(&bench, name, &options.out, options.quick, &options.only) {
             Ok(rows) => {
                 println!("\n{name}");
-                print!("{}", scenario_table(name, &rows));
+                print!("{}", scenario_table(name, &rows, bench.workers));
                 all.extend(rows);
             }
             Err(error) => {
@@ -448,6 +492,8 @@ fn main() {
         runtime: bench.runtime.name().to_string(),
         handler: bench.handler.name(),
         service: format!("{:?}", bench.service),
+        workers: bench.workers,
+        cores,
         capacity_before: bench.capacity,
         capacity_after,
         invalid_reasons: report::run_problems(bench.capacity, capacity_after, &all),
@@ -485,7 +531,7 @@ mod smoke {
             service: Service::Exponential,
             handler,
             signal,
-            workers: WORKERS,
+            workers: DEFAULT_WORKERS,
             runtime: RuntimeSetup::Tokio,
         }
     }
@@ -518,6 +564,8 @@ mod smoke {
             runtime: "tokio".into(),
             handler: "yield".into(),
             service: "Exponential".into(),
+            workers: DEFAULT_WORKERS,
+            cores: 2,
             capacity_before: 2_000.0,
             capacity_after: Some(2_000.0),
             invalid_reasons: report::run_problems(2_000.0, Some(2_000.0), rows),
@@ -531,15 +579,21 @@ mod smoke {
     fn a_tiny_w2_runs_every_system_and_writes_its_report() {
         let bench = tiny_bench(Handler::YIELD, SignalSource::GlobalQueueAndProbe);
         let dir = temp_dir("smoke");
-        let rows =
-            scenarios::w2(&bench, &dir, &System::all(WORKERS), Dispatch::Remote, "w2").unwrap();
-        assert_eq!(rows.len(), System::all(WORKERS).len());
+        let rows = scenarios::w2(
+            &bench,
+            &dir,
+            &System::all(DEFAULT_WORKERS),
+            Dispatch::Remote,
+            "w2",
+        )
+        .unwrap();
+        assert_eq!(rows.len(), System::all(DEFAULT_WORKERS).len());
         assert_filled_in(&rows);
         for row in &rows {
             let admission = row.system.starts_with("admission");
             assert_eq!(row.inversions.is_some(), admission, "{}", row.system);
         }
-        let text = scenario_table("w2", &rows);
+        let text = scenario_table("w2", &rows, DEFAULT_WORKERS);
         assert!(text.contains("prio") && text.contains("semaphore-wait(2)"));
         let run = run_info(&rows);
         let summary = report::write_summary(&run, &rows, &dir).unwrap();
@@ -576,7 +630,7 @@ mod smoke {
                 "admission",
                 "admission-defaults",
                 "admission-fixed",
-                "admission-fixed-4",
+                "admission-fixed-2x",
                 "admission-defaults+give-way",
                 "admission-share-1+give-way",
                 "admission-fixed-share-1+give-way",
@@ -588,7 +642,7 @@ mod smoke {
                 assert!(value.is_finite() && value >= 0.0, "{}: {key}", row.system);
             }
         }
-        let text = scenario_table("w5", &rows);
+        let text = scenario_table("w5", &rows, DEFAULT_WORKERS);
         assert!(text.contains("bulk share of leftover") && text.contains("+give-way"));
         std::fs::remove_dir_all(&dir).unwrap();
     }
@@ -600,7 +654,9 @@ mod smoke {
     fn every_handler_style_runs_with_every_signal_of_the_build() {
         let dir = temp_dir("styles");
         let systems = [
-            System::SemaphoreWait { limit: WORKERS },
+            System::SemaphoreWait {
+                limit: DEFAULT_WORKERS,
+            },
             System::admission(),
         ];
         for (style, handler) in Handler::STYLES {
@@ -642,7 +698,7 @@ mod smoke {
         // A line per signal, and the fixed total run before and after them.
         assert_eq!(rows.len(), styles * runtimes * (signals.len() + 2));
         assert_filled_in(&rows);
-        let table = scenario_table("matrix", &rows);
+        let table = scenario_table("matrix", &rows, DEFAULT_WORKERS);
         for handler in scenarios::MATRIX_STYLES {
             for runtime in RuntimeSetup::ALL {
                 for &signal in &signals {
@@ -688,7 +744,7 @@ mod smoke {
     /// still waiting then is not served, and nothing panics.
     #[test]
     fn a_closed_semaphore_ends_its_waiters_unserved() {
-        let runtime = runner::runtime(WORKERS, RuntimeSetup::Tokio).unwrap();
+        let runtime = runner::runtime(DEFAULT_WORKERS, RuntimeSetup::Tokio).unwrap();
         let sut = systems::Sut::build(
             System::SemaphoreWait { limit: 0 },
             runtime.handle(),
@@ -726,19 +782,19 @@ mod smoke {
     fn a_tiny_w2_pool_runs_the_pool_and_its_alternatives() {
         let bench = tiny_bench(Handler::YIELD, SignalSource::GlobalQueueAndProbe);
         let dir = temp_dir("pool");
-        let systems = scenarios::pool_systems(WORKERS, true);
+        let systems = scenarios::pool_systems(DEFAULT_WORKERS, true);
         let rows = scenarios::w2_pool(&bench, &dir, &systems, "w2-pool").unwrap();
         assert_eq!(rows.len(), systems.len());
         assert_filled_in(&rows);
         for row in &rows {
             assert_eq!(row.extra["handler"], "never-yields", "{}", row.system);
             assert!(row.extra["high_p99_vs_alone"].is_number(), "{}", row.system);
-            let ideal = row.system == format!("ideal({WORKERS})");
+            let ideal = row.system == format!("ideal({DEFAULT_WORKERS})");
             let pool = row.system.starts_with("cpu-pool");
             assert_eq!(row.inversions.is_some(), pool || ideal, "{}", row.system);
             assert_eq!(row.extra.contains_key("simulated"), ideal, "{}", row.system);
         }
-        let table = scenario_table("w2-pool", &rows);
+        let table = scenario_table("w2-pool", &rows, DEFAULT_WORKERS);
         for name in [
             "cpu-pool(2)",
             "cpu-pool(2,collect)",
@@ -925,5 +981,83 @@ mod smoke {
             parse(&args("--scenario matrix")).unwrap().scenarios,
             ["matrix"]
         );
+    }
+
+    #[test]
+    fn the_command_line_sizes_the_runtime() {
+        assert_eq!(parse(&[]).unwrap().workers, DEFAULT_WORKERS);
+        assert_eq!(parse(&args("--workers 8")).unwrap().workers, 8);
+        for bad in [
+            "--workers",
+            "--workers 0",
+            "--workers eight",
+            "--workers -2",
+        ] {
+            let message = parse(&args(bad)).unwrap_err();
+            assert!(message.contains("--workers takes"), "{bad}: {message}");
+        }
+        let too_many = format!("--workers {}", MAX_WORKERS + 1);
+        assert!(parse(&args(&too_many)).is_err());
+        assert_eq!(pool_threads("w2-pool", 8), 8);
+        assert_eq!(pool_threads("w2-pool-split", 8), 4);
+        assert_eq!(pool_threads("w2-pool-split", 2), 1);
+        assert_eq!(pool_threads("w2-pool-split", 1), 1);
+    }
+
+    /// W2-ideal runs every server count without calibrating anything, each
+    /// row the ideal scheduler's with the high class against itself alone,
+    /// and the price of non-preemption falls as servers are added: with
+    /// 32 the high class's p99 under load is nearer its p99 alone than with
+    /// one.
+    #[test]
+    fn w2_ideal_simulates_every_server_count() {
+        let bench = tiny_bench(Handler::YIELD, SignalSource::GlobalQueueAndProbe);
+        let dir = temp_dir("ideal");
+        let rows = run_scenario(&bench, "w2-ideal", &dir, true, &[]).unwrap();
+        let names: Vec<String> = rows.iter().map(|row| row.system.clone()).collect();
+        let expected: Vec<String> = scenarios::IDEAL_SERVERS
+            .iter()
+            .map(|n| format!("ideal({n})"))
+            .collect();
+        assert_eq!(names, expected);
+        assert_filled_in(&rows);
+        for row in &rows {
+            assert_eq!(row.extra["simulated"], true, "{}", row.system);
+            assert_eq!(row.inversions.as_deref(), Some(&[][..]), "{}", row.system);
+        }
+        let ratio = |row: &SummaryRow| row.extra_f64("high_p99_vs_alone").unwrap();
+        assert!(ratio(&rows[rows.len() - 1]) < ratio(&rows[0]));
+        let table = scenario_table("w2-ideal", &rows, DEFAULT_WORKERS);
+        assert!(table.contains("ideal(32)") && table.contains("x alone"));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// With another number of workers, every system sized by it follows:
+    /// the semaphore, the fixed total's slots and the ideal scheduler's
+    /// servers in W1, and the pool and its alternatives in W2-pool-split,
+    /// which takes half of them.
+    #[test]
+    fn every_system_is_sized_to_the_workers_asked_for() {
+        let bench = Bench {
+            workers: 4,
+            ..tiny_bench(Handler::YIELD, SignalSource::GlobalQueueAndProbe)
+        };
+        let dir = temp_dir("sized");
+        let only: Vec<String> = ["semaphore-wait", "admission-fixed", "ideal"]
+            .map(String::from)
+            .to_vec();
+        let rows = run_scenario(&bench, "w1", &dir, true, &only).unwrap();
+        let mut systems: Vec<&str> = rows.iter().map(|row| row.system.as_str()).collect();
+        systems.sort_unstable();
+        systems.dedup();
+        assert_eq!(
+            systems,
+            ["admission-fixed", "ideal(4)", "semaphore-wait(4)"]
+        );
+        let only: Vec<String> = ["blocking", "ideal"].map(String::from).to_vec();
+        let rows = run_scenario(&bench, "w2-pool-split", &dir, true, &only).unwrap();
+        let systems: Vec<&str> = rows.iter().map(|row| row.system.as_str()).collect();
+        assert_eq!(systems, ["blocking-semaphore(2)", "ideal(2)"]);
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

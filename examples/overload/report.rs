@@ -83,6 +83,10 @@ pub struct RunInfo {
     pub handler: String,
     /// How service times were drawn.
     pub service: String,
+    /// Worker threads of the runtime under test (`--workers`).
+    pub workers: usize,
+    /// Cores the machine offered the process.
+    pub cores: usize,
     /// C calibrated before the systems ran, requests per second.
     pub capacity_before: f64,
     /// C calibrated after them; `None` if that calibration failed.
@@ -186,8 +190,9 @@ pub fn verdict(run: &RunInfo) -> String {
         )
     });
     let mut text = format!(
-        "C before = {:.0} req/s, after = {after}; signal: {}; runtime: {}; handler: {}\n",
-        run.capacity_before, run.signal, run.runtime, run.handler
+        "C before = {:.0} req/s, after = {after}; signal: {}; runtime: {}; handler: {}; \
+         {} workers on {} cores\n",
+        run.capacity_before, run.signal, run.runtime, run.handler, run.workers, run.cores
     );
     if run.valid() {
         text.push_str("run: valid\n");
@@ -215,6 +220,8 @@ pub fn summary_json(run: &RunInfo, rows: &[SummaryRow]) -> Value {
             "runtime": run.runtime,
             "handler": run.handler,
             "service": run.service,
+            "workers": run.workers,
+            "cores": run.cores,
             "capacity_before_per_sec": number(run.capacity_before),
             "capacity_after_per_sec": run.capacity_after.map_or(Value::Null, number),
         },

@@ -16,8 +16,9 @@ use crate::load::{
 use crate::stats::{self, Outcome, Percentiles, Record};
 use crate::systems::{Request, Sut, System};
 
-/// Worker threads of the runtime under test.
-pub const WORKERS: usize = 2;
+/// Worker threads of the runtime under test unless `--workers` says
+/// otherwise: the two-core machine the suite's published runs were taken on.
+pub const DEFAULT_WORKERS: usize = 2;
 
 /// What every run of a suite shares: the machine's calibration.
 #[derive(Clone, Debug)]
@@ -38,7 +39,8 @@ pub struct Bench {
     pub handler: Handler,
     /// How the CPU controller reads the runtime.
     pub signal: SignalSource,
-    /// The runtime's worker threads ([`WORKERS`], but for W2-pool-split).
+    /// The runtime's worker threads (`--workers`, [`DEFAULT_WORKERS`] unless
+    /// given; half of them in W2-pool-split).
     pub workers: usize,
     /// How the runtime under test is built.
     pub runtime: RuntimeSetup,
@@ -605,7 +607,7 @@ mod tests {
             service: Service::Exponential,
             handler: Handler::YIELD,
             signal: SignalSource::GlobalQueueAndProbe,
-            workers: WORKERS,
+            workers: DEFAULT_WORKERS,
             runtime: RuntimeSetup::Tokio,
         };
         let class = Class {

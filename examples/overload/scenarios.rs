@@ -9,14 +9,12 @@ use serde_json::json;
 
 use crate::load::{Awaits, Dispatch, Handler, Stream};
 use crate::report::{self, plot_p99_over_time, Series, SummaryRow};
-use crate::runner::{
-    self, run, Background, Bench, Class, RunResult, RunSpec, RuntimeSetup, WORKERS,
-};
+use crate::runner::{self, run, Background, Bench, Class, RunResult, RunSpec, RuntimeSetup};
 use crate::stats::{self, Outcome, Record};
 use crate::systems::System;
 
 /// The scenarios by name, in the order `all` runs them.
-pub const NAMES: [&str; 17] = [
+pub const NAMES: [&str; 18] = [
     "w2",
     "w1",
     "w3a",
@@ -34,6 +32,7 @@ pub const NAMES: [&str; 17] = [
     "matrix",
     "w2-pool",
     "w2-pool-split",
+    "w2-ideal",
 ];
 
 const HIGH: Class = Class {
@@ -364,9 +363,9 @@ pub fn pool_systems(threads: usize, spin: bool) -> Vec<System> {
 /// against the ideal scheduler's own run alone, so that its ratio is the
 /// price of non-preemption itself). Whatever `--handler` says,
 /// handlers never yield; `bench` should be calibrated for that (see
-/// `main.rs`). W2-pool-split (`name`) runs the same on a runtime of one
-/// worker with one pool thread, so that on two cores each has a core of
-/// its own, and C is one worker's.
+/// `main.rs`). W2-pool-split (`name`) runs the same on a runtime of half
+/// the workers with as many pool threads (one and one by default), so that
+/// each thread has a core of its own, and C is those workers'.
 pub fn w2_pool(
     bench: &Bench,
     dir: &Path,
@@ -414,6 +413,71 @@ pub fn w2_pool(
     Ok(rows)
 }
 
+/// The servers W2-ideal simulates, fewest first.
+pub const IDEAL_SERVERS: [usize; 9] = [1, 2, 3, 4, 6, 8, 12, 16, 32];
+
+/// W2-ideal: what non-preemptive scheduling allows at all on N cores, for
+/// N in [`IDEAL_SERVERS`]. W2 at 3x through the ideal scheduler of N
+/// servers (simulated, nothing run: see `ideal.rs`), whose C is N requests
+/// per mean service time, beside the high class alone through the same
+/// scheduler; one row per N, with the high class's figures against its
+/// own alone. W2-pool's targets for work that never yields (p99 within
+/// 1.1x alone) are about the pool, but where non-preemption alone costs
+/// more than that, no pool can meet them: this says from how many cores
+/// on it does not. It needs no calibration of its own and no cores.
+pub fn w2_ideal(bench: &Bench) -> Result<Vec<SummaryRow>, String> {
+    let mut rows = Vec::new();
+    for servers in IDEAL_SERVERS {
+        let sized = Bench {
+            workers: servers,
+            capacity: servers as f64 / bench.mean_service.as_secs_f64(),
+            handler: Handler::NEVER_YIELDS,
+            ..bench.clone()
+        };
+        let system = System::Ideal { servers };
+        let spec = w2_spec(sized.capacity, Dispatch::Remote);
+        let alone = high_alone(&sized, system, Dispatch::Remote)?;
+        let result = run(&sized, system, &spec)?;
+        let mut summary = row(&sized, "w2-ideal", system, 3.0, &spec, &result);
+        high_figures(alone, &result, &mut summary);
+        rows.push(summary);
+    }
+    Ok(rows)
+}
+
+/// W2-ideal's own figures: per N, the high class within its SLO under
+/// load and alone, and its p99 against its p99 alone.
+pub fn w2_ideal_table(rows: &[SummaryRow]) -> String {
+    let mut lines = vec![[
+        "servers",
+        "goodput",
+        "high in SLO",
+        "alone",
+        "high p99 x alone",
+    ]
+    .map(String::from)
+    .to_vec()];
+    for row in rows {
+        let percent = |fraction: Option<f64>| {
+            fraction.map_or("-".to_string(), |f| format!("{:.2}%", f * 100.0))
+        };
+        lines.push(vec![
+            row.system.clone(),
+            percent(Some(row.goodput_frac)),
+            percent(row.within_slo("high")),
+            percent(row.extra_f64("high_alone_within_slo")),
+            row.extra_f64("high_p99_vs_alone")
+                .map_or("-".to_string(), |x| format!("{x:.3}x")),
+        ]);
+    }
+    let mut text = report::aligned(&lines);
+    text.push_str(
+        "simulated: a non-preemptive priority scheduler of N servers with no hand-off cost, \
+         C = N / mean service; the price of non-preemption, not of any implementation\n",
+    );
+    text
+}
+
 /// The handler styles of the matrix, in table order.
 pub const MATRIX_STYLES: [Handler; 5] = [
     Handler::YIELD,
@@ -437,7 +501,7 @@ pub const MATRIX_STYLES: [Handler; 5] = [
 /// result.
 pub fn matrix(bench: &Bench) -> Result<Vec<SummaryRow>, String> {
     let spec = w2_spec(bench.capacity, Dispatch::Remote);
-    let fixed_total = System::admission_fixed("admission-fixed", WORKERS as u64);
+    let fixed_total = System::admission_fixed("admission-fixed", bench.workers as u64);
     let mut rows = Vec::new();
     for handler in MATRIX_STYLES {
         for runtime in RuntimeSetup::ALL {
@@ -511,7 +575,7 @@ pub fn matrix(bench: &Bench) -> Result<Vec<SummaryRow>, String> {
 /// `admission-defaults`' goodput, the high class served within the SLO, its p99
 /// under load against alone, and the fixed total's goodput in the same
 /// style; then any priority inversion, and the signals this build lacks.
-pub fn matrix_table(rows: &[SummaryRow]) -> String {
+pub fn matrix_table(rows: &[SummaryRow], workers: usize) -> String {
     let figure = |row: &SummaryRow, key: &str| row.extra_f64(key).unwrap_or(f64::NAN);
     let text = |row: &SummaryRow, key: &str| row.extra_str(key).unwrap_or("-").to_string();
     let percent = |fraction: f64| {
@@ -521,7 +585,7 @@ pub fn matrix_table(rows: &[SummaryRow]) -> String {
             "-".to_string()
         }
     };
-    let fixed_total = format!("fixed total ({WORKERS}) goodput (before / after)");
+    let fixed_total = format!("fixed total ({workers}) goodput (before / after)");
     let mut lines = vec![[
         "handler",
         "runtime",
@@ -567,7 +631,7 @@ pub fn matrix_table(rows: &[SummaryRow]) -> String {
     table.push_str(&format!(
         "goodput: completions within the SLO / C; high in SLO: high-priority requests \
          completed within the SLO / scheduled\n(alone: with the high class alone, the machine's own limit; fixed: through the fixed total);\nx alone: high p99 / high p99 with the high \
-         class alone; fixed total: admission with {WORKERS} slots (no signal), same handler and runtime,\n\
+         class alone; fixed total: admission with {workers} slots (no signal), same handler and runtime,\n\
          run before and after the style's cells: their mean, then each (how far C drifted meanwhile);\n\
          runtime: tokio's defaults, or built through admission::cpu::configure_runtime\n"
     ));
@@ -594,12 +658,18 @@ pub fn w1(
     let systems = [
         System::RefuseAll,
         System::NoAdmission,
-        System::SemaphoreWait { limit: WORKERS },
-        System::TowerShed { limit: WORKERS },
+        System::SemaphoreWait {
+            limit: bench.workers,
+        },
+        System::TowerShed {
+            limit: bench.workers,
+        },
         System::admission(),
         System::AdmissionDefaults,
-        System::admission_fixed("admission-fixed", WORKERS as u64),
-        System::Ideal { servers: WORKERS },
+        System::admission_fixed("admission-fixed", bench.workers as u64),
+        System::Ideal {
+            servers: bench.workers,
+        },
     ]
     .into_iter()
     .filter(|system| selected(system))
@@ -638,10 +708,10 @@ fn tenant_goodput(result: &RunResult, slo: Duration, tenants: usize) -> Vec<f64>
         .collect()
 }
 
-fn tenant_systems() -> Vec<System> {
+fn tenant_systems(workers: usize) -> Vec<System> {
     vec![
         System::NoAdmission,
-        System::SemaphoreWait { limit: WORKERS },
+        System::SemaphoreWait { limit: workers },
         System::admission(),
     ]
 }
@@ -659,7 +729,7 @@ pub fn w3a(bench: &Bench, dir: &Path) -> Result<Vec<SummaryRow>, String> {
     let (rows, series) = compare(
         bench,
         "w3a",
-        &tenant_systems(),
+        &tenant_systems(bench.workers),
         &spec,
         2.0,
         |_, result, summary| {
@@ -698,7 +768,7 @@ pub fn w3b(bench: &Bench, dir: &Path) -> Result<Vec<SummaryRow>, String> {
     let (rows, series) = compare(
         bench,
         "w3b",
-        &tenant_systems(),
+        &tenant_systems(bench.workers),
         &spec,
         2.0,
         |_, result, summary| {
@@ -732,7 +802,7 @@ pub fn w3c(bench: &Bench, dir: &Path) -> Result<Vec<SummaryRow>, String> {
     let (rows, series) = compare(
         bench,
         "w3c",
-        &tenant_systems(),
+        &tenant_systems(bench.workers),
         &spec,
         offered,
         |_, result, summary| {
@@ -786,10 +856,12 @@ pub fn w4(bench: &Bench, dir: &Path, quick: bool) -> Result<Vec<SummaryRow>, Str
     spec.length = Some(3 * phase);
     let systems = [
         System::NoAdmission,
-        System::SemaphoreWait { limit: WORKERS },
+        System::SemaphoreWait {
+            limit: bench.workers,
+        },
         System::admission(),
         System::AdmissionDefaults,
-        System::admission_fixed("admission-fixed", WORKERS as u64),
+        System::admission_fixed("admission-fixed", bench.workers as u64),
     ];
     let window = Duration::from_millis(10);
     let (rows, series) = compare(bench, "w4", &systems, &spec, 3.0, |_, result, summary| {
@@ -910,17 +982,19 @@ pub fn w5(bench: &Bench, dir: &Path) -> Result<Vec<SummaryRow>, String> {
     };
     let holders = [
         System::NoAdmission,
-        System::SemaphoreWait { limit: WORKERS },
+        System::SemaphoreWait {
+            limit: bench.workers,
+        },
         System::admission(),
         System::AdmissionDefaults,
-        System::admission_fixed("admission-fixed", WORKERS as u64),
-        System::admission_fixed("admission-fixed-4", 2 * WORKERS as u64),
+        System::admission_fixed("admission-fixed", bench.workers as u64),
+        System::admission_fixed("admission-fixed-2x", 2 * bench.workers as u64),
     ];
     let (mut rows, mut series) = compare(bench, "w5", &holders, &holding, 0.5, &mut extra)?;
     let givers = [
         System::AdmissionDefaults,
         System::admission().with_elastic_share("admission-share-1", 1.0),
-        System::admission_fixed("admission-fixed", WORKERS as u64)
+        System::admission_fixed("admission-fixed", bench.workers as u64)
             .with_elastic_share("admission-fixed-share-1", 1.0),
     ];
     let (given, given_series) = compare(bench, "w5", &givers, &giving_way, 0.5, &mut extra)?;
@@ -1084,10 +1158,12 @@ pub fn w2_variant(
     spec.handler = Some(bench.handler.awaiting(awaits));
     let systems = [
         System::NoAdmission,
-        System::SemaphoreWait { limit: WORKERS },
+        System::SemaphoreWait {
+            limit: bench.workers,
+        },
         System::admission(),
         System::AdmissionDefaults,
-        System::admission_fixed("admission-fixed", WORKERS as u64),
+        System::admission_fixed("admission-fixed", bench.workers as u64),
         System::admission_fixed("admission-fixed-32", 32),
     ];
     let (rows, series) = compare(bench, name, &systems, &spec, 3.0, |_, _, _| {})?;
