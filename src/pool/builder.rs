@@ -16,7 +16,8 @@ pub struct CpuPoolBuilder {
     max_borrowed: usize,
     thread_name: String,
     spin_before_wait: Duration,
-    collect_grants: bool,
+    /// `None`: chosen at `build` from the cores (see `collect_grants`).
+    collect_grants: Option<bool>,
     queue: WorkQueueBuilder,
 }
 
@@ -27,7 +28,7 @@ impl Default for CpuPoolBuilder {
             max_borrowed: Self::DEFAULT_MAX_BORROWED,
             thread_name: Self::DEFAULT_THREAD_NAME.to_owned(),
             spin_before_wait: Duration::ZERO,
-            collect_grants: false,
+            collect_grants: None,
             // The overload policies a CPU controller's queue starts from:
             // a pool's queue sees the same traffic (requests with
             // deadlines, bulk beside interactive work).
@@ -98,7 +99,8 @@ impl CpuPoolBuilder {
     }
 
     /// Whether a thread whose closure returned collects the grant its slot
-    /// made, and so starts the next job itself (default: off).
+    /// made, and so starts the next job itself (default: chosen by
+    /// [`build`](Self::build), below).
     ///
     /// A returned slot is granted to the next waiter at once, under the
     /// queue's lock. Off, that grant wakes the waiter's task, which must be
@@ -117,16 +119,24 @@ impl CpuPoolBuilder {
     /// to 98.4–99.8%, its p99 from 1.10–1.21x its value alone to 1.03–1.18x.
     ///
     /// Where the threads share the workers' cores, it trades the high
-    /// class's tail for goodput, which is why it is off by default (the
-    /// default pool has a thread per core): in W2-pool (two threads beside
+    /// class's tail for goodput: in W2-pool (two threads beside
     /// two workers on two cores; four runs) goodput rose from 66.7–72.2% to
     /// 69.6–76.5%, but the high class within its SLO fell from 97.8–99.3%
     /// to 96.8–98.5% and its p99 rose from 1.10–1.16x to 1.22–1.42x alone.
     /// Threads that never stop between jobs keep the workers off the cores,
     /// and a high-priority request reaches the queue only once a worker has
     /// taken it in: meanwhile the grant goes to work already waiting.
+    ///
+    /// So unless this is called, [`build`](Self::build) chooses by the
+    /// same rule: on when the pool is built inside a tokio runtime and its
+    /// threads plus that runtime's workers fit in the available cores
+    /// (`std::thread::available_parallelism`), off otherwise, which
+    /// includes the default pool (a thread per core) beside the default
+    /// runtime (a worker per core), and a pool built outside any runtime,
+    /// whose workers it cannot count. [`CpuPool::collects_grants`] says
+    /// what was chosen.
     pub fn collect_grants(mut self, on: bool) -> Self {
-        self.collect_grants = on;
+        self.collect_grants = Some(on);
         self
     }
 
@@ -146,6 +156,10 @@ impl CpuPoolBuilder {
     /// Validates the settings, builds the queue and starts the threads.
     /// A [`ConfigError`] names the field at fault; `threads` also when the
     /// OS refuses to start a thread (those started are joined first).
+    ///
+    /// Called inside a tokio runtime, it also counts that runtime's workers
+    /// to choose [`collect_grants`](Self::collect_grants) when it was not
+    /// set.
     pub fn build(self) -> Result<CpuPool, ConfigError> {
         let threads = match self.threads {
             Some(threads) => threads,
@@ -183,6 +197,22 @@ impl CpuPoolBuilder {
                 "contains a NUL byte, which no OS thread name may hold",
             ));
         }
+        let collect_grants = self.collect_grants.unwrap_or_else(|| {
+            let workers = tokio::runtime::Handle::try_current()
+                .ok()
+                .map(|runtime| runtime.metrics().num_workers());
+            let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+            let collect = threads_have_cores(threads, workers, cores);
+            tracing::debug!(
+                target: "admission",
+                threads,
+                runtime_workers = workers,
+                cores,
+                collect,
+                "CPU pool: collect_grants chosen from the cores"
+            );
+            collect
+        });
         let queue = self.queue.total_slots(threads as u64).build()?;
         let (shared, receiver) = PoolShared::new(
             queue,
@@ -190,7 +220,7 @@ impl CpuPoolBuilder {
             self.max_borrowed,
             self.thread_name,
             self.spin_before_wait,
-            self.collect_grants,
+            collect_grants,
         );
         let receiver = StdArc::new(StdMutex::new(receiver));
         let pool = CpuPool {
@@ -221,5 +251,42 @@ impl CpuPoolBuilder {
             }
         }
         Ok(pool)
+    }
+}
+
+/// Whether a pool of `threads` threads beside a runtime of `workers`
+/// workers (`None`: not known) has cores of its own among `cores`: the
+/// case in which collecting grants was measured to pay (see
+/// [`CpuPoolBuilder::collect_grants`]).
+pub(super) fn threads_have_cores(threads: usize, workers: Option<usize>, cores: usize) -> bool {
+    workers
+        .and_then(|workers| threads.checked_add(workers))
+        .is_some_and(|both| both <= cores)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::threads_have_cores;
+
+    #[test]
+    fn threads_have_cores_only_when_both_sides_fit_and_the_workers_are_known() {
+        // threads, runtime workers, cores: have they cores of their own?
+        let table = [
+            (1, Some(1), 2, true),
+            (4, Some(4), 8, true),
+            (7, Some(1), 8, true),
+            (2, Some(2), 2, false), // the default pool beside the default runtime
+            (8, Some(8), 8, false),
+            (1, Some(2), 2, false),
+            (1, None, 64, false), // built outside a runtime: not known
+            (usize::MAX, Some(1), usize::MAX, false),
+        ];
+        for (threads, workers, cores, expected) in table {
+            assert_eq!(
+                threads_have_cores(threads, workers, cores),
+                expected,
+                "{threads} threads, {workers:?} workers, {cores} cores"
+            );
+        }
     }
 }

@@ -56,7 +56,8 @@
 //! state of its own: a thread skips a job whose result receiver is gone.
 //!
 //! Who sees a grant is the pool's one choice
-//! ([`CpuPoolBuilder::collect_grants`]). By default the grant wakes the
+//! ([`CpuPoolBuilder::collect_grants`], made from the cores unless set).
+//! Not collecting, the grant wakes the
 //! caller's task, whose poll on a tokio worker collects it and sends the
 //! job: one worker wake-up and one thread wake-up per job. Collecting, the
 //! thread whose returned slot made the grant collects it itself, inside the
@@ -95,8 +96,11 @@
 //! collecting). An earlier build of the same idea, with a cell of another
 //! design, lowered W2-pool's goodput outright (from 63–80% of C to
 //! 52–57%: `perf sched` showed the pool threads sleeping on locks held by
-//! preempted workers a quarter of the time). Hence off by default, and on
-//! where the pool has cores of its own.
+//! preempted workers a quarter of the time). Hence the default is chosen
+//! from the cores when the pool is built: on where the pool's threads and
+//! the runtime's workers fit in them (the pool then has cores of its own),
+//! off where they share them or the runtime's workers cannot be counted
+//! (a pool built outside a runtime).
 //!
 //! Where the CPU goes with this design, sampled with `perf record` over a
 //! W2-pool run (999 Hz on both cores, per second of the loaded run): pool
@@ -192,21 +196,25 @@
 //! through the worker; [`CpuPoolBuilder::collect_grants`] takes the worker
 //! out of that trip, and [`CpuPoolBuilder::spin_before_wait`] the
 //! pool-side wake-up. On shared cores both do harm (see there). So when
-//! the workers also compute, give the pool cores of its own and turn
-//! collecting on:
+//! the workers also compute, give the pool cores of its own; built inside
+//! the runtime, it then collects grants without being told:
 //!
 //! ```
 //! use admission::pool::CpuPool;
 //!
-//! # fn main() -> Result<(), admission::ConfigError> {
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
 //! let workers = (cores / 2).max(1);
-//! // The runtime gets `workers` worker threads
-//! // (`tokio::runtime::Builder::worker_threads`), the pool the rest.
-//! let pool = CpuPool::builder()
-//!     .threads(cores.saturating_sub(workers).max(1))
-//!     .collect_grants(true)
+//! let runtime = tokio::runtime::Builder::new_multi_thread()
+//!     .worker_threads(workers)
 //!     .build()?;
+//! let pool = runtime.block_on(async {
+//!     CpuPool::builder()
+//!         .threads(cores.saturating_sub(workers).max(1))
+//!         .build()
+//! })?;
+//! // One worker and one thread fit on two cores, and so on up.
+//! assert_eq!(pool.collects_grants(), cores >= 2);
 //! # drop(pool);
 //! # Ok(())
 //! # }
@@ -373,6 +381,13 @@ impl CpuPool {
         self.shared.threads()
     }
 
+    /// Whether a thread whose closure returned collects the grant its slot
+    /// made: as set by [`CpuPoolBuilder::collect_grants`], or as `build`
+    /// chose from the cores.
+    pub fn collects_grants(&self) -> bool {
+        self.shared.collects_grants()
+    }
+
     /// Sets one tenant's weight in the pool's queue, effective for the next
     /// grant; see [`WorkQueue::set_tenant_weight`](crate::WorkQueue::set_tenant_weight)
     /// (at most `max_tenants` weights other than the default).
@@ -459,6 +474,7 @@ impl fmt::Debug for CpuPool {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("CpuPool")
             .field("threads", &self.shared.threads())
+            .field("collects_grants", &self.shared.collects_grants())
             .field("closed", &self.shared.is_closed())
             .finish_non_exhaustive()
     }
