@@ -243,7 +243,7 @@
 //! scenario simulates the same load on N threads: the high class's p99
 //! is 1.18x alone with one, 1.17x with two, 1.13x with three, 1.10x with
 //! four, 1.05x with six or eight, 1.03x with sixteen. With four or more
-//! threads of its own, a pool has room under 1.1x; `scripts/pool-check.sh`
+//! threads of its own, a pool has room under 1.1x; `scripts/cores-check.sh`
 //! measures W2-pool-split at a machine's size.
 //!
 //! Preemption, which the ideal row does not have, was tried and rejected
