@@ -18,6 +18,7 @@
 # .devbin/overload (the device machine has no cargo):
 #   cargo build --release --example overload
 #   mkdir -p .devbin && cp target/release/examples/overload .devbin/
+# (.devbin is ignored by git: the device tool must be told to carry it).
 # Each check's table and log go to $OUT (or ./cores-check-out), its
 # summary.json to a folder of its own there. Never hangs: every run is
 # bounded, and the whole is about five minutes on 16 cores.
