@@ -110,7 +110,9 @@
 //! and epoch-LIFO as on any queue) and resolves to the closure's value; a
 //! panic comes back as [`PoolError::Panicked`]. Its signal is exact (threads
 //! busy, work queued), with nothing to sample. See [`pool`] for how to share
-//! the cores with the runtime's workers.
+//! the cores with the runtime's workers: where the pool's threads have
+//! cores of their own, a thread that frees a slot starts the job it grants
+//! itself, without a trip through a worker (chosen when the pool is built).
 //!
 //! # The IO signal
 //!
