@@ -79,7 +79,8 @@
 //! `PRIORITY INVERSION:` line under it, and in the JSON.
 //!
 //! A run is trusted only if C, calibrated again after the systems ran,
-//! moved by at most 10%, and no goodput exceeded C (on a busy machine C
+//! moved by at most 10% (and so did the pool scenarios' own C, calibrated
+//! before and after their rows), and no goodput exceeded C (on a busy machine C
 //! calibrates low and every fraction of it is inflated); otherwise the last
 //! lines say `RUN INVALID` with the reasons, and so does the JSON. Nothing
 //! here panics on what can fail at run time: a scenario that cannot run
@@ -367,8 +368,25 @@ fn run_scenario(
                 .into_iter()
                 .filter(|system| selected(only, system))
                 .collect();
-            let bench = never_yields_bench(bench, quick, threads)?;
-            scenarios::w2_pool(&bench, dir, &systems, name)
+            let own = never_yields_bench(bench, quick, threads)?;
+            let mut rows = scenarios::w2_pool(&own, dir, &systems, name)?;
+            if own.capacity != bench.capacity {
+                // The run's own C is checked after the run by `main`; this
+                // one only here.
+                eprintln!("  {name}: calibrating its C again ...");
+                let after = runner::calibrate_capacity(
+                    own.units,
+                    Handler::NEVER_YIELDS,
+                    MEAN_SERVICE,
+                    calibration_length(quick),
+                    42,
+                    own.workers,
+                    own.runtime,
+                )
+                .ok();
+                record_capacity_after(&mut rows, after);
+            }
+            Ok(rows)
         }
         _ => Err(format!("no scenario named {name}")),
     }
@@ -382,6 +400,16 @@ fn pool_threads(scenario: &str, workers: usize) -> usize {
         (workers / 2).max(1)
     } else {
         workers
+    }
+}
+
+/// Records on `rows` the C they were measured against, calibrated again
+/// after them (nothing if that failed: `report::run_problems` then finds
+/// no C after for rows that carry their own C before, and says so).
+fn record_capacity_after(rows: &mut [SummaryRow], after: Option<f64>) {
+    for row in rows {
+        let after = after.map_or(serde_json::Value::Null, |after| serde_json::json!(after));
+        row.extra.insert("capacity_after_per_sec".into(), after);
     }
 }
 
@@ -1032,6 +1060,45 @@ mod smoke {
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
+    /// A scenario measured against a C of its own (the pool scenarios)
+    /// has that C checked after its rows too: a drift past the limit, or
+    /// no C after, makes the run invalid with the scenario named, once.
+    #[test]
+    fn a_scenario_with_a_c_of_its_own_invalidates_the_run_when_that_c_moves() {
+        let rows = |after: Option<f64>| {
+            let mut rows = vec![report_row("cpu-pool(1)", 0.9), report_row("ideal(1)", 1.0)];
+            for row in &mut rows {
+                row.extra
+                    .insert("capacity_per_sec".into(), serde_json::json!(2_000.0));
+            }
+            record_capacity_after(&mut rows, after);
+            rows
+        };
+        assert!(report::run_problems(3_000.0, Some(3_000.0), &rows(Some(2_100.0))).is_empty());
+        for after in [Some(2_300.0), Some(1_700.0), None] {
+            let problems = report::run_problems(3_000.0, Some(3_000.0), &rows(after));
+            assert_eq!(problems.len(), 1, "{after:?}: {problems:?}");
+            assert!(problems[0].starts_with("w2-pool-split: C"), "{problems:?}");
+        }
+    }
+
+    fn report_row(system: &str, goodput: f64) -> SummaryRow {
+        SummaryRow {
+            scenario: "w2-pool-split".into(),
+            system: system.into(),
+            offered_x: 3.0,
+            goodput_frac: goodput,
+            rejected_frac: 0.0,
+            latency_ms: Default::default(),
+            jain: None,
+            converge_ms: None,
+            generator_late_p99_us: 0.0,
+            valid: true,
+            inversions: None,
+            extra: Default::default(),
+        }
+    }
+
     /// With another number of workers, every system sized by it follows:
     /// the semaphore, the fixed total's slots and the ideal scheduler's
     /// servers in W1, and the pool and its alternatives in W2-pool-split,
@@ -1058,6 +1125,11 @@ mod smoke {
         let rows = run_scenario(&bench, "w2-pool-split", &dir, true, &only).unwrap();
         let systems: Vec<&str> = rows.iter().map(|row| row.system.as_str()).collect();
         assert_eq!(systems, ["blocking-semaphore(2)", "ideal(2)"]);
+        // Its C is its own (two workers' of never-yielding handlers), and
+        // checked again after its rows.
+        assert!(rows
+            .iter()
+            .all(|row| row.extra["capacity_after_per_sec"].is_number()));
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -107,8 +107,10 @@ impl RunInfo {
 pub const CAPACITY_DRIFT_LIMIT: f64 = 0.10;
 
 /// Why a run whose C was `before` and then `after` produced `rows` cannot
-/// be trusted: C moved by more than [`CAPACITY_DRIFT_LIMIT`], or a system's
-/// goodput exceeded C (C was then calibrated low, on a busy machine, and
+/// be trusted: C moved by more than [`CAPACITY_DRIFT_LIMIT`] (or the C of
+/// its own that a scenario's rows carry, `capacity_per_sec` before them
+/// and `capacity_after_per_sec` after, as the pool scenarios' do), or a
+/// system's goodput exceeded C (C was then calibrated low, on a busy machine, and
 /// every fraction of it is inflated). Only rows measured against C (those
 /// carrying `capacity_per_sec`) are held to it: W6 and W7 have their own
 /// denominators, and the ideal scheduler's row is simulated, not measured.
@@ -124,6 +126,38 @@ pub fn run_problems(before: f64, after: Option<f64>, rows: &[SummaryRow]) -> Vec
                     moved * 100.0,
                     CAPACITY_DRIFT_LIMIT * 100.0
                 ));
+            }
+        }
+    }
+    // A scenario measured against a C of its own (calibrated for it before
+    // its rows, and again after them) is judged by the same limit, once.
+    let mut judged: Vec<&str> = Vec::new();
+    for row in rows {
+        let Some(after) = row.extra.get("capacity_after_per_sec") else {
+            continue;
+        };
+        let Some(own) = row.extra_f64("capacity_per_sec") else {
+            continue;
+        };
+        if judged.contains(&row.scenario.as_str()) {
+            continue;
+        }
+        judged.push(&row.scenario);
+        match after.as_f64() {
+            None => problems.push(format!(
+                "{}: C could not be calibrated after its rows",
+                row.scenario
+            )),
+            Some(after) => {
+                let moved = after / own - 1.0;
+                if !moved.is_finite() || moved.abs() > CAPACITY_DRIFT_LIMIT {
+                    problems.push(format!(
+                        "{}: C moved from {own:.0} to {after:.0} req/s ({:+.1}%, limit {:.0}%)",
+                        row.scenario,
+                        moved * 100.0,
+                        CAPACITY_DRIFT_LIMIT * 100.0
+                    ));
+                }
             }
         }
     }
