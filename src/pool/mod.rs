@@ -203,7 +203,7 @@
 //! use admission::pool::CpuPool;
 //!
 //! # fn main() -> Result<(), Box<dyn std::error::Error>> {
-//! let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
+//! let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
 //! let workers = (cores / 2).max(1);
 //! let runtime = tokio::runtime::Builder::new_multi_thread()
 //!     .worker_threads(workers)
