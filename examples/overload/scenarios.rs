@@ -424,7 +424,8 @@ pub const IDEAL_SERVERS: [usize; 9] = [1, 2, 3, 4, 6, 8, 12, 16, 32];
 /// own alone. W2-pool's targets for work that never yields (p99 within
 /// 1.1x alone) are about the pool, but where non-preemption alone costs
 /// more than that, no pool can meet them: this says from how many cores
-/// on it does not. It needs no calibration of its own and no cores.
+/// on non-preemption leaves room under them. It needs no calibration of
+/// its own and no cores.
 pub fn w2_ideal(bench: &Bench) -> Result<Vec<SummaryRow>, String> {
     let mut rows = Vec::new();
     for servers in IDEAL_SERVERS {
