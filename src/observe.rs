@@ -10,6 +10,7 @@
 
 use std::time::Duration;
 
+use crate::error::AdmitError;
 use crate::health::ComponentHealth;
 use crate::queue::EpochLifo;
 use crate::work::{Priority, TenantId, TenantWeight};
@@ -97,10 +98,79 @@ pub struct PrioritySnapshot {
     pub admitted: u64,
     /// Requests that failed: rejected, expired, closed out or cancelled.
     pub errored: u64,
+    /// The same requests by why they failed: every one of `errored` is
+    /// counted under exactly one reason.
+    pub refusals: Refusals,
     /// Requests of this priority waiting in the queue now.
     pub waiting: usize,
     /// How long admitted requests waited.
     pub wait: WaitHistogram,
+}
+
+/// Why requests of one priority were not admitted: one count per
+/// [`AdmitError`] variant (named as [`AdmitError::reason`] names it), and
+/// the requests whose future was dropped before it saw an outcome.
+///
+/// It answers the question an operator asks first when high-priority work
+/// misses its deadlines under load: was it refused at the door, expired
+/// while it waited, or refused by early rejection, and if so on the wait
+/// ahead of it or on how long its priority's work typically holds a slot?
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Refusals {
+    /// [`AdmitError::QueueFull`].
+    pub queue_full: u64,
+    /// [`AdmitError::Closed`].
+    pub closed: u64,
+    /// [`AdmitError::DeadlinePassed`]: the deadline had passed when the
+    /// request first asked (spent before it reached admission).
+    pub deadline_passed: u64,
+    /// [`AdmitError::DeadlineExceeded`]: expired while it waited.
+    pub deadline_exceeded: u64,
+    /// [`AdmitError::WouldMissDeadline`]: refused by early rejection, at
+    /// the door or when a slot came free.
+    pub would_miss_deadline: u64,
+    /// Early rejections that the typical hold of this priority decided:
+    /// the wait ahead of the request alone would have left it time. Counted
+    /// when the refusal is made, so besides `would_miss_deadline` it may
+    /// hold a few requests whose caller left before seeing the refusal
+    /// (counted as `cancelled`); never part of the total.
+    pub would_miss_on_hold: u64,
+    /// [`AdmitError::NeverFits`].
+    pub never_fits: u64,
+    /// [`AdmitError::TimerUnavailable`].
+    pub timer_unavailable: u64,
+    /// Dropped by the caller before they saw an outcome (waiting, or after a
+    /// grant or a refusal they never polled for).
+    pub cancelled: u64,
+}
+
+impl Refusals {
+    fn count(&mut self, error: &AdmitError) {
+        let counter = match error {
+            AdmitError::QueueFull { .. } => &mut self.queue_full,
+            AdmitError::Closed => &mut self.closed,
+            AdmitError::DeadlinePassed => &mut self.deadline_passed,
+            AdmitError::DeadlineExceeded { .. } => &mut self.deadline_exceeded,
+            AdmitError::WouldMissDeadline { .. } => &mut self.would_miss_deadline,
+            AdmitError::NeverFits { .. } => &mut self.never_fits,
+            AdmitError::TimerUnavailable => &mut self.timer_unavailable,
+        };
+        *counter += 1;
+    }
+
+    /// Every request counted, each once (`would_miss_on_hold` aside): the
+    /// priority's `errored`.
+    pub fn total(&self) -> u64 {
+        self.queue_full
+            + self.closed
+            + self.deadline_passed
+            + self.deadline_exceeded
+            + self.would_miss_deadline
+            + self.never_fits
+            + self.timer_unavailable
+            + self.cancelled
+    }
 }
 
 /// One tenant's standing in the fair-share order.
@@ -171,13 +241,6 @@ pub(crate) struct PriorityStats {
     entries: Vec<PrioritySnapshot>,
 }
 
-/// How a request's admission ended, for counting.
-#[derive(Clone, Copy, Debug)]
-pub(crate) enum Settled {
-    Admitted { waited: Duration },
-    Errored,
-}
-
 impl PriorityStats {
     pub(crate) fn new() -> Self {
         PriorityStats {
@@ -204,15 +267,28 @@ impl PriorityStats {
         self.entry(priority).requested += 1;
     }
 
-    pub(crate) fn settled(&mut self, priority: Priority, outcome: Settled) {
+    pub(crate) fn admitted(&mut self, priority: Priority, waited: Duration) {
         let entry = self.entry(priority);
-        match outcome {
-            Settled::Admitted { waited } => {
-                entry.admitted += 1;
-                entry.wait.record(waited);
-            }
-            Settled::Errored => entry.errored += 1,
-        }
+        entry.admitted += 1;
+        entry.wait.record(waited);
+    }
+
+    pub(crate) fn refused(&mut self, priority: Priority, error: &AdmitError) {
+        let entry = self.entry(priority);
+        entry.errored += 1;
+        entry.refusals.count(error);
+    }
+
+    /// Early rejection refused work of `priority` on its typical hold
+    /// (also counted by `refused`, as `would_miss_deadline`).
+    pub(crate) fn refused_on_hold(&mut self, priority: Priority) {
+        self.entry(priority).refusals.would_miss_on_hold += 1;
+    }
+
+    pub(crate) fn cancelled(&mut self, priority: Priority) {
+        let entry = self.entry(priority);
+        entry.errored += 1;
+        entry.refusals.cancelled += 1;
     }
 
     /// The counters, lowest priority first, with `waiting` filled in by
@@ -261,13 +337,8 @@ mod tests {
         stats.requested(Priority::HIGH);
         stats.requested(Priority::LOW);
         stats.requested(Priority::LOW);
-        stats.settled(
-            Priority::HIGH,
-            Settled::Admitted {
-                waited: Duration::ZERO,
-            },
-        );
-        stats.settled(Priority::LOW, Settled::Errored);
+        stats.admitted(Priority::HIGH, Duration::ZERO);
+        stats.refused(Priority::LOW, &AdmitError::DeadlinePassed);
         let snapshot = stats.snapshot(|p| usize::from(p == Priority::LOW));
         assert_eq!(snapshot.len(), 2);
         assert_eq!(
@@ -287,5 +358,50 @@ mod tests {
             ),
             (Priority::HIGH, 1, 1)
         );
+        assert_eq!(snapshot[0].refusals.deadline_passed, 1);
+        assert_eq!(snapshot[0].refusals.total(), snapshot[0].errored);
+        assert_eq!(snapshot[1].refusals, Refusals::default());
+    }
+
+    #[test]
+    fn every_refusal_is_counted_once_under_its_own_reason() {
+        let refusals = [
+            AdmitError::QueueFull { max_waiters: 1 },
+            AdmitError::Closed,
+            AdmitError::DeadlinePassed,
+            AdmitError::DeadlineExceeded {
+                waited: Duration::ZERO,
+            },
+            AdmitError::WouldMissDeadline {
+                expected: Duration::ZERO,
+                remaining: Duration::ZERO,
+            },
+            AdmitError::NeverFits {
+                requested: 2,
+                capacity: 1,
+            },
+            AdmitError::TimerUnavailable,
+        ];
+        let mut stats = PriorityStats::new();
+        for error in &refusals {
+            stats.refused(Priority::NORMAL, error);
+        }
+        stats.refused_on_hold(Priority::NORMAL);
+        stats.cancelled(Priority::NORMAL);
+        let counted = stats.snapshot(|_| 0)[0].clone();
+        let expected = Refusals {
+            queue_full: 1,
+            closed: 1,
+            deadline_passed: 1,
+            deadline_exceeded: 1,
+            would_miss_deadline: 1,
+            would_miss_on_hold: 1,
+            never_fits: 1,
+            timer_unavailable: 1,
+            cancelled: 1,
+        };
+        assert_eq!(counted.refusals, expected);
+        assert_eq!(counted.errored, 8);
+        assert_eq!(counted.refusals.total(), counted.errored);
     }
 }

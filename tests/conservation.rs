@@ -81,6 +81,10 @@ struct Seen {
     requested: u64,
     admitted: u64,
     errored: u64,
+    /// The refusals seen, by `AdmitError::reason`.
+    refused: std::collections::BTreeMap<&'static str, u64>,
+    /// Futures dropped before they saw an outcome.
+    cancelled: u64,
 }
 
 impl Seen {
@@ -90,9 +94,42 @@ impl Seen {
                 self.admitted += 1;
                 permits.push(permit);
             }
-            Err(_) => self.errored += 1,
+            Err(error) => {
+                self.errored += 1;
+                *self.refused.entry(error.reason()).or_default() += 1;
+            }
         }
     }
+
+    fn cancel(&mut self) {
+        self.errored += 1;
+        self.cancelled += 1;
+    }
+}
+
+/// The queue's refusal counters over every priority, by reason, leaving out
+/// the reasons never seen (as `Seen::refused` does).
+fn refusals_by_reason(
+    priorities: &[admission::observe::PrioritySnapshot],
+) -> std::collections::BTreeMap<&'static str, u64> {
+    let mut by_reason = std::collections::BTreeMap::new();
+    for p in priorities {
+        let r = &p.refusals;
+        for (reason, count) in [
+            ("queue_full", r.queue_full),
+            ("closed", r.closed),
+            ("deadline_passed", r.deadline_passed),
+            ("deadline_exceeded", r.deadline_exceeded),
+            ("would_miss_deadline", r.would_miss_deadline),
+            ("never_fits", r.never_fits),
+            ("timer_unavailable", r.timer_unavailable),
+        ] {
+            if count > 0 {
+                *by_reason.entry(reason).or_default() += count;
+            }
+        }
+    }
+    by_reason
 }
 
 type AskAgain = std::pin::Pin<
@@ -248,7 +285,7 @@ fn run(ops: Vec<Op>, policies: Policies) -> Result<(), TestCaseError> {
                 Op::DropGivingWay(index) if !giving_way.is_empty() => {
                     drop(giving_way.swap_remove(index % giving_way.len()));
                     // Cancelled while it waited: counted as errored.
-                    seen.errored += 1;
+                    seen.cancel();
                 }
                 Op::Release(index) if !permits.is_empty() => {
                     let permit = permits.swap_remove(index % permits.len());
@@ -271,13 +308,13 @@ fn run(ops: Vec<Op>, policies: Policies) -> Result<(), TestCaseError> {
                     // Dropped while it waited in the queue: counted as
                     // errored by the queue, as a dropped `Admit` is.
                     if work.asked {
-                        seen.errored += 1;
+                        seen.cancel();
                     }
                 }
                 Op::DropWaiting(index) if !waiting.is_empty() => {
                     drop(waiting.swap_remove(index % waiting.len()));
                     // Cancelled: counted as errored by the queue.
-                    seen.errored += 1;
+                    seen.cancel();
                 }
                 Op::ReleasePermit { index, explicitly } if !permits.is_empty() => {
                     let permit = permits.swap_remove(index % permits.len());
@@ -372,6 +409,17 @@ fn run(ops: Vec<Op>, policies: Policies) -> Result<(), TestCaseError> {
         prop_assert_eq!(sum(|p| p.admitted), seen.admitted);
         prop_assert_eq!(sum(|p| p.errored), seen.errored);
         prop_assert_eq!(seen.requested, seen.admitted + seen.errored);
+        // Every failure is counted once, under the reason its caller saw,
+        // or as cancelled where the caller left first.
+        prop_assert!(snapshot
+            .priorities
+            .iter()
+            .all(|p| p.refusals.total() == p.errored));
+        prop_assert_eq!(
+            refusals_by_reason(&snapshot.priorities),
+            seen.refused.clone()
+        );
+        prop_assert_eq!(sum(|p| p.refusals.cancelled), seen.cancelled);
         // Once nothing is held, no tenant is charged for anything.
         prop_assert!(
             snapshot.tenants.iter().all(|t| t.used == 0),

@@ -256,6 +256,52 @@ async fn a_waiter_left_with_less_time_than_a_slot_is_held_is_refused_not_granted
         other => panic!("expected a refusal, got {other:?}"),
     }
     assert_eq!(names(&granted(&mut next)), ["next"]);
+    // The snapshot tells this refusal apart: early rejection, decided by
+    // the typical hold (the wait alone would have left it time).
+    let normal = queue.snapshot().priorities;
+    let refusals = normal[0].refusals;
+    assert_eq!(
+        (refusals.would_miss_deadline, refusals.would_miss_on_hold),
+        (1, 1)
+    );
+    assert_eq!(refusals.total(), normal[0].errored);
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_snapshot_counts_each_refusal_under_its_reason() {
+    let t0 = Instant::now();
+    let queue = taught_one_slot_queue(t0, 3, ms(4), Duration::ZERO).await;
+    let held = admit_now(&queue, work(1, 0, t0, 10));
+    // A deadline already spent when it asks.
+    let mut spent = tokio_test::task::spawn(queue.admit(from_tenant(2, 0, Duration::ZERO)));
+    assert!(matches!(
+        spent.poll(),
+        std::task::Poll::Ready(Err(AdmitError::DeadlinePassed))
+    ));
+    // Two that wait; one expires while it waits, the other is dropped.
+    let mut expiring = tokio_test::task::spawn(queue.admit(from_tenant(2, 0, ms(30))));
+    assert!(expiring.poll().is_pending());
+    let mut leaving = tokio_test::task::spawn(queue.admit(from_tenant(3, 0, ms(60))));
+    assert!(leaving.poll().is_pending());
+    tokio::time::advance(ms(31)).await;
+    assert!(matches!(
+        expiring.poll(),
+        std::task::Poll::Ready(Err(AdmitError::DeadlineExceeded { .. }))
+    ));
+    drop(leaving);
+    drop(held);
+    let entry = &queue.snapshot().priorities[0];
+    let refusals = entry.refusals;
+    assert_eq!(
+        (
+            refusals.deadline_passed,
+            refusals.deadline_exceeded,
+            refusals.cancelled,
+            refusals.would_miss_deadline
+        ),
+        (1, 1, 1, 0)
+    );
+    assert_eq!((entry.errored, refusals.total()), (3, 3));
 }
 
 #[tokio::test(start_paused = true)]

@@ -441,6 +441,10 @@ fn scenario_table(name: &str, rows: &[SummaryRow], workers: usize) -> String {
         "w5" => report::table(rows, classes_of(name)) + &scenarios::w5_table(rows),
         "w1" => report::table(rows, classes_of(name)) + &scenarios::w1_table(rows),
         "w2-ideal" => scenarios::w2_ideal_table(rows),
+        "w2" | "w2-local" | "w2-socket" | "w2-pool" | "w2-pool-split" | "w8" | "w9"
+        | "w9-released" => {
+            report::table(rows, classes_of(name)) + &scenarios::refusal_lines(rows, "high")
+        }
         _ => report::table(rows, classes_of(name)),
     }
 }
@@ -620,9 +624,18 @@ mod smoke {
         for row in &rows {
             let admission = row.system.starts_with("admission");
             assert_eq!(row.inversions.is_some(), admission, "{}", row.system);
+            // The queue's refusals by reason, per class, for admission only.
+            let refusals = row.extra.get("refusals");
+            assert_eq!(refusals.is_some(), admission, "{}", row.system);
+            if let Some(refusals) = refusals {
+                for class in ["high", "normal", "low"] {
+                    assert!(refusals[class].is_object(), "{}: {class}", row.system);
+                }
+            }
         }
         let text = scenario_table("w2", &rows, DEFAULT_WORKERS);
         assert!(text.contains("prio") && text.contains("semaphore-wait(2)"));
+        assert!(text.contains("high refused by admission-defaults (whole run)"));
         let run = run_info(&rows);
         let summary = report::write_summary(&run, &rows, &dir).unwrap();
         let json: serde_json::Value =

@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use admission::cpu::SignalSource;
+use admission::observe::Refusals;
 use admission::{Priority, TenantId, TenantWeight};
 
 use crate::ideal;
@@ -197,6 +198,9 @@ pub struct RunResult {
     /// For `refuse-all`: the closed-loop work done beside the refused
     /// arrivals after the warm-up, as a fraction of C.
     pub left_beside_arrivals: Option<f64>,
+    /// Why the system's admission queue refused requests, per priority,
+    /// over the whole run (warm-up included); empty without one.
+    pub refusals: Vec<(Priority, Refusals)>,
 }
 
 impl RunResult {
@@ -257,6 +261,7 @@ fn simulate_ideal(bench: &Bench, servers: usize, spec: &RunSpec) -> RunResult {
         background_done: 0,
         cpu_busy: None,
         left_beside_arrivals: None,
+        refusals: Vec::new(),
     }
 }
 
@@ -545,6 +550,7 @@ pub fn run(bench: &Bench, system: System, spec: &RunSpec) -> Result<RunResult, S
         served as f64 / since.elapsed().as_secs_f64() / bench.capacity
     });
     let records = outcomes.records(&plan);
+    let refusals = sut.refusals();
     let background_done = background_done.load(Ordering::Relaxed);
     stop_background.store(true, Ordering::Relaxed);
     let delivery = generator.join();
@@ -559,6 +565,7 @@ pub fn run(bench: &Bench, system: System, spec: &RunSpec) -> Result<RunResult, S
         background_done,
         cpu_busy,
         left_beside_arrivals,
+        refusals,
     })
 }
 

@@ -4,6 +4,7 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::Duration;
 
+use admission::observe::Refusals;
 use admission::{Priority, TenantId, TenantWeight};
 use serde_json::json;
 
@@ -128,6 +129,9 @@ fn row(
     if let Some(left) = result.left_beside_arrivals {
         extra.insert("left_beside_arrivals_frac".into(), json!(left));
     }
+    if !result.refusals.is_empty() {
+        extra.insert("refusals".into(), refusals_json(classes, &result.refusals));
+    }
     extra.insert("capacity_per_sec".into(), json!(bench.capacity));
     extra.insert("slo_ms".into(), json!(bench.slo.as_secs_f64() * 1e3));
     if let Some(&(_, last)) = result.slot_totals.last() {
@@ -184,6 +188,65 @@ fn row(
         inversions,
         extra,
     }
+}
+
+/// Per class, why the admission queue refused its requests over the whole
+/// run (warm-up included), the reasons with a count only:
+/// `{"high": {"would_miss_deadline": 24, "would_miss_on_hold": 17, ...}}`.
+fn refusals_json(classes: &[Class], refusals: &[(Priority, Refusals)]) -> serde_json::Value {
+    let mut by_class = serde_json::Map::new();
+    for class in classes {
+        let Some((_, r)) = refusals.iter().find(|(p, _)| *p == class.priority) else {
+            continue;
+        };
+        let reasons: serde_json::Map<String, serde_json::Value> = [
+            ("queue_full", r.queue_full),
+            ("closed", r.closed),
+            ("deadline_passed", r.deadline_passed),
+            ("deadline_exceeded", r.deadline_exceeded),
+            ("would_miss_deadline", r.would_miss_deadline),
+            ("would_miss_on_hold", r.would_miss_on_hold),
+            ("never_fits", r.never_fits),
+            ("timer_unavailable", r.timer_unavailable),
+            ("cancelled", r.cancelled),
+        ]
+        .into_iter()
+        .filter(|&(_, count)| count > 0)
+        .map(|(reason, count)| (reason.to_string(), json!(count)))
+        .collect();
+        by_class.insert(class.name.to_string(), serde_json::Value::Object(reasons));
+    }
+    serde_json::Value::Object(by_class)
+}
+
+/// One line per admission row: why its queue refused requests of `class`
+/// over the whole run, for the terminal under W2-like tables.
+pub fn refusal_lines(rows: &[SummaryRow], class: &str) -> String {
+    let mut text = String::new();
+    for row in rows {
+        let Some(reasons) = row
+            .extra
+            .get("refusals")
+            .and_then(|by_class| by_class.get(class))
+            .and_then(serde_json::Value::as_object)
+        else {
+            continue;
+        };
+        let listed: Vec<String> = reasons
+            .iter()
+            .map(|(reason, count)| format!("{reason} {count}"))
+            .collect();
+        let listed = if listed.is_empty() {
+            "none".to_string()
+        } else {
+            listed.join(", ")
+        };
+        text.push_str(&format!(
+            "{class} refused by {} (whole run): {listed}\n",
+            row.system
+        ));
+    }
+    text
 }
 
 /// p99 over time of one class, in windows, for the plots.

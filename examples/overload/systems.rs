@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use admission::cpu::{Controller, SignalSource};
+use admission::observe::Refusals;
 use admission::pool::{CpuPool, PoolError};
 use admission::{
     AdmitError, EpochLifo, Priority, SlotGranter, TenantId, Usage, WorkInfo, WorkQueue,
@@ -524,6 +525,21 @@ impl Sut {
             Kind::Pool(pool) => Some(pool.threads() as u64),
             _ => None,
         }
+    }
+
+    /// Why the admission queue (the controller's, a fixed total's or the
+    /// pool's) refused requests so far, per priority; empty for the systems
+    /// without one.
+    pub fn refusals(&self) -> Vec<(Priority, Refusals)> {
+        let priorities = match &self.kind {
+            Kind::Admission { queue, .. } => queue.snapshot().priorities,
+            Kind::Pool(pool) => pool.snapshot().queue.priorities,
+            _ => return Vec::new(),
+        };
+        priorities
+            .into_iter()
+            .map(|entry| (entry.priority, entry.refusals))
+            .collect()
     }
 
     /// Closes what can be closed, so that the run's waiters finish.

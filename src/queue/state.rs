@@ -79,7 +79,7 @@ use super::work::WorkWindow;
 use super::Usage;
 use crate::error::{AdmitError, ConfigError};
 use crate::grant::{Granter, Grants, SlotSnapshot};
-use crate::observe::{PrioritySnapshot, PriorityStats, Settled, TenantSnapshot};
+use crate::observe::{PrioritySnapshot, PriorityStats, TenantSnapshot};
 use crate::work::{Priority, TenantId, TenantWeight, WorkInfo};
 
 /// Tenant records below this count are never garbage-collected early.
@@ -671,7 +671,7 @@ impl QueueState {
             }
         });
         let waited = Duration::ZERO;
-        self.stats.settled(priority, Settled::Admitted { waited });
+        self.stats.admitted(priority, waited);
         Attempt::Admitted {
             charge: self.charge_now(priority, count, None, accounted, work.deadline()),
         }
@@ -758,7 +758,7 @@ impl QueueState {
 
     /// Refused at the first poll; `Admit` logs it once the lock is released.
     fn reject(&mut self, work: &WorkInfo, error: AdmitError) -> Attempt {
-        self.stats.settled(work.priority(), Settled::Errored);
+        self.stats.refused(work.priority(), &error);
         Attempt::Rejected(error)
     }
 
@@ -820,6 +820,7 @@ impl QueueState {
         // The wait alone would have made it: the hold estimate decided.
         if wait <= remaining {
             self.drain.refused_on_hold(work.priority());
+            self.stats.refused_on_hold(work.priority());
         }
         Some(AdmitError::WouldMissDeadline {
             expected,
@@ -921,7 +922,9 @@ impl QueueState {
                         continue;
                     }
                     Some(GrantRefusal::WouldMiss(error)) => {
-                        self.drain.refused_on_hold(self.waiters[slab_key].priority);
+                        let priority = self.waiters[slab_key].priority;
+                        self.drain.refused_on_hold(priority);
+                        self.stats.refused_on_hold(priority);
                         self.fail_waiting(slab_key, at, WaiterState::Refused(error), wakes);
                         continue;
                     }
@@ -1094,11 +1097,12 @@ impl QueueState {
             WaiterState::Refused(error) => Observed::Failed(error),
             WaiterState::Closed => Observed::Failed(AdmitError::Closed),
         };
-        let outcome = match observed {
-            Observed::Admitted { waited, .. } => Settled::Admitted { waited },
-            _ => Settled::Errored,
-        };
-        self.stats.settled(waiter.priority, outcome);
+        match &observed {
+            Observed::Admitted { waited, .. } => self.stats.admitted(waiter.priority, *waited),
+            Observed::Failed(error) => self.stats.refused(waiter.priority, error),
+            // A waiting waiter never reaches here (see above).
+            Observed::Pending => {}
+        }
         observed
     }
 
@@ -1120,7 +1124,7 @@ impl QueueState {
             }
         }
         let waiter = self.waiters.remove(slab_key);
-        self.stats.settled(waiter.priority, Settled::Errored);
+        self.stats.cancelled(waiter.priority);
         if let WaiterState::Granted {
             charge,
             pacing_epoch,
