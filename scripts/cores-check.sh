@@ -21,7 +21,8 @@
 # (.devbin is ignored by git: the device tool must be told to carry it).
 # Each check's table and log go to $OUT (or ./cores-check-out), its
 # summary.json to a folder of its own there. Never hangs: every run is
-# bounded, and the whole is about five minutes on 16 cores.
+# bounded (with the two default pool sizes, at most 9.5 minutes in all,
+# within the device tool's 10), and the whole takes about five.
 #
 #   bash scripts/cores-check.sh            # pool at every core, then half
 #   bash scripts/cores-check.sh 8 16       # pool at --workers 8, then 16
@@ -70,15 +71,15 @@ run() { # run NAME LIMIT ARGS...: one bounded run of the suite into $out/NAME
 }
 
 say "== issue 13: W2 and W1 on a two-worker runtime, the rest of the cores idle"
-run w2 150 --scenario w2
-run w2-self-wake 90 --scenario w2 --handler self-wake \
+run w2 120 --scenario w2
+run w2-self-wake 75 --scenario w2 --handler self-wake \
   --system admission-defaults --system admission-fixed
-run w1 120 --scenario w1 --quick
+run w1 90 --scenario w1 --quick
 say "== issue 16: the pool with cores of its own"
-run w2-ideal 60 --scenario w2-ideal --quick
+run w2-ideal 30 --scenario w2-ideal --quick
 for workers in "${sizes[@]}"; do
   [ "$workers" -ge 2 ] || continue
-  run "pool-split-$workers" 180 --scenario w2-pool-split --handler never-yields \
+  run "pool-split-$workers" 120 --scenario w2-pool-split --handler never-yields \
     --workers "$workers"
 done
 # The tables that judge the targets, last (the rest are in $out).
