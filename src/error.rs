@@ -76,6 +76,43 @@ impl AdmitError {
             AdmitError::TimerUnavailable => "timer_unavailable",
         }
     }
+
+    /// One error of each variant, in declaration order, for tests that must
+    /// cover them all.
+    #[cfg(test)]
+    pub(crate) fn one_of_each() -> [AdmitError; 7] {
+        let all = [
+            AdmitError::QueueFull { max_waiters: 1 },
+            AdmitError::Closed,
+            AdmitError::DeadlinePassed,
+            AdmitError::DeadlineExceeded {
+                waited: std::time::Duration::ZERO,
+            },
+            AdmitError::WouldMissDeadline {
+                expected: std::time::Duration::ZERO,
+                remaining: std::time::Duration::ZERO,
+            },
+            AdmitError::NeverFits {
+                requested: 2,
+                capacity: 1,
+            },
+            AdmitError::TimerUnavailable,
+        ];
+        // Exhaustive inside the crate: a new variant fails to compile here
+        // until it is added above.
+        for error in &all {
+            match error {
+                AdmitError::QueueFull { .. }
+                | AdmitError::Closed
+                | AdmitError::DeadlinePassed
+                | AdmitError::DeadlineExceeded { .. }
+                | AdmitError::WouldMissDeadline { .. }
+                | AdmitError::NeverFits { .. }
+                | AdmitError::TimerUnavailable => {}
+            }
+        }
+        all
+    }
 }
 
 impl fmt::Display for AdmitError {

@@ -159,17 +159,26 @@ impl Refusals {
         *counter += 1;
     }
 
+    /// Each count with its name: the refusals as [`AdmitError::reason`]
+    /// names them, then `cancelled`. `would_miss_on_hold` is not among
+    /// them: it is a part of `would_miss_deadline`, not a reason of its own.
+    pub fn by_reason(&self) -> [(&'static str, u64); 8] {
+        [
+            ("queue_full", self.queue_full),
+            ("closed", self.closed),
+            ("deadline_passed", self.deadline_passed),
+            ("deadline_exceeded", self.deadline_exceeded),
+            ("would_miss_deadline", self.would_miss_deadline),
+            ("never_fits", self.never_fits),
+            ("timer_unavailable", self.timer_unavailable),
+            ("cancelled", self.cancelled),
+        ]
+    }
+
     /// Every request counted, each once (`would_miss_on_hold` aside): the
     /// priority's `errored`.
     pub fn total(&self) -> u64 {
-        self.queue_full
-            + self.closed
-            + self.deadline_passed
-            + self.deadline_exceeded
-            + self.would_miss_deadline
-            + self.never_fits
-            + self.timer_unavailable
-            + self.cancelled
+        self.by_reason().iter().map(|&(_, count)| count).sum()
     }
 }
 
@@ -365,23 +374,7 @@ mod tests {
 
     #[test]
     fn every_refusal_is_counted_once_under_its_own_reason() {
-        let refusals = [
-            AdmitError::QueueFull { max_waiters: 1 },
-            AdmitError::Closed,
-            AdmitError::DeadlinePassed,
-            AdmitError::DeadlineExceeded {
-                waited: Duration::ZERO,
-            },
-            AdmitError::WouldMissDeadline {
-                expected: Duration::ZERO,
-                remaining: Duration::ZERO,
-            },
-            AdmitError::NeverFits {
-                requested: 2,
-                capacity: 1,
-            },
-            AdmitError::TimerUnavailable,
-        ];
+        let refusals = AdmitError::one_of_each();
         let mut stats = PriorityStats::new();
         for error in &refusals {
             stats.refused(Priority::NORMAL, error);
@@ -401,6 +394,11 @@ mod tests {
             cancelled: 1,
         };
         assert_eq!(counted.refusals, expected);
+        // Each count is named as its error names itself.
+        let names: Vec<&str> = counted.refusals.by_reason().map(|(name, _)| name).to_vec();
+        let reasons: Vec<&str> = refusals.iter().map(AdmitError::reason).collect();
+        assert_eq!(names[..reasons.len()], reasons[..]);
+        assert_eq!(names[reasons.len()..], ["cancelled"]);
         assert_eq!(counted.errored, 8);
         assert_eq!(counted.refusals.total(), counted.errored);
     }

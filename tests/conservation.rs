@@ -108,23 +108,15 @@ impl Seen {
 }
 
 /// The queue's refusal counters over every priority, by reason, leaving out
-/// the reasons never seen (as `Seen::refused` does).
+/// the reasons never seen (as `Seen::refused` does) and cancellations
+/// (`Seen::cancelled`).
 fn refusals_by_reason(
     priorities: &[admission::observe::PrioritySnapshot],
 ) -> std::collections::BTreeMap<&'static str, u64> {
     let mut by_reason = std::collections::BTreeMap::new();
     for p in priorities {
-        let r = &p.refusals;
-        for (reason, count) in [
-            ("queue_full", r.queue_full),
-            ("closed", r.closed),
-            ("deadline_passed", r.deadline_passed),
-            ("deadline_exceeded", r.deadline_exceeded),
-            ("would_miss_deadline", r.would_miss_deadline),
-            ("never_fits", r.never_fits),
-            ("timer_unavailable", r.timer_unavailable),
-        ] {
-            if count > 0 {
+        for (reason, count) in p.refusals.by_reason() {
+            if count > 0 && reason != "cancelled" {
                 *by_reason.entry(reason).or_default() += count;
             }
         }

@@ -308,7 +308,19 @@ fn never_yields_bench(bench: &Bench, quick: bool, workers: usize) -> Result<Benc
         return Ok(bench.clone());
     }
     eprintln!("  w2-pool: calibrating C for handlers that never yield on {workers} worker(s) ...");
-    let capacity = runner::calibrate_capacity(
+    let capacity = never_yields_capacity(bench, quick, workers)?;
+    Ok(Bench {
+        capacity,
+        handler: Handler::NEVER_YIELDS,
+        workers,
+        ..bench.clone()
+    })
+}
+
+/// C of handlers that never yield on a runtime of `workers`, as `bench`
+/// builds it.
+fn never_yields_capacity(bench: &Bench, quick: bool, workers: usize) -> Result<f64, String> {
+    runner::calibrate_capacity(
         bench.units,
         Handler::NEVER_YIELDS,
         MEAN_SERVICE,
@@ -316,13 +328,7 @@ fn never_yields_bench(bench: &Bench, quick: bool, workers: usize) -> Result<Benc
         42,
         workers,
         bench.runtime,
-    )?;
-    Ok(Bench {
-        capacity,
-        handler: Handler::NEVER_YIELDS,
-        workers,
-        ..bench.clone()
-    })
+    )
 }
 
 fn run_scenario(
@@ -374,16 +380,7 @@ fn run_scenario(
                 // The run's own C is checked after the run by `main`; this
                 // one only here.
                 eprintln!("  {name}: calibrating its C again ...");
-                let after = runner::calibrate_capacity(
-                    own.units,
-                    Handler::NEVER_YIELDS,
-                    MEAN_SERVICE,
-                    calibration_length(quick),
-                    42,
-                    own.workers,
-                    own.runtime,
-                )
-                .ok();
+                let after = never_yields_capacity(&own, quick, own.workers).ok();
                 record_capacity_after(&mut rows, after);
             }
             Ok(rows)

@@ -106,6 +106,22 @@ impl RunInfo {
 /// run (other builds, other tenants), and every figure relative to C with it.
 pub const CAPACITY_DRIFT_LIMIT: f64 = 0.10;
 
+/// What is wrong with a C calibrated as `before` and again, after
+/// `after_what`, as `after` (`None`: that calibration failed), if anything.
+fn capacity_drift(before: f64, after: Option<f64>, after_what: &str) -> Option<String> {
+    let Some(after) = after else {
+        return Some(format!("C could not be calibrated after {after_what}"));
+    };
+    let moved = after / before - 1.0;
+    (!moved.is_finite() || moved.abs() > CAPACITY_DRIFT_LIMIT).then(|| {
+        format!(
+            "C moved from {before:.0} to {after:.0} req/s ({:+.1}%, limit {:.0}%)",
+            moved * 100.0,
+            CAPACITY_DRIFT_LIMIT * 100.0
+        )
+    })
+}
+
 /// Why a run whose C was `before` and then `after` produced `rows` cannot
 /// be trusted: C moved by more than [`CAPACITY_DRIFT_LIMIT`] (or the C of
 /// its own that a scenario's rows carry, `capacity_per_sec` before them
@@ -115,20 +131,9 @@ pub const CAPACITY_DRIFT_LIMIT: f64 = 0.10;
 /// carrying `capacity_per_sec`) are held to it: W6 and W7 have their own
 /// denominators, and the ideal scheduler's row is simulated, not measured.
 pub fn run_problems(before: f64, after: Option<f64>, rows: &[SummaryRow]) -> Vec<String> {
-    let mut problems = Vec::new();
-    match after {
-        None => problems.push("C could not be calibrated after the run".to_string()),
-        Some(after) => {
-            let moved = after / before - 1.0;
-            if !moved.is_finite() || moved.abs() > CAPACITY_DRIFT_LIMIT {
-                problems.push(format!(
-                    "C moved from {before:.0} to {after:.0} req/s ({:+.1}%, limit {:.0}%)",
-                    moved * 100.0,
-                    CAPACITY_DRIFT_LIMIT * 100.0
-                ));
-            }
-        }
-    }
+    let mut problems: Vec<String> = capacity_drift(before, after, "the run")
+        .into_iter()
+        .collect();
     // A scenario measured against a C of its own (calibrated for it before
     // its rows, and again after them) is judged by the same limit, once.
     let mut judged: Vec<&str> = Vec::new();
@@ -143,22 +148,8 @@ pub fn run_problems(before: f64, after: Option<f64>, rows: &[SummaryRow]) -> Vec
             continue;
         }
         judged.push(&row.scenario);
-        match after.as_f64() {
-            None => problems.push(format!(
-                "{}: C could not be calibrated after its rows",
-                row.scenario
-            )),
-            Some(after) => {
-                let moved = after / own - 1.0;
-                if !moved.is_finite() || moved.abs() > CAPACITY_DRIFT_LIMIT {
-                    problems.push(format!(
-                        "{}: C moved from {own:.0} to {after:.0} req/s ({:+.1}%, limit {:.0}%)",
-                        row.scenario,
-                        moved * 100.0,
-                        CAPACITY_DRIFT_LIMIT * 100.0
-                    ));
-                }
-            }
+        if let Some(problem) = capacity_drift(own, after.as_f64(), "its rows") {
+            problems.push(format!("{}: {problem}", row.scenario));
         }
     }
     for row in rows {

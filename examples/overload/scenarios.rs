@@ -199,21 +199,13 @@ fn refusals_json(classes: &[Class], refusals: &[(Priority, Refusals)]) -> serde_
         let Some((_, r)) = refusals.iter().find(|(p, _)| *p == class.priority) else {
             continue;
         };
-        let reasons: serde_json::Map<String, serde_json::Value> = [
-            ("queue_full", r.queue_full),
-            ("closed", r.closed),
-            ("deadline_passed", r.deadline_passed),
-            ("deadline_exceeded", r.deadline_exceeded),
-            ("would_miss_deadline", r.would_miss_deadline),
-            ("would_miss_on_hold", r.would_miss_on_hold),
-            ("never_fits", r.never_fits),
-            ("timer_unavailable", r.timer_unavailable),
-            ("cancelled", r.cancelled),
-        ]
-        .into_iter()
-        .filter(|&(_, count)| count > 0)
-        .map(|(reason, count)| (reason.to_string(), json!(count)))
-        .collect();
+        let reasons: serde_json::Map<String, serde_json::Value> = r
+            .by_reason()
+            .into_iter()
+            .chain([("would_miss_on_hold", r.would_miss_on_hold)])
+            .filter(|&(_, count)| count > 0)
+            .map(|(reason, count)| (reason.to_string(), json!(count)))
+            .collect();
         by_class.insert(class.name.to_string(), serde_json::Value::Object(reasons));
     }
     serde_json::Value::Object(by_class)
@@ -521,10 +513,9 @@ pub fn w2_ideal_table(rows: &[SummaryRow]) -> String {
     ]
     .map(String::from)
     .to_vec()];
+    let percent =
+        |fraction: Option<f64>| fraction.map_or("-".to_string(), |f| format!("{:.2}%", f * 100.0));
     for row in rows {
-        let percent = |fraction: Option<f64>| {
-            fraction.map_or("-".to_string(), |f| format!("{:.2}%", f * 100.0))
-        };
         lines.push(vec![
             row.system.clone(),
             percent(Some(row.goodput_frac)),
