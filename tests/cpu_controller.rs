@@ -91,6 +91,37 @@ async fn underload_with_every_slot_used_grows_the_total_to_the_maximum() {
     );
 }
 
+/// Bulk work held back by the elastic share waits for the total while
+/// slots stand free (the share is a fraction of the total): the total
+/// binds, and an underloaded tick raises it, as it does when every slot
+/// is in use. Free slots with nobody waiting are no reason to.
+#[tokio::test(start_paused = true)]
+async fn underload_with_work_held_back_by_the_elastic_share_grows_the_total() {
+    let script = Scripted::default();
+    let controller = controller(&script, 4);
+    let bulk = || WorkInfo::new(TenantId::SYSTEM, Priority::BULK_NORMAL);
+    let _regular = hold(&controller, 1);
+    let _bulk: Vec<_> = (0..2)
+        .map(|_| common::admit_now(controller.queue(), bulk()))
+        .collect();
+    script.set(2);
+    assert_eq!(
+        controller.step().adjustment,
+        Adjustment::Hold(Hold::SlotsFree),
+        "three of four used, nobody waiting"
+    );
+    let mut waiting = common::enqueue(controller.queue(), bulk());
+    assert_eq!(controller.queue().granter_snapshot().used, 3);
+    assert_eq!(controller.step().adjustment, Adjustment::Increase);
+    assert_eq!(total(&controller), 5);
+    // Half of five is still two slots for bulk work: it goes on waiting,
+    // and the next tick raises the total again.
+    assert!(common::try_settle(&mut waiting).is_none());
+    assert_eq!(controller.step().adjustment, Adjustment::Increase);
+    assert_eq!(total(&controller), 6);
+    assert!(common::try_settle(&mut waiting).expect("granted").is_ok());
+}
+
 #[tokio::test(start_paused = true)]
 async fn the_dead_band_holds_and_an_unadmitted_load_is_not_ours_to_shed() {
     let script = Scripted::default();

@@ -7,14 +7,17 @@
 //!    ▲
 //!    │ ≥ T           → total − 1, if 0 < used ≤ total and total > min
 //!    │   (dead band)   hold
-//!    │ ≤ T / 2       → total + 1, if used ≥ total and total < max
+//!    │ ≤ T / 2       → total + 1, if the total binds and total < max
 //!    └───────────────────────────────────────────▶ every tick (1 ms)
 //! ```
 //!
 //! The decrease waits while `used > total`: the last decrease has not taken
 //! effect yet (slots are never revoked), and taking more away would only
-//! overshoot. The increase needs every slot in use: capacity nobody asks for
-//! says nothing about whether the CPU could take more. The dead band between
+//! overshoot. The increase needs the total to bind: every slot in use, or
+//! requests waiting that a larger total would admit (the queue's elastic
+//! share is a fraction of the total, so elastic work held back by it waits
+//! for the total while slots stand free). Capacity nobody asks for says
+//! nothing about whether the CPU could take more. The dead band between
 //! `T/2` and `T` keeps the total from flapping on every sample.
 //!
 //! Comparisons are done in integers (`runnable ≥ T·workers`,
@@ -52,7 +55,8 @@ pub enum Hold {
     /// Overloaded, but more slots are in use than the total: the previous
     /// decrease has not taken effect yet.
     UsedAboveTotal,
-    /// Underloaded, but slots are free: nobody is asking for more.
+    /// Underloaded, but slots are free and nobody waits for a larger
+    /// total: nobody is asking for more.
     SlotsFree,
     /// Underloaded by the runnable rule, but admitted work's holds are not
     /// (yet) near their unloaded value: see [`inflation`](super::inflation).
@@ -106,8 +110,9 @@ impl SlotAdjuster {
         self.min_slots
     }
 
-    /// The decision for one sample, given the slots in use and the total.
-    pub fn decide(&self, load: &CpuLoad, used: u64, total: u64) -> Adjustment {
+    /// The decision for one sample, given the slots in use, the total, and
+    /// whether requests wait that a larger total would admit.
+    pub fn decide(&self, load: &CpuLoad, used: u64, total: u64, waiting: bool) -> Adjustment {
         let limit = u128::from(self.threshold) * u128::from(load.workers.max(1));
         let runnable = u128::from(load.runnable);
         if runnable >= limit {
@@ -121,7 +126,7 @@ impl SlotAdjuster {
                 Adjustment::Decrease
             }
         } else if 2 * runnable <= limit {
-            if used < total {
+            if used < total && !waiting {
                 Adjustment::Hold(Hold::SlotsFree)
             } else if total >= self.max_slots {
                 Adjustment::Hold(Hold::AtMax)
@@ -153,66 +158,32 @@ mod tests {
     #[test]
     fn the_aiad_rule_as_a_table() {
         let adjuster = SlotAdjuster::new(4, 1, 10);
-        let rows: &[(&str, u64, u64, u64, Adjustment)] = &[
-            // name, runnable, used, total, expected
-            ("over threshold", 8, 5, 5, Adjustment::Decrease),
-            ("far over threshold", 500, 3, 5, Adjustment::Decrease),
-            (
-                "over, used above total",
-                9,
-                6,
-                5,
-                Adjustment::Hold(Hold::UsedAboveTotal),
-            ),
-            (
-                "over, nothing admitted",
-                9,
-                0,
-                5,
-                Adjustment::Hold(Hold::NoneUsed),
-            ),
-            ("over, at min", 9, 1, 1, Adjustment::Hold(Hold::AtMin)),
-            (
-                "just under threshold",
-                7,
-                5,
-                5,
-                Adjustment::Hold(Hold::DeadBand),
-            ),
-            ("just over half", 5, 5, 5, Adjustment::Hold(Hold::DeadBand)),
-            ("at half", 4, 5, 5, Adjustment::Increase),
-            (
-                "idle runtime, all slots used",
-                0,
-                5,
-                5,
-                Adjustment::Increase,
-            ),
-            (
-                "under half, used above total",
-                0,
-                7,
-                5,
-                Adjustment::Increase,
-            ),
-            (
-                "under half, slots free",
-                0,
-                4,
-                5,
-                Adjustment::Hold(Hold::SlotsFree),
-            ),
-            (
-                "under half, at max",
-                0,
-                10,
-                10,
-                Adjustment::Hold(Hold::AtMax),
-            ),
+        use Adjustment::{Decrease, Hold as H, Increase};
+        #[rustfmt::skip]
+        let rows: &[(&str, u64, u64, u64, bool, Adjustment)] = &[
+            // name, runnable, used, total, requests waiting for the total, expected
+            ("over threshold", 8, 5, 5, false, Decrease),
+            ("far over threshold", 500, 3, 5, false, Decrease),
+            ("over, used above total", 9, 6, 5, false, H(Hold::UsedAboveTotal)),
+            ("over, nothing admitted", 9, 0, 5, true, H(Hold::NoneUsed)),
+            ("over, at min", 9, 1, 1, false, H(Hold::AtMin)),
+            ("just under threshold", 7, 5, 5, true, H(Hold::DeadBand)),
+            ("just over half", 5, 5, 5, false, H(Hold::DeadBand)),
+            ("at half", 4, 5, 5, false, Increase),
+            ("idle runtime, all slots used", 0, 5, 5, false, Increase),
+            ("under half, used above total", 0, 7, 5, false, Increase),
+            ("under half, slots free", 0, 4, 5, false, H(Hold::SlotsFree)),
+            ("under half, slots free, requests held back by the total", 0, 4, 5, true, Increase),
+            ("under half, at max", 0, 10, 10, false, H(Hold::AtMax)),
+            ("under half, at max, requests waiting", 0, 8, 10, true, H(Hold::AtMax)),
         ];
-        for &(name, runnable, used, total, expected) in rows {
+        for &(name, runnable, used, total, waiting, expected) in rows {
             let load = CpuLoad::new(runnable, 2);
-            assert_eq!(adjuster.decide(&load, used, total), expected, "{name}");
+            assert_eq!(
+                adjuster.decide(&load, used, total, waiting),
+                expected,
+                "{name}"
+            );
         }
     }
 
@@ -229,7 +200,7 @@ mod tests {
         // Threshold 1 on 3 workers: overload at 3, underload at 2*r <= 3, so
         // at 1 runnable; 2 runnable is the dead band.
         let adjuster = SlotAdjuster::new(1, 1, 10);
-        let at = |runnable| adjuster.decide(&CpuLoad::new(runnable, 3), 4, 4);
+        let at = |runnable| adjuster.decide(&CpuLoad::new(runnable, 3), 4, 4, false);
         assert_eq!(at(1), Adjustment::Increase);
         assert_eq!(at(2), Adjustment::Hold(Hold::DeadBand));
         assert_eq!(at(3), Adjustment::Decrease);

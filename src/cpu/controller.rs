@@ -483,10 +483,10 @@ impl Core {
         };
         // The adjuster keeps the total within bounds the builder checked
         // against the granter's, so moving it cannot fail.
-        let slots_before = match self.queue.adjust_total(|slots| {
+        let slots_before = match self.queue.adjust_total(|slots, waiting| {
             if mode == Mode::Active {
                 adjustment = combine(
-                    adjuster.decide(&load, slots.used, slots.total),
+                    adjuster.decide(&load, slots.used, slots.total, waiting),
                     verdict,
                     increase,
                     slots,

@@ -198,15 +198,16 @@ impl WorkQueue<SlotGranter> {
 
     /// Reads the slot levels and moves the total in one step under the
     /// queue's lock, so the decision and its effect see the same state:
-    /// `decide` gets the current levels and returns the new total, if any.
+    /// `decide` gets the current levels and whether requests wait that a
+    /// larger total would admit, and returns the new total, if any.
     /// Capacity the change opens is granted at once.
     pub(crate) fn adjust_total(
         &self,
-        decide: impl FnOnce(SlotSnapshot) -> Option<u64>,
+        decide: impl FnOnce(SlotSnapshot, bool) -> Option<u64>,
     ) -> Result<SlotSnapshot, ConfigError> {
         self.shared.with_state(|queue, grants, wakes| {
             let before = grants.granter.snapshot(grants.state);
-            if let Some(total) = decide(before) {
+            if let Some(total) = decide(before, queue.waits_for_total()) {
                 grants.granter.set_total(total)?;
                 if total > before.total {
                     queue.grant_waiting(grants, wakes);

@@ -541,6 +541,15 @@ impl QueueState {
         self.waiting
     }
 
+    /// Whether requests wait that a larger total would admit: the grant
+    /// loop stops at pacing, at the total, or at the elastic share (a
+    /// fraction of the total), so with requests waiting and pacing open,
+    /// the total binds, whether or not every slot is in use. A slot kept
+    /// back for arrivals is free by choice, not for want of one.
+    pub(crate) fn waits_for_total(&self) -> bool {
+        self.waiting > 0 && !self.pacing.is_full() && !self.kept_for_arrivals
+    }
+
     pub(crate) fn is_closed(&self) -> bool {
         self.closed
     }
