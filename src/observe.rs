@@ -94,6 +94,11 @@ pub struct PrioritySnapshot {
     pub priority: Priority,
     /// Requests that asked for admission.
     pub requested: u64,
+    /// Of `requested`, work in progress that gave its slots back for a wait
+    /// and asked for them again ([`SlotPermit::run`](crate::SlotPermit::run),
+    /// [`release_during`](crate::SlotPermit::release_during),
+    /// [`give_way`](crate::SlotPermit::give_way)).
+    pub resumed: u64,
     /// Requests admitted, including fast-path and bypassed ones.
     pub admitted: u64,
     /// Requests that failed: rejected, expired, closed out or cancelled.
@@ -272,8 +277,10 @@ impl PriorityStats {
         &mut self.entries[at]
     }
 
-    pub(crate) fn requested(&mut self, priority: Priority) {
-        self.entry(priority).requested += 1;
+    pub(crate) fn requested(&mut self, priority: Priority, resumed: bool) {
+        let entry = self.entry(priority);
+        entry.requested += 1;
+        entry.resumed += u64::from(resumed);
     }
 
     pub(crate) fn admitted(&mut self, priority: Priority, waited: Duration) {
@@ -343,9 +350,9 @@ mod tests {
     #[test]
     fn priority_counters_are_kept_apart_and_listed_lowest_first() {
         let mut stats = PriorityStats::new();
-        stats.requested(Priority::HIGH);
-        stats.requested(Priority::LOW);
-        stats.requested(Priority::LOW);
+        stats.requested(Priority::HIGH, false);
+        stats.requested(Priority::LOW, false);
+        stats.requested(Priority::LOW, false);
         stats.admitted(Priority::HIGH, Duration::ZERO);
         stats.refused(Priority::LOW, &AdmitError::DeadlinePassed);
         let snapshot = stats.snapshot(|p| usize::from(p == Priority::LOW));

@@ -10,8 +10,10 @@
 //! for a wait (`SlotPermit::release_during`) and ask again when the test
 //! ends the wait, or offer them to higher priorities
 //! (`SlotPermit::give_way`); at the end, the elastic share's count is back
-//! to zero too. The same property is run through the CPU pool, whose
-//! threads take the place of the permits.
+//! to zero too. Permits may run work that gives its slots back by itself
+//! while it waits (`SlotPermit::run`), once the runtime takes a turn, and
+//! asks for them again when the test ends the wait. The same property is
+//! run through the CPU pool, whose threads take the place of the permits.
 
 mod common;
 
@@ -46,6 +48,14 @@ enum Op {
     GiveWay(usize),
     /// Drops a permit's offer while it asks for its slots again.
     DropGivingWay(usize),
+    /// A permit runs work that waits for the test, yields, and completes.
+    Run(usize),
+    /// Ends one such wait.
+    EndRunWait(usize),
+    DropRun(usize),
+    /// The runtime takes a turn: probes of runs still waiting give their
+    /// slots back.
+    Turn,
     Advance(u64),
     SetWeight {
         tenant: u64,
@@ -69,6 +79,10 @@ fn op() -> impl Strategy<Value = Op> {
         1 => any::<usize>().prop_map(Op::DropReleased),
         2 => any::<usize>().prop_map(Op::GiveWay),
         1 => any::<usize>().prop_map(Op::DropGivingWay),
+        2 => any::<usize>().prop_map(Op::Run),
+        2 => any::<usize>().prop_map(Op::EndRunWait),
+        1 => any::<usize>().prop_map(Op::DropRun),
+        2 => Just(Op::Turn),
         2 => (0..15u64).prop_map(Op::Advance),
         1 => (1..4u64, 1..6u32).prop_map(|(tenant, weight)| Op::SetWeight { tenant, weight }),
         // Rare: closing ends the interesting part of a run.
@@ -79,6 +93,8 @@ fn op() -> impl Strategy<Value = Op> {
 #[derive(Default)]
 struct Seen {
     requested: u64,
+    /// Of `requested`, work that released or gave way asking again.
+    resumed: u64,
     admitted: u64,
     errored: u64,
     /// The refusals seen, by `AdmitError::reason`.
@@ -152,6 +168,7 @@ impl Released {
             std::task::Poll::Ready((_, result)) => {
                 if !self.asked {
                     seen.requested += 1;
+                    seen.resumed += 1;
                 }
                 Some(result)
             }
@@ -159,9 +176,29 @@ impl Released {
                 if !waiting && !self.asked {
                     self.asked = true;
                     seen.requested += 1;
+                    seen.resumed += 1;
                 }
                 None
             }
+        }
+    }
+}
+
+type RunFuture = std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), AdmitError>>>>;
+
+/// Work run by `SlotPermit::run`, as the test sees it.
+struct Running {
+    future: tokio_test::task::Spawn<RunFuture>,
+    /// Ends its wait; `None` once sent.
+    end: Option<tokio::sync::oneshot::Sender<()>>,
+}
+
+impl Running {
+    /// Polls it: `Some` with its outcome once it has completed.
+    fn poll(&mut self) -> Option<Result<(), AdmitError>> {
+        match self.future.poll() {
+            std::task::Poll::Ready(result) => Some(result),
+            std::task::Poll::Pending => None,
         }
     }
 }
@@ -201,6 +238,9 @@ fn run(ops: Vec<Op>, policies: Policies) -> Result<(), TestCaseError> {
         let mut released: Vec<Released> = Vec::new();
         // Permits that gave way, asking for their slots again.
         let mut giving_way: Vec<tokio_test::task::Spawn<admission::GiveWay>> = Vec::new();
+        let mut running: Vec<Running> = Vec::new();
+        // Runs refused their slots when they asked again after a wait.
+        let mut runs_refused = 0u64;
         let mut seen = Seen::default();
 
         for op in ops {
@@ -249,7 +289,38 @@ fn run(ops: Vec<Op>, policies: Policies) -> Result<(), TestCaseError> {
                         }
                         std::task::Poll::Pending => true,
                     });
+                    running.retain_mut(|work| match work.poll() {
+                        Some(result) => {
+                            runs_refused += u64::from(result.is_err());
+                            false
+                        }
+                        None => true,
+                    });
                 }
+                Op::Run(index) if !permits.is_empty() => {
+                    let permit = permits.swap_remove(index % permits.len());
+                    let (end, ended) = tokio::sync::oneshot::channel::<()>();
+                    let future: RunFuture = Box::pin(permit.run(async move {
+                        let _ = ended.await;
+                        tokio::task::yield_now().await;
+                    }));
+                    let mut work = Running {
+                        future: tokio_test::task::spawn(future),
+                        end: Some(end),
+                    };
+                    prop_assert!(work.poll().is_none(), "it waits for the test");
+                    running.push(work);
+                }
+                Op::EndRunWait(index) if !running.is_empty() => {
+                    let count = running.len();
+                    if let Some(end) = running[index % count].end.take() {
+                        let _ = end.send(());
+                    }
+                }
+                Op::DropRun(index) if !running.is_empty() => {
+                    drop(running.swap_remove(index % running.len()));
+                }
+                Op::Turn => tokio::task::yield_now().await,
                 Op::GiveWay(index) if !permits.is_empty() => {
                     let permit = permits.swap_remove(index % permits.len());
                     let gave_way = permit.give_way();
@@ -265,11 +336,13 @@ fn run(ops: Vec<Op>, policies: Policies) -> Result<(), TestCaseError> {
                                 "work that gave way found the queue full"
                             );
                             seen.requested += 1;
+                            seen.resumed += 1;
                             seen.settle(result, &mut permits);
                         }
                         std::task::Poll::Pending => {
                             prop_assert!(asks_again, "a kept permit must come back at once");
                             seen.requested += 1;
+                            seen.resumed += 1;
                             giving_way.push(gave_way);
                         }
                     }
@@ -331,12 +404,17 @@ fn run(ops: Vec<Op>, policies: Policies) -> Result<(), TestCaseError> {
                 | Op::EndWait(_)
                 | Op::DropReleased(_)
                 | Op::GiveWay(_)
-                | Op::DropGivingWay(_) => {}
+                | Op::DropGivingWay(_)
+                | Op::Run(_)
+                | Op::EndRunWait(_)
+                | Op::DropRun(_) => {}
             }
             let snapshot = queue.snapshot();
             // Slots held never exceed what permits and grants not yet
             // observed can hold (two units at most each).
-            let asked = released.iter().filter(|work| work.asked).count() + giving_way.len();
+            let asked = released.iter().filter(|work| work.asked).count()
+                + giving_way.len()
+                + running.len();
             prop_assert!(
                 snapshot.granter.used <= 2 * (permits.len() + waiting.len() + asked) as u64
             );
@@ -352,9 +430,22 @@ fn run(ops: Vec<Op>, policies: Policies) -> Result<(), TestCaseError> {
                 let _ = end.send(());
             }
         }
+        for work in &mut running {
+            if let Some(end) = work.end.take() {
+                let _ = end.send(());
+            }
+        }
         for _ in 0..20 {
             tokio::time::advance(Duration::from_secs(1)).await;
+            tokio::task::yield_now().await;
             queue.maintain();
+            running.retain_mut(|work| match work.poll() {
+                Some(result) => {
+                    runs_refused += u64::from(result.is_err());
+                    false
+                }
+                None => true,
+            });
             waiting.retain_mut(|admit| match try_settle(admit) {
                 Some(result) => {
                     seen.settle(result, &mut permits);
@@ -386,6 +477,7 @@ fn run(ops: Vec<Op>, policies: Policies) -> Result<(), TestCaseError> {
             released.is_empty(),
             "released work still pending at quiescence"
         );
+        prop_assert!(running.is_empty(), "runs still pending at quiescence");
         let snapshot = queue.snapshot();
         prop_assert!(snapshot.granter.used >= permits.len() as u64);
         prop_assert!(snapshot.granter.used <= 2 * permits.len() as u64);
@@ -397,21 +489,36 @@ fn run(ops: Vec<Op>, policies: Policies) -> Result<(), TestCaseError> {
         let sum = |f: fn(&admission::observe::PrioritySnapshot) -> u64| {
             snapshot.priorities.iter().map(f).sum::<u64>()
         };
-        prop_assert_eq!(sum(|p| p.requested), seen.requested);
-        prop_assert_eq!(sum(|p| p.admitted), seen.admitted);
-        prop_assert_eq!(sum(|p| p.errored), seen.errored);
+        // Runs asked for their slots again after their waits (how many
+        // times is the queue's own count): every other admission is one
+        // the test made and saw settle.
+        prop_assert!(sum(|p| p.resumed) >= seen.resumed);
+        let resumed = sum(|p| p.resumed) - seen.resumed;
+        prop_assert_eq!(sum(|p| p.requested), seen.requested + resumed);
+        prop_assert_eq!(
+            sum(|p| p.admitted) + sum(|p| p.errored),
+            sum(|p| p.requested)
+        );
+        prop_assert!(sum(|p| p.admitted) >= seen.admitted);
+        prop_assert!(sum(|p| p.errored) >= seen.errored + runs_refused);
+        prop_assert!(
+            sum(|p| p.admitted) + sum(|p| p.errored) <= seen.admitted + seen.errored + resumed
+        );
         prop_assert_eq!(seen.requested, seen.admitted + seen.errored);
         // Every failure is counted once, under the reason its caller saw,
-        // or as cancelled where the caller left first.
+        // or as cancelled where the caller left first; runs' admissions
+        // aside, which only the queue saw settle.
         prop_assert!(snapshot
             .priorities
             .iter()
             .all(|p| p.refusals.total() == p.errored));
-        prop_assert_eq!(
-            refusals_by_reason(&snapshot.priorities),
-            seen.refused.clone()
-        );
-        prop_assert_eq!(sum(|p| p.refusals.cancelled), seen.cancelled);
+        if resumed == 0 {
+            prop_assert_eq!(
+                refusals_by_reason(&snapshot.priorities),
+                seen.refused.clone()
+            );
+            prop_assert_eq!(sum(|p| p.refusals.cancelled), seen.cancelled);
+        }
         // Once nothing is held, no tenant is charged for anything.
         prop_assert!(
             snapshot.tenants.iter().all(|t| t.used == 0),

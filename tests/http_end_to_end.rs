@@ -6,6 +6,7 @@
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -136,7 +137,7 @@ async fn under_overload_low_priority_gets_429_while_high_priority_succeeds() {
         .max_waiters(1)
         .build()
         .unwrap();
-    let release = Arc::new(Notify::new());
+    let release = Arc::new(AtomicBool::new(false));
     let gate = release.clone();
     let routes = Router::new()
         .route(
@@ -144,7 +145,11 @@ async fn under_overload_low_priority_gets_429_while_high_priority_succeeds() {
             get(move || {
                 let gate = gate.clone();
                 async move {
-                    gate.notified().await;
+                    // Computes (yielding, never waiting) until released: a
+                    // handler that waits gives its slot back.
+                    while !gate.load(Ordering::SeqCst) {
+                        tokio::task::yield_now().await;
+                    }
                     "unblocked"
                 }
             }),
@@ -152,7 +157,13 @@ async fn under_overload_low_priority_gets_429_while_high_priority_succeeds() {
         .route("/", get(describe));
     let address = serve(queue.clone(), routes).await;
 
-    let blocked = tokio::spawn(client().request(get_request(address, "/block", &[])));
+    // As high a priority as the request that will wait: a handler gives its
+    // slot to waiting work of a higher priority when it yields.
+    let blocked = tokio::spawn(client().request(get_request(
+        address,
+        "/block",
+        &[("x-admission-priority", "user-high")],
+    )));
     eventually("the blocker holds the slot", || {
         queue.snapshot().granter.used == 1
     })
@@ -175,7 +186,7 @@ async fn under_overload_low_priority_gets_429_while_high_priority_succeeds() {
     assert_eq!(low.status(), 429);
     assert_eq!(low.headers()["retry-after"], "2");
 
-    release.notify_one();
+    release.store(true, Ordering::SeqCst);
     let high = high.await.unwrap().unwrap();
     assert_eq!(high.status(), 200);
     assert_eq!(text(high).await, "1 user-high Some(1s)");
@@ -187,8 +198,12 @@ async fn a_dropped_client_request_releases_its_permit() {
     let queue = WorkQueue::new(1).unwrap();
     let routes = Router::new().route(
         "/block",
+        // Computes for ever, yielding: it holds its slot.
         get(|| async {
-            std::future::pending::<()>().await;
+            loop {
+                tokio::task::yield_now().await;
+            }
+            #[allow(unreachable_code)]
             "never"
         }),
     );
@@ -300,4 +315,48 @@ async fn a_handler_waiting_on_io_lets_another_request_through_its_slot() {
     assert_eq!(first.status(), 200);
     assert_eq!(text(first).await, "held 1");
     eventually("the slot comes back", || queue.snapshot().granter.used == 0).await;
+}
+
+/// The same without an annotation: the layer gives the slot of a handler
+/// that waits back by itself, and takes it again when the handler is ready
+/// to compute.
+#[tokio::test]
+async fn a_handler_waiting_without_annotation_lets_another_request_through_its_slot() {
+    let queue = WorkQueue::new(1).unwrap();
+    let go_on = Arc::new(Notify::new());
+    let waiting = Arc::new(AtomicBool::new(false));
+    let seen = queue.clone();
+    let (flag, resume) = (waiting.clone(), go_on.clone());
+    let routes = Router::new()
+        .route(
+            "/wait",
+            get(move || {
+                let (seen, flag, resume) = (seen.clone(), flag.clone(), resume.clone());
+                async move {
+                    flag.store(true, Ordering::SeqCst);
+                    resume.notified().await;
+                    format!("held {}", seen.snapshot().granter.used)
+                }
+            }),
+        )
+        .route("/quick", get(|| async { "quick" }));
+    let address = serve(queue.clone(), routes).await;
+    let first = tokio::spawn(client().request(get_request(address, "/wait", &[])));
+    eventually("the handler waits with its slot given back", || {
+        waiting.load(Ordering::SeqCst) && queue.snapshot().granter.used == 0
+    })
+    .await;
+
+    let quick = client()
+        .request(get_request(address, "/quick", &[]))
+        .await
+        .unwrap();
+    assert_eq!(text(quick).await, "quick");
+
+    go_on.notify_one();
+    let first = first.await.unwrap().unwrap();
+    assert_eq!(text(first).await, "held 1");
+    eventually("the slot comes back", || queue.snapshot().granter.used == 0).await;
+    let resumed: u64 = queue.snapshot().priorities.iter().map(|p| p.resumed).sum();
+    assert_eq!(resumed, 1, "asked for again once, after the wait");
 }

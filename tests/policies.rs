@@ -3,6 +3,7 @@
 
 mod common;
 
+use std::task::Poll;
 use std::time::Duration;
 
 use admission::{AdmitError, EpochLifo, Priority, SlotPermit, TenantId, WorkInfo, WorkQueue};
@@ -465,4 +466,73 @@ async fn epoch_lifo_takes_its_settings_from_the_deadlines_requests_carry() {
     assert_eq!(names(&first), ["open epoch"]);
     drop(first);
     assert_eq!(names(&granted(&mut waiters)), ["after the change"]);
+}
+
+/// A request that would make its deadline when it queued, but no longer
+/// once higher-priority work queued ahead of it, is refused as soon as the
+/// queue is maintained (a controller does so every tick), with the wait it
+/// would have had, instead of failing when its deadline passes. Work still
+/// able to make it stays, whatever its place.
+#[tokio::test(start_paused = true)]
+async fn waiting_work_pushed_past_its_deadline_is_refused_early() {
+    let (queue, _held, _none) = draining_at_a_thousand_per_second(true, 0).await;
+    // One grant ahead of each, at 1,000 a second: both make it now.
+    let mut doomed = tokio_test::task::spawn(queue.admit(with_timeout(-10, ms(10))));
+    assert!(doomed.poll().is_pending());
+    let mut patient = tokio_test::task::spawn(queue.admit(with_timeout(-10, ms(50))));
+    assert!(patient.poll().is_pending());
+    queue.maintain();
+    assert!(!doomed.is_woken());
+    // Twelve more important requests go ahead of them: 13 ms for the
+    // first, 14 for the second.
+    let mut urgent: Vec<_> = (0..12)
+        .map(|_| {
+            let mut admit = tokio_test::task::spawn(queue.admit(with_timeout(50, ms(100))));
+            assert!(admit.poll().is_pending());
+            admit
+        })
+        .collect();
+    tokio::time::advance(ms(1)).await;
+    queue.maintain();
+    assert!(doomed.is_woken());
+    match doomed.poll() {
+        Poll::Ready(Err(AdmitError::WouldMissDeadline {
+            expected,
+            remaining,
+        })) => {
+            assert_eq!(expected, ms(13));
+            assert_eq!(remaining, ms(9), "refused before its deadline");
+        }
+        other => panic!("expected an early refusal, got {other:?}"),
+    }
+    assert!(patient.poll().is_pending(), "still able to make it");
+    let low = queue.snapshot();
+    let low = low.priority(Priority::new(-10)).unwrap();
+    assert_eq!(low.refusals.would_miss_deadline, 1);
+    assert_eq!(low.refusals.deadline_exceeded, 0);
+    assert_eq!(queue.waiting(), 13);
+    urgent.clear();
+}
+
+/// Without early rejection nothing is refused before its deadline.
+#[tokio::test(start_paused = true)]
+async fn without_early_rejection_waiting_work_waits_out_its_deadline() {
+    let (queue, _held, _none) = draining_at_a_thousand_per_second(false, 0).await;
+    let mut doomed = tokio_test::task::spawn(queue.admit(with_timeout(-10, ms(10))));
+    assert!(doomed.poll().is_pending());
+    let _urgent: Vec<_> = (0..12)
+        .map(|_| {
+            let mut admit = tokio_test::task::spawn(queue.admit(with_timeout(50, ms(100))));
+            assert!(admit.poll().is_pending());
+            admit
+        })
+        .collect();
+    tokio::time::advance(ms(1)).await;
+    queue.maintain();
+    assert!(doomed.poll().is_pending());
+    tokio::time::advance(ms(9)).await;
+    assert!(matches!(
+        doomed.poll(),
+        Poll::Ready(Err(AdmitError::DeadlineExceeded { .. }))
+    ));
 }

@@ -342,10 +342,10 @@ async fn a_refusal_after_the_wait_and_drops_around_it_lose_nothing() {
 
 /// A long handler behind the layer offers its slot between chunks: kept
 /// while nobody of higher priority waits, taken by urgent work when some
-/// does, and held again (then returned by the layer) after it.
+/// does, and held again (then returned by the layer) after it. Each chunk
+/// yields once, which keeps the slot, so the test decides when chunks end.
 #[tokio::test(start_paused = true)]
 async fn a_long_handler_gives_way_to_urgent_work_between_chunks() {
-    use std::time::Duration;
     let queue = WorkQueue::new(1).unwrap();
     let order = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
     let seen = order.clone();
@@ -357,7 +357,7 @@ async fn a_long_handler_gives_way_to_urgent_work_between_chunks() {
                 return Ok::<_, Infallible>(());
             }
             for chunk in 0..3 {
-                tokio::time::sleep(Duration::from_millis(5)).await;
+                tokio::task::yield_now().await;
                 order.lock().unwrap().push(format!("export {chunk}"));
                 admission::tower::give_way().await.unwrap();
             }
@@ -365,11 +365,24 @@ async fn a_long_handler_gives_way_to_urgent_work_between_chunks() {
         }
     });
     let service = AdmissionLayer::new(queue.clone(), classify).layer(inner);
-    let export = tokio::spawn(service.clone().oneshot((1, -30)));
-    tokio::time::sleep(Duration::from_millis(7)).await;
+    let mut export = Box::pin(service.clone().oneshot((1, -30)));
+    assert!(poll_once(&mut export).is_pending(), "chunk 0 yields");
+    tokio::task::yield_now().await;
+    assert!(poll_once(&mut export).is_pending(), "chunk 1 yields");
     assert_eq!(queue.snapshot().granter.used, 1);
-    service.oneshot((2, 50)).await.unwrap();
-    export.await.unwrap().unwrap();
+    let mut urgent = Box::pin(service.clone().oneshot((2, 50)));
+    assert!(
+        poll_once(&mut urgent).is_pending(),
+        "the export holds the slot"
+    );
+    tokio::task::yield_now().await;
+    assert!(poll_once(&mut urgent).is_pending(), "a yield keeps it");
+    // Chunk 1 ends and gives way.
+    assert!(poll_once(&mut export).is_pending());
+    assert!(poll_once(&mut urgent).is_ready());
+    while poll_once(&mut export).is_pending() {
+        tokio::task::yield_now().await;
+    }
     assert_eq!(
         *order.lock().unwrap(),
         ["export 0", "export 1", "urgent", "export 2"]

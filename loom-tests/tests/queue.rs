@@ -275,3 +275,18 @@ fn a_kept_slot_with_nobody_left_waiting_is_free() {
 fn two_racing_releases_keep_one_slot_at_most() {
     loom_models::two_racing_releases_keep_one_slot_at_most();
 }
+
+#[test]
+fn a_probe_races_the_end_of_the_wait_and_a_newcomer() {
+    loom_models::a_probe_races_the_end_of_the_wait_and_a_newcomer();
+}
+
+#[test]
+fn a_stale_probe_does_not_judge_a_later_poll() {
+    loom_models::a_stale_probe_does_not_judge_a_later_poll();
+}
+
+#[test]
+fn dropping_a_run_races_its_probe() {
+    loom_models::dropping_a_run_races_its_probe();
+}

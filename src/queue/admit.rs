@@ -52,6 +52,10 @@ pub struct Admit<G: Granter = SlotGranter> {
     /// Moves into the permit on success; `None` once complete.
     shared: Option<Arc<Shared<G>>>,
     phase: Phase,
+    /// Work in progress asking for its slots again after a wait (see
+    /// `hold.rs`): ahead of new work of its priority, exempt from a full
+    /// queue and early rejection.
+    resumed: bool,
     #[pin]
     timer: Option<Sleep>,
 }
@@ -75,6 +79,18 @@ impl<G: Granter> Admit<G> {
         Admit {
             shared: Some(shared),
             phase: Phase::Start(work),
+            resumed: false,
+            timer: None,
+        }
+    }
+
+    /// The admission of work that held its slots, gave them back for a
+    /// wait, and asks for them again.
+    pub(super) fn resume(shared: Arc<Shared<G>>, work: WorkInfo) -> Self {
+        Admit {
+            shared: Some(shared),
+            phase: Phase::Start(work),
+            resumed: true,
             timer: None,
         }
     }
@@ -96,8 +112,10 @@ impl<G: Granter> Future for Admit<G> {
             let Phase::Start(work) = std::mem::replace(&mut *this.phase, Phase::Done) else {
                 unreachable!("matched above");
             };
-            let attempt = shared
-                .with_state(|queue, grants, wakes| queue.attempt(&work, grants, cx.waker(), wakes));
+            let resumed = *this.resumed;
+            let attempt = shared.with_state(|queue, grants, wakes| {
+                queue.attempt(&work, resumed, grants, cx.waker(), wakes)
+            });
             let tenant = work.tenant();
             let priority = work.priority();
             match attempt {

@@ -1,5 +1,8 @@
 //! loom models of arrivals first: a slot a release keeps back for arrivals
-//! the runtime has not yet shown the queue (`arrivals.rs`). Compiled only
+//! the runtime has not yet shown the queue (`arrivals.rs`); and of a slot
+//! given back while admitted work waits (`hold.rs`), whose probe can fire on
+//! any thread, racing the end of the wait, a newcomer, a later poll and the
+//! work's drop. Compiled only
 //! with `RUSTFLAGS="--cfg loom"` and run by `loom-tests/tests/queue.rs`; in
 //! the crate because the check that decides whether arrivals wait is
 //! crate-private, and here it always says they do, so every release that
@@ -181,5 +184,157 @@ pub fn two_racing_releases_keep_one_slot_at_most() {
             drop(granted(waiter));
         }
         assert_eq!(state(&queue), (0, 0, 1));
+    });
+}
+
+/// Work that waits until [`Signal::fire`], whose waker it stores: the
+/// end of a wait another thread decides (a database's answer).
+#[derive(Clone, Debug, Default)]
+pub struct Signal(crate::sync::Arc<crate::sync::Mutex<(bool, Option<Waker>)>>);
+
+impl Signal {
+    /// Ends the wait and wakes the waiting work.
+    pub fn fire(&self) {
+        let waker = {
+            let mut state = self.0.lock();
+            state.0 = true;
+            state.1.take()
+        };
+        if let Some(waker) = waker {
+            waker.wake();
+        }
+    }
+}
+
+impl Future for Signal {
+    type Output = ();
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        let mut state = self.0.lock();
+        if state.0 {
+            return Poll::Ready(());
+        }
+        state.1 = Some(cx.waker().clone());
+        Poll::Pending
+    }
+}
+
+type Running = Pin<Box<crate::queue::Run<Signal>>>;
+
+/// Work admitted on one slot and run, polled once: waiting on its signal,
+/// with the probe of that poll.
+fn waiting_run(queue: &WorkQueue) -> (Running, Signal, Waker) {
+    let signal = Signal::default();
+    let mut run = Box::pin(admitted_now(queue, 1).run(signal.clone()));
+    let polled = run.as_mut().poll(&mut Context::from_waker(Waker::noop()));
+    assert!(polled.is_pending());
+    let mut probes = run.deferred_probes();
+    assert_eq!(probes.len(), 1, "one probe a poll that holds the slot");
+    (run, signal, probes.remove(0))
+}
+
+/// Polls the run to completion; `false` if it must wait for a slot.
+fn finish(run: &mut Running) -> bool {
+    match run.as_mut().poll(&mut Context::from_waker(Waker::noop())) {
+        Poll::Ready(Ok(())) => true,
+        Poll::Ready(Err(error)) => panic!("refused: {error}"),
+        Poll::Pending => false,
+    }
+}
+
+/// The probe of a waiting run races the end of its wait, and another
+/// request. The probe gives the slot back or finds the work runnable;
+/// either way exactly one of the two holds the slot at a time, the run
+/// completes once it is free, and every slot comes back.
+pub fn a_probe_races_the_end_of_the_wait_and_a_newcomer() {
+    model(|| {
+        let queue = WorkQueue::new(1).expect("a valid queue");
+        let (mut run, signal, probe) = waiting_run(&queue);
+        let prober = loom::thread::spawn(move || probe.wake());
+        let ender = loom::thread::spawn(move || signal.fire());
+        let newcomer = {
+            let queue = queue.clone();
+            loom::thread::spawn(move || {
+                let mut admit = Box::pin(queue.admit(work(2)));
+                match poll_once(&mut admit) {
+                    // The probe gave the slot back first: the newcomer
+                    // computes on it and returns it.
+                    Poll::Ready(Ok(permit)) => drop(permit),
+                    Poll::Ready(Err(error)) => panic!("refused: {error}"),
+                    // Still held: the newcomer leaves the queue.
+                    Poll::Pending => drop(admit),
+                }
+            })
+        };
+        prober.join().unwrap();
+        ender.join().unwrap();
+        newcomer.join().unwrap();
+        assert!(queue.snapshot().granter.used <= 1);
+        assert!(finish(&mut run), "the slot is free: the run completes");
+        let snapshot = queue.snapshot();
+        assert_eq!((snapshot.granter.used, snapshot.waiting), (0, 0));
+        let normal = snapshot.priority(Priority::NORMAL).unwrap();
+        assert_eq!(normal.requested, normal.admitted + normal.errored);
+    });
+}
+
+/// A probe left from an earlier poll fires while the work is polled again
+/// on another thread: it must not judge the new poll (whose own yield would
+/// sit on another worker's list), so the slot stays with the work until
+/// that poll's probe says it waits.
+pub fn a_stale_probe_does_not_judge_a_later_poll() {
+    model(|| {
+        let queue = WorkQueue::new(1).expect("a valid queue");
+        let (mut run, signal, stale) = waiting_run(&queue);
+        // Woken (the wait's first part ended), and polled again by
+        // another thread while the stale probe fires.
+        let poller = loom::thread::spawn(move || {
+            let polled = run.as_mut().poll(&mut Context::from_waker(Waker::noop()));
+            assert!(polled.is_pending(), "the signal has not fired");
+            run
+        });
+        let prober = loom::thread::spawn(move || stale.wake());
+        let mut run = poller.join().unwrap();
+        prober.join().unwrap();
+        // The stale probe found the work either waiting from its own poll
+        // and gave the slot back (the second poll then asked for it again,
+        // and was granted it at once or when the probe's release came
+        // after), or polled again since and did nothing: either way the
+        // work's slot is its own again, once it has seen the grant.
+        assert_eq!(queue.snapshot().granter.used, 1);
+        let polled = run.as_mut().poll(&mut Context::from_waker(Waker::noop()));
+        assert!(polled.is_pending(), "the signal has not fired");
+        let current = run
+            .deferred_probes()
+            .pop()
+            .expect("a poll that holds the slot defers a probe");
+        assert_eq!(queue.snapshot().granter.used, 1);
+        current.wake();
+        assert_eq!(
+            queue.snapshot().granter.used,
+            0,
+            "this poll's probe judges it"
+        );
+        signal.fire();
+        assert!(finish(&mut run));
+        assert_eq!(queue.snapshot().granter.used, 0);
+    });
+}
+
+/// The run is dropped on one thread while its probe fires on another: the
+/// slot comes back exactly once, whichever goes first.
+pub fn dropping_a_run_races_its_probe() {
+    model(|| {
+        let queue = WorkQueue::new(1).expect("a valid queue");
+        let (run, _signal, probe) = waiting_run(&queue);
+        let prober = loom::thread::spawn(move || probe.wake());
+        let dropper = loom::thread::spawn(move || drop(run));
+        prober.join().unwrap();
+        dropper.join().unwrap();
+        let snapshot = queue.snapshot();
+        assert_eq!((snapshot.granter.used, snapshot.waiting), (0, 0));
+        let permit = admitted_now(&queue, 2);
+        assert_eq!(queue.snapshot().granter.used, 1);
+        drop(permit);
+        assert_eq!(queue.snapshot().granter.used, 0);
     });
 }

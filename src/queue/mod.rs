@@ -13,6 +13,7 @@
 mod admit;
 mod arrivals;
 mod epoch;
+mod hold;
 mod order;
 mod pacing;
 mod permit;
@@ -30,6 +31,9 @@ mod arrivals_tests;
 
 pub use admit::Admit;
 pub use epoch::EpochLifo;
+#[cfg(feature = "tower")]
+pub(crate) use hold::Hold;
+pub use hold::Run;
 pub use permit::{GiveWay, ReleaseDuring, SlotPermit};
 pub use tokens::TokenQueues;
 

@@ -48,9 +48,13 @@ pub(super) struct WaiterKey {
 }
 
 /// How create times order within a priority. The variant order is the
-/// service order: `Newest` keys sort before `Oldest` keys.
+/// service order: `Resumed` keys sort before `Newest` keys, and those
+/// before `Oldest` keys.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub(super) enum Recency {
+    /// Work in progress asking for its slot again after a wait: ahead of
+    /// new work of its priority, oldest first, whatever the LIFO marks.
+    Resumed(Instant),
     /// LIFO-marked: the most recently created first.
     Newest(Reverse<Instant>),
     /// FIFO-marked: the oldest first.

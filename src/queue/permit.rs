@@ -9,6 +9,7 @@ use futures_core::FusedFuture;
 use pin_project::pin_project;
 
 use super::admit::Admit;
+use super::hold::Run;
 use super::state::Charge;
 use super::Shared;
 use crate::error::AdmitError;
@@ -61,6 +62,74 @@ impl<G: Granter> SlotPermit<G> {
 }
 
 impl SlotPermit<SlotGranter> {
+    /// What asking for these slots again takes: the queue and the work.
+    pub(super) fn asking_again(&self) -> (Arc<Shared<SlotGranter>>, WorkInfo) {
+        (self.shared.clone(), self.work.clone())
+    }
+
+    /// Runs `work` holding the slots while it computes and giving them back
+    /// while it waits, asking for them again in order when it is ready to
+    /// compute: the annotation [`release_during`](Self::release_during)
+    /// asks for, made at every wait of `work` without one.
+    ///
+    /// A wait is told from a yield without a timer: the slots go back only
+    /// when `work` returned `Pending` and nothing woke it by the time its
+    /// worker ran out of ready tasks or turned its event loop (a database
+    /// call, a downstream request, a lock held elsewhere, a timer), never at
+    /// a `yield_now` or an exhausted cooperative budget, which tokio wakes
+    /// in that same turn. Giving the slot back at every `Pending` instead
+    /// would admit new work at every yield and share the CPU between every
+    /// request admitted, so that none finished in time.
+    ///
+    /// Asking again is an admission with the same [`WorkInfo`] as work in
+    /// progress: ahead of new work of its priority (oldest first, whatever
+    /// epoch-LIFO does with new work), not refused by a full queue or by
+    /// early rejection, but refused once its deadline passes, or when the
+    /// queue closes. `work` is dropped then, where it waited, and the
+    /// refusal comes back instead of its output. Outside a tokio runtime
+    /// nothing is given back.
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropping the returned future drops `work` and returns the slots, or
+    /// leaves the queue if it was asking for them again.
+    ///
+    /// # Errors
+    ///
+    /// The [`AdmitError`] that refused the slots when `work` asked for them
+    /// again: [`DeadlineExceeded`](AdmitError::DeadlineExceeded) or
+    /// [`DeadlinePassed`](AdmitError::DeadlinePassed) for its deadline,
+    /// [`Closed`](AdmitError::Closed) for a closed queue.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), admission::AdmitError> {
+    /// use std::time::Duration;
+    /// use admission::{Priority, TenantId, WorkInfo, WorkQueue};
+    ///
+    /// let queue = WorkQueue::new(1).unwrap();
+    /// let permit = queue
+    ///     .admit(WorkInfo::new(TenantId::new(1), Priority::NORMAL))
+    ///     .await?;
+    /// let rows = permit
+    ///     .run(async {
+    ///         // ... parse the request: the slot is held ...
+    ///         tokio::time::sleep(Duration::from_millis(1)).await; // a database call
+    ///         // ... render: the slot is held again ...
+    ///         vec![1, 2, 3]
+    ///     })
+    ///     .await?;
+    /// # assert_eq!(rows.len(), 3);
+    /// assert_eq!(queue.granter_snapshot().used, 0);
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn run<F: IntoFuture>(self, work: F) -> Run<F::IntoFuture> {
+        Run::new(self, work.into_future())
+    }
+
     /// Gives the slots back while `wait` runs, then asks for them again:
     /// for a handler that computes, waits on IO (a database call, a
     /// downstream request, a timer), then computes again.
@@ -216,7 +285,7 @@ impl SlotPermit<SlotGranter> {
         // returned future is never polled.
         drop(self);
         GiveWay {
-            state: GiveWayState::Admitting(Admit::new(shared, work)),
+            state: GiveWayState::Admitting(Admit::resume(shared, work)),
         }
     }
 }
@@ -313,7 +382,7 @@ impl<F: Future> Future for ReleaseDuring<F> {
                     let output = ready!(wait.poll(cx));
                     let (shared, work) = again.take().expect("taken once, when the wait ends");
                     this.state.set(ReleaseState::Admitting {
-                        admit: Admit::new(shared, work),
+                        admit: Admit::resume(shared, work),
                         output: Some(output),
                     });
                 }

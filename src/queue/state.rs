@@ -117,6 +117,19 @@ struct Waiter {
     state: WaiterState,
 }
 
+impl Waiter {
+    /// Work in progress asking for its slot again after a wait.
+    fn is_resumed(&self) -> bool {
+        matches!(
+            self.place,
+            Place::Ready(WaiterKey {
+                recency: Recency::Resumed(_),
+                ..
+            })
+        )
+    }
+}
+
 /// What a permit carries back to the queue when its work completes.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Charge {
@@ -349,6 +362,19 @@ struct Drain {
 /// mean once in fifty).
 const STALLED_AFTER_HOLDS: u32 = 4;
 
+/// How many tenants' queues one `maintain` looks at the back of for
+/// requests that can no longer make their deadlines, and how many requests
+/// at the back of each.
+const TAIL_TENANTS: usize = 64;
+const TAIL_WAITERS: usize = 32;
+
+/// How long `grants` grants take at `per_sec` a second. After a stall the
+/// rate may be vanishingly small: the wait then saturates (and the request
+/// is refused) rather than overflowing.
+fn wait_for_grants(grants: u64, per_sec: f64) -> Duration {
+    Duration::try_from_secs_f64(grants as f64 / per_sec).unwrap_or(Duration::MAX)
+}
+
 /// The EWMA of holds, weight 0.1. In integer nanoseconds: a hold may be as
 /// long as the uptime, and nine tenths of one plus a tenth of another
 /// never overflows there.
@@ -566,11 +592,12 @@ impl QueueState {
     pub(crate) fn attempt<G: Granter>(
         &mut self,
         work: &WorkInfo,
+        resumed: bool,
         grants: &mut Grants<'_, G>,
         waker: &Waker,
         wakes: &mut WakeList,
     ) -> Attempt {
-        let attempt = self.answer(work, grants, waker);
+        let attempt = self.answer(work, resumed, grants, waker);
         if self.kept_for_arrivals {
             // The slot a release kept back for arrivals: one has asked, so
             // it goes to whoever is first now, this request included if it
@@ -588,11 +615,12 @@ impl QueueState {
     fn answer<G: Granter>(
         &mut self,
         work: &WorkInfo,
+        resumed: bool,
         grants: &mut Grants<'_, G>,
         waker: &Waker,
     ) -> Attempt {
         let priority = work.priority();
-        self.stats.requested(priority);
+        self.stats.requested(priority, resumed);
         if !priority.is_elastic() {
             self.regular_requests = self.regular_requests.saturating_add(1);
         }
@@ -647,7 +675,10 @@ impl QueueState {
                 );
             }
         }
-        if self.waiting >= self.limits.max_waiters {
+        // Resumed work was admitted once and is in progress: it is not new
+        // load for a full queue to turn away, and early rejection's typical
+        // hold is a whole request's, not the rest of one.
+        if !resumed && self.waiting >= self.limits.max_waiters {
             let max_waiters = self.limits.max_waiters;
             return self.reject(work, AdmitError::QueueFull { max_waiters });
         }
@@ -656,10 +687,12 @@ impl QueueState {
         self.rescale_epochs(now);
         self.close_epochs(now);
         self.drain.update(now, self.is_busy());
-        if let Some(error) = self.doomed(work, now, grants.capacity()) {
-            return self.reject(work, error);
+        if !resumed {
+            if let Some(error) = self.doomed(work, now, grants.capacity()) {
+                return self.reject(work, error);
+            }
         }
-        let key = self.enqueue(work, now, waker);
+        let key = self.enqueue(work, resumed, now, waker);
         Attempt::Queued { key }
     }
 
@@ -816,10 +849,7 @@ impl QueueState {
             .take_while(|&&other| other < order)
             .filter(|other| other.id != id)
             .count() as u64;
-        let grants = own + tenants_ahead + 1;
-        // After a stall the rate may be vanishingly small: the wait then
-        // saturates (and the request is refused) rather than overflowing.
-        let wait = Duration::try_from_secs_f64(grants as f64 / per_sec).unwrap_or(Duration::MAX);
+        let wait = wait_for_grants(own + tenants_ahead + 1, per_sec);
         let hold = self.drain.hold(work.priority()).unwrap_or_default();
         let expected = wait.saturating_add(hold);
         let remaining = deadline.saturating_duration_since(now);
@@ -837,13 +867,71 @@ impl QueueState {
         })
     }
 
-    fn enqueue(&mut self, work: &WorkInfo, now: Instant, waker: &Waker) -> usize {
+    /// Early rejection for work already waiting: refuses, from the back of
+    /// each tenant's queue, the requests that the grants ahead of them, at
+    /// the drain rate, would keep waiting past their deadlines.
+    ///
+    /// A request that would make its deadline when it arrives may not once
+    /// it has waited: higher-priority work that arrived after it goes first,
+    /// and under epoch-LIFO so does newer work of its own priority. Left to
+    /// wait, it fails when its deadline passes, having told its caller
+    /// nothing for the whole of it; refused as soon as its place says so,
+    /// its caller learns it early, with a hint of when to come back. Only
+    /// the wait counts here, not the hold after it: a request whose wait
+    /// alone leaves it time but not enough for its work is refused by the
+    /// grant loop when it reaches the front. Each tenant's queue is looked
+    /// at from the back (where such requests gather: the newest arrivals in
+    /// FIFO order, the oldest under LIFO), counting only the tenant's own
+    /// requests ahead, so the estimate never exceeds the door's; resumed
+    /// work and requests whose LIFO epoch is still open (which will move to
+    /// the front of their priority) are left alone. The cost is bounded: at
+    /// most [`TAIL_TENANTS`] tenants a call, the first in fair-share order,
+    /// and [`TAIL_WAITERS`] requests of each; what lies beyond is looked at
+    /// once the requests behind it have gone.
+    fn refuse_doomed_tails(&mut self, now: Instant, capacity: Option<u64>, wakes: &mut WakeList) {
+        if !self.limits.early_rejection || self.waiting == 0 {
+            return;
+        }
+        let per_sec = self.drain.grants_per_sec(capacity, now);
+        if self.drain.per_sec <= 0.0 || per_sec <= 0.0 {
+            return;
+        }
+        let mut doomed = Vec::new();
+        for order in self.tenant_order.iter().take(TAIL_TENANTS) {
+            let Some(tenant) = self.tenants.get(&order.id) else {
+                continue;
+            };
+            for (ahead, slab_key) in tenant.ready_last_first().take(TAIL_WAITERS) {
+                let waiter = &self.waiters[slab_key];
+                let Some(deadline) = waiter.deadline.filter(|_| !waiter.is_resumed()) else {
+                    continue;
+                };
+                let wait = wait_for_grants(ahead.saturating_add(1), per_sec);
+                let remaining = deadline.saturating_duration_since(now);
+                if wait > remaining {
+                    doomed.push((
+                        slab_key,
+                        AdmitError::WouldMissDeadline {
+                            expected: wait,
+                            remaining,
+                        },
+                    ));
+                }
+            }
+        }
+        for (slab_key, error) in doomed {
+            self.fail_waiting(slab_key, now, WaiterState::Refused(error), wakes);
+        }
+    }
+
+    fn enqueue(&mut self, work: &WorkInfo, resumed: bool, now: Instant, waker: &Waker) -> usize {
         let seq = self.next_seq;
         self.next_seq += 1;
         let tenant_id = work.tenant();
         let priority = work.priority();
         let create_time = work.create_time();
-        let lifo = self.lifo.is_some()
+        let lifo = !resumed
+            && self.lifo.is_some()
             && self
                 .tenants
                 .get(&tenant_id)
@@ -868,7 +956,11 @@ impl QueueState {
             }
             _ => Place::Ready(WaiterKey {
                 priority: Reverse(priority),
-                recency: Recency::Oldest(create_time),
+                recency: if resumed {
+                    Recency::Resumed(create_time)
+                } else {
+                    Recency::Oldest(create_time)
+                },
                 seq,
             }),
         };
@@ -1266,6 +1358,10 @@ impl QueueState {
             return Some(GrantRefusal::Expired);
         }
         let remaining = deadline.saturating_duration_since(at);
+        // What is left of resumed work is not a typical hold.
+        if waiter.is_resumed() {
+            return None;
+        }
         let hold = self
             .drain
             .hold(waiter.priority)
@@ -1400,6 +1496,7 @@ impl QueueState {
         self.rescale_epochs(now);
         self.close_epochs(now);
         self.drain.update(now, self.is_busy());
+        self.refuse_doomed_tails(now, grants.capacity(), wakes);
         // Not only when pacing was stuck: the reset may have lifted the
         // elastic share (no regular work about any more), and elastic
         // waiters it held back may now take the free slots.

@@ -90,6 +90,17 @@ impl Tenant {
         ready.or_else(|| self.open.first_key_value().map(|(_, &slab_key)| slab_key))
     }
 
+    /// Ready work from the last to be granted to the first, each with how
+    /// many of the tenant's ready requests are ahead of it.
+    pub(super) fn ready_last_first(&self) -> impl Iterator<Item = (u64, usize)> + '_ {
+        let last = self.ready.len() as u64;
+        self.ready
+            .values()
+            .rev()
+            .zip((0..last).rev())
+            .map(|(&slab_key, ahead)| (ahead, slab_key))
+    }
+
     pub(super) fn insert(&mut self, place: Place, slab_key: usize) {
         let priority = match place {
             Place::Ready(key) => {

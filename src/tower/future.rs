@@ -1,7 +1,6 @@
 //! The response future: admission first, then the inner call, holding the
 //! slot until the inner future completes.
 
-use std::cell::RefCell;
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
@@ -13,7 +12,8 @@ use tower_service::Service;
 use super::error::AdmissionError;
 use super::propagate::with_work;
 use super::release::holding;
-use crate::queue::{Admit, SlotPermit};
+use crate::queue::{Admit, Hold, Run};
+use crate::sync::StdArc;
 use crate::work::WorkInfo;
 use tokio::task::futures::TaskLocalFuture;
 
@@ -35,12 +35,11 @@ enum State<S: Service<Req>, Req> {
         call: Option<(S, Req, WorkInfo)>,
     },
     Running {
-        /// The inner call, with the permit in a task-local cell around it
-        /// (so that the handler can give the slot back during a wait, see
-        /// `release.rs`), taken and dropped when the call completes.
+        /// The inner call, run holding the permit (given back while the
+        /// handler waits, see `SlotPermit::run`), its hold reachable from
+        /// the handler through a task-local (see `release.rs`).
         #[pin]
-        response:
-            TaskLocalFuture<RefCell<Option<SlotPermit>>, TaskLocalFuture<WorkInfo, S::Future>>,
+        response: TaskLocalFuture<StdArc<Hold>, Run<TaskLocalFuture<WorkInfo, S::Future>>>,
     },
 }
 
@@ -75,12 +74,16 @@ impl<S: Service<Req>, Req> Future for ResponseFuture<S, Req> {
                     let response = holding(permit, with_work(work, || inner.call(request)));
                     this.state.set(State::Running { response });
                 }
-                StateProj::Running { mut response } => {
-                    let output = ready!(response.as_mut().poll(cx));
-                    // The work is done: the slot goes to the next waiter now,
-                    // not when the caller gets around to dropping us.
-                    drop(response.take_value());
-                    return Poll::Ready(output.map_err(AdmissionError::Inner));
+                StateProj::Running { response } => {
+                    // The hold returns the slot as the call completes, not
+                    // when the caller gets around to dropping us.
+                    return Poll::Ready(match ready!(response.poll(cx)) {
+                        Ok(output) => output.map_err(AdmissionError::Inner),
+                        // Asked for again after a wait, the slot was refused
+                        // (the deadline passed meanwhile): the call was
+                        // dropped where it waited.
+                        Err(error) => Err(AdmissionError::Rejected(error)),
+                    });
                 }
             }
         }

@@ -4,30 +4,34 @@
 //! priority between chunks of long work ([`give_way`]), or for good once
 //! only waiting is left ([`release_slot`]).
 //!
-//! The response future keeps the permit in a task-local cell around the
-//! inner call rather than beside it: the handler runs inside that scope, so
-//! it can take the permit out for a wait and put the one it is granted
-//! again back, and the response future drops whatever the cell holds when
-//! the inner call completes (or when it is dropped itself).
+//! The response future runs the inner call holding the permit in a
+//! [`Hold`], which gives the slot back by itself while the handler waits
+//! (see [`SlotPermit::run`]), and makes that hold reachable from the
+//! handler through a task-local: the handler runs inside that scope, so it
+//! can take the permit out for an explicit wait and put the one it is
+//! granted again back, and the response future returns whatever the hold
+//! has when the inner call completes (or when it is dropped itself).
 
-use std::cell::RefCell;
 use std::future::{Future, IntoFuture};
 
 use tokio::task::futures::TaskLocalFuture;
 
 use crate::error::AdmitError;
-use crate::queue::SlotPermit;
+use crate::queue::{Hold, Run, SlotPermit};
+use crate::sync::StdArc;
 
 tokio::task_local! {
-    static HELD: RefCell<Option<SlotPermit>>;
+    static HELD: StdArc<Hold>;
 }
 
-/// Runs `inner` with `permit` as the slot its task holds.
+/// Runs `inner` holding `permit`, reachable from `inner` as the slot its
+/// task holds.
 pub(super) fn holding<F: Future>(
     permit: SlotPermit,
     inner: F,
-) -> TaskLocalFuture<RefCell<Option<SlotPermit>>, F> {
-    HELD.scope(RefCell::new(Some(permit)), inner)
+) -> TaskLocalFuture<StdArc<Hold>, Run<F>> {
+    let hold = Hold::new(permit);
+    HELD.scope(hold.clone(), Run::with_hold(hold, inner))
 }
 
 /// Gives the slot of the request this task is serving back while `wait`
@@ -62,10 +66,10 @@ pub async fn release_during<F: IntoFuture>(wait: F) -> (F::Output, Result<(), Ad
     let (output, again) = permit.release_during(wait).await;
     match again {
         Ok(permit) => {
-            // Back in the cell, so that the response future returns it when
+            // Back in the hold, so that the response future returns it when
             // the call completes. The scope is the one `take` ran in: this
             // future is polled only inside the inner call.
-            let _ = HELD.try_with(|cell| cell.borrow_mut().replace(permit));
+            put_held(permit);
             (output, Ok(()))
         }
         Err(error) => (output, Err(error)),
@@ -101,9 +105,9 @@ pub async fn give_way() -> Result<(), AdmitError> {
         return Ok(());
     };
     let permit = permit.give_way().await?;
-    // Back in the cell, in the scope `take_held` ran in (see
+    // Back in the hold, in the scope `take_held` ran in (see
     // `release_during`).
-    let _ = HELD.try_with(|cell| cell.borrow_mut().replace(permit));
+    put_held(permit);
     Ok(())
 }
 
@@ -127,12 +131,17 @@ pub fn release_slot() -> bool {
     take_held().is_some()
 }
 
-/// The permit of the request this task is serving, out of its cell; `None`
-/// outside the layer's scope or when the cell is empty. The borrow ends
-/// here: nothing is borrowed across an await, so a second call (joined
-/// beside a `release_during`) finds the cell empty instead of panicking.
+/// The permit of the request this task is serving, out of its hold; `None`
+/// outside the layer's scope, while the hold has given the slot back for a
+/// wait, or when it is out already (a second call joined beside a
+/// `release_during` finds it empty).
 fn take_held() -> Option<SlotPermit> {
-    HELD.try_with(|cell| cell.borrow_mut().take())
-        .ok()
-        .flatten()
+    HELD.try_with(|hold| hold.take_permit()).ok().flatten()
+}
+
+/// Puts a permit asked for again back in the hold it was taken from
+/// (outside that scope, which only `take_held`'s caller could be, the
+/// closure and the permit in it are dropped, which returns the slot).
+fn put_held(permit: SlotPermit) {
+    let _ = HELD.try_with(move |hold| hold.put_permit(permit));
 }
