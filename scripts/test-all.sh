@@ -26,7 +26,7 @@ done
 # no-driver path tested: the backend loads the driver at run time.
 # `bench-internals` only lets benches/gpu_admit.rs (the GPU core, which is
 # crate-private) build, so its bench-smoke test runs here too.
-FEATURES="--features tower,metrics,config,cuda,fjall,bench-internals"
+FEATURES="--features tower,axum,metrics,config,cuda,fjall,bench-internals"
 
 step "format"
 cargo fmt --all -- --check
