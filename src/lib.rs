@@ -188,9 +188,12 @@
 //! under the lock, and wakes that waiter after releasing it, so no
 //! newcomer can barge in between and no herd is woken. The admitted work
 //! holds a [`SlotPermit`] while it runs; work that waits on IO in the
-//! middle can give the slot back for the wait and be admitted again in its
-//! own order ([`SlotPermit::release_during`]), so that slots stay about one
-//! per worker and every phase of computation is admitted by priority. Long
+//! middle gives the slot back for the wait and is admitted again in its
+//! own order ([`SlotPermit::run`], which the tower layer uses for every
+//! request: it tells a wait from a `yield_now` without a timer, by the turn
+//! of the worker's event loop; or [`SlotPermit::release_during`] around one
+//! wait), so that slots stay about one per worker and every phase of
+//! computation is admitted by priority. Long
 //! work (a bulk job's batch) can offer its slot between chunks to waiting
 //! work of a higher priority ([`SlotPermit::give_way`]): the queue cannot
 //! take a slot back from a holder, but a holder can hand it over, so that
@@ -284,7 +287,7 @@ pub use health::ComponentHealth;
 pub use observe::QueueSnapshot;
 pub use pool::{CpuPool, PoolError, PoolTask};
 pub use queue::{
-    Admit, EpochLifo, GiveWay, ReleaseDuring, SlotPermit, Usage, WorkQueue, WorkQueueBuilder,
+    Admit, EpochLifo, GiveWay, ReleaseDuring, Run, SlotPermit, Usage, WorkQueue, WorkQueueBuilder,
 };
 pub use work::{Priority, TenantId, TenantWeight, WorkInfo};
 

@@ -119,6 +119,7 @@
 //! admission on a pool of simulated devices under 3x demand, see `gpu.rs`)
 //! needs no feature and no GPU.
 
+mod gate;
 mod gpu;
 mod ideal;
 #[cfg(feature = "fjall")]
@@ -620,7 +621,10 @@ mod smoke {
         assert_filled_in(&rows);
         for row in &rows {
             let admission = row.system.starts_with("admission");
-            assert_eq!(row.inversions.is_some(), admission, "{}", row.system);
+            // Inversions are checked for every system that orders by
+            // priority: admission and the hand-written gate beside it.
+            let by_priority = admission || row.system.starts_with("strict-gate");
+            assert_eq!(row.inversions.is_some(), by_priority, "{}", row.system);
             // The queue's refusals by reason, per class, for admission only.
             let refusals = row.extra.get("refusals");
             assert_eq!(refusals.is_some(), admission, "{}", row.system);

@@ -19,6 +19,7 @@ use tower::load_shed::LoadShed;
 use tower::util::BoxCloneSyncService;
 use tower::{service_fn, ServiceExt};
 
+use crate::gate::{GateRefusal, StrictGate};
 use crate::load::{Awaits, HandlerEnv};
 use crate::stats::Outcome;
 
@@ -29,6 +30,10 @@ pub enum System {
     NoAdmission,
     /// `tokio::sync::Semaphore` with a fixed limit; requests wait in FIFO.
     SemaphoreWait { limit: usize },
+    /// The hand-written yardstick of `gate.rs`: a fixed number of permits,
+    /// strict priority, adaptive LIFO within a priority, and requests left
+    /// with less than a mean service time refused.
+    StrictGate { permits: usize },
     /// `tokio::sync::Semaphore` with a fixed limit; `try_acquire` or reject.
     SemaphoreTry { limit: usize },
     /// tower `ConcurrencyLimit` behind `LoadShed`.
@@ -87,6 +92,7 @@ impl System {
             System::TowerShed { limit: workers },
             System::admission(),
             System::admission_fixed("admission-fixed", workers as u64),
+            System::StrictGate { permits: workers },
             System::Admission {
                 name: "admission-fifo",
                 fixed_slots: None,
@@ -160,6 +166,7 @@ impl System {
             self,
             System::Admission { .. }
                 | System::AdmissionDefaults
+                | System::StrictGate { .. }
                 | System::Pool { .. }
                 | System::Ideal { .. }
         )
@@ -170,6 +177,7 @@ impl System {
             System::NoAdmission => "no-admission".into(),
             System::SemaphoreWait { limit } => format!("semaphore-wait({limit})"),
             System::SemaphoreTry { limit } => format!("semaphore-try({limit})"),
+            System::StrictGate { permits } => format!("strict-gate({permits})"),
             System::TowerShed { limit } => format!("tower-shed({limit})"),
             System::RefuseAll => "refuse-all".into(),
             System::Admission { name, .. } => (*name).into(),
@@ -234,6 +242,7 @@ enum Kind {
     Direct,
     Wait(Arc<Semaphore>),
     Try(Arc<Semaphore>),
+    Gate(Arc<StrictGate>),
     Shed(Shed),
     Admission {
         queue: WorkQueue<SlotGranter>,
@@ -294,6 +303,8 @@ impl Sut {
             System::SemaphoreWait { limit } => Kind::Wait(Arc::new(Semaphore::new(limit))),
             System::SemaphoreTry { limit } => Kind::Try(Arc::new(Semaphore::new(limit))),
             System::RefuseAll => Kind::Try(Arc::new(Semaphore::new(0))),
+            // The suite's SLO is ten mean service times.
+            System::StrictGate { permits } => Kind::Gate(StrictGate::new(permits, slo / 10, slo)),
             System::TowerShed { limit } => {
                 let env = handler.clone();
                 let inner = service_fn(move |service: Duration| {
@@ -416,6 +427,25 @@ impl Sut {
                     }
                 }
             },
+            Kind::Gate(gate) => match gate
+                .acquire(
+                    request.priority,
+                    tokio::time::Instant::from_std(request.deadline),
+                )
+                .await
+            {
+                Ok(_permit) => self.handler.serve(request.service).await,
+                Err(GateRefusal::Expired) => {
+                    return Outcome::Expired {
+                        latency: since(Instant::now()),
+                    }
+                }
+                Err(GateRefusal::Skipped) => {
+                    return Outcome::Rejected {
+                        latency: since(Instant::now()),
+                    }
+                }
+            },
             Kind::Shed(service) => {
                 if service.clone().oneshot(request.service).await.is_err() {
                     return Outcome::Rejected {
@@ -456,10 +486,14 @@ impl Sut {
             }
             Kind::Admission { queue, .. } => {
                 let work = request.work_info();
+                // As the crate's docs hold a permit: the slot given back
+                // while the handler waits (on IO, on a lock), held while it
+                // computes and yields.
                 match queue.admit(work).await {
                     Ok(permit) => {
-                        self.handler.serve(request.service).await;
-                        drop(permit);
+                        if let Err(error) = permit.run(self.handler.serve(request.service)).await {
+                            return refused(error);
+                        }
                     }
                     Err(error) => return refused(error),
                 }
@@ -552,7 +586,8 @@ impl Sut {
             // Joins the pool's threads once the closures running return.
             Kind::Pool(pool) => pool.close(),
             Kind::Rayon { closed, .. } => closed.store(true, Ordering::Relaxed),
-            Kind::Direct | Kind::Shed(_) => {}
+            // The gate's waiters leave by their deadlines.
+            Kind::Direct | Kind::Shed(_) | Kind::Gate(_) => {}
         }
     }
 }

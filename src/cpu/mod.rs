@@ -11,9 +11,15 @@
 //!
 //! Every tick (1 ms) the [`SlotAdjuster`] moves the total by one: down when
 //! runnable per worker reaches the threshold, up when it is at most half of
-//! it, every slot is in use and a worker has nothing to do (below), and not
-//! at all in between (additive
-//! increase, additive decrease, with a dead band). When slots free up, the
+//! it, the total binds and a worker has nothing to do (below), and not at
+//! all in between (additive increase, additive decrease, with a dead band).
+//! The total binds when every slot is in use, or when requests wait that a
+//! larger total would admit: an elastic share is a fraction of the total,
+//! so bulk work it holds back waits for the total while the slots it may
+//! not take stand free. Behind the HTTP layer with bulk routes at
+//! `USER_LOW` beside a few high-priority connections, counting only full
+//! slots left the total at 9 with 8 in use and the workers half busy
+//! (`examples/io_service`); counting waiting requests lets it follow. When slots free up, the
 //! queue hands out at most `workers × max(1, threshold / 4)` grants before
 //! those tasks have actually started running (grant pacing), so a sampled
 //! signal cannot be outrun by a burst of admissions. When the node is idle

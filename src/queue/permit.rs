@@ -145,19 +145,20 @@ impl SlotPermit<SlotGranter> {
     /// within its SLO 96–97% of the time this way, as when it runs alone,
     /// against 85–86% holding the slot; see the README.)
     ///
-    /// The second admission is an ordinary one with the same
-    /// [`WorkInfo`]: the same tenant and priority, and the same create
-    /// time, so it is ordered ahead of work of its priority that arrived
-    /// after it; the same deadline, so it can be refused for it (or, with
-    /// early rejection, for a wait it would not survive) like any request.
-    /// Either way the wait's output comes back, beside the new permit or
-    /// the refusal.
+    /// The second admission is work in progress asking again, with the
+    /// same [`WorkInfo`]: the same tenant and priority, ordered ahead of
+    /// new work of its priority (oldest first, whatever epoch-LIFO does
+    /// with new work), not refused by a full queue or by early rejection
+    /// (what is left of it is not a typical request), but refused once its
+    /// deadline passes. Either way the wait's output comes back, beside the
+    /// new permit or the refusal. [`run`](Self::run) does this at every
+    /// wait of a future by itself.
     ///
     /// Cancel-safe: the slots are back in the queue from the moment this
     /// is called (not at the future's first poll), and dropping the future
     /// while it waits for them again leaves the queue as dropping an
-    /// [`Admit`] does. It is an admission like any other in metrics and
-    /// snapshots: each call counts one more request.
+    /// [`Admit`] does. In metrics and snapshots each call counts one more
+    /// request, and one more [`resumed`](crate::observe::PrioritySnapshot::resumed).
     ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]
@@ -247,10 +248,10 @@ impl SlotPermit<SlotGranter> {
     /// Giving way is a [`release_during`](Self::release_during) of no wait:
     /// the slots go to the waiter at once, and this work asks for them
     /// again with its own [`WorkInfo`] (same tenant, priority, create time
-    /// and deadline), so it is ordered ahead of work of its priority that
-    /// arrived after it, and can be refused for its deadline like any
-    /// request. Each time it gives way counts as one more request and one
-    /// more grant, in metrics and in the tenant's usage under
+    /// and deadline) as work in progress: ahead of new work of its
+    /// priority, and refused only for its deadline. Each time it gives way
+    /// counts as one more (resumed) request and one more grant, in metrics
+    /// and in the tenant's usage under
     /// [`Usage::Granted`](crate::Usage::Granted).
     ///
     /// Cancel-safe: dropping the returned future, before or after it gave

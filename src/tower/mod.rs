@@ -4,15 +4,21 @@
 //! into a [`WorkInfo`](crate::WorkInfo) (tenant, priority, deadline) by a
 //! [`Classify`] implementation, waits for admission in a
 //! [`WorkQueue`](crate::WorkQueue), and only then reaches the inner
-//! service. The slot is held until the response future completes and
-//! returned on every path: success, error, or the response future being
-//! dropped. A handler that waits on IO in the middle of its work can give
-//! the slot back for the wait with [`release_during`] (see
-//! [`SlotPermit::release_during`](crate::SlotPermit::release_during) for
-//! why it keeps priority true), and one left only with waiting (a call to
-//! another service, a response to stream) can give it back for good with
-//! [`release_slot`]. A handler that computes for long can offer its slot
-//! to waiting work of a higher priority between chunks with [`give_way`].
+//! service. The slot is held while the handler computes and returned on
+//! every path: success, error, or the response future being dropped. While
+//! the handler *waits* (a database call, a downstream request, a lock held
+//! elsewhere, a timer) the layer gives the slot back by itself, and asks
+//! for it again, ahead of newer work of the request's priority, when the
+//! handler is ready to compute: no annotation in the handler, and a
+//! `yield_now` or an exhausted cooperative budget keeps the slot (see
+//! [`SlotPermit::run`](crate::SlotPermit::run) for how a wait is told from
+//! a yield, and why that keeps priority true after admission). Asked for
+//! again after its deadline passed, the slot is refused and the request
+//! answered as a refusal. [`release_during`] does the same around one wait
+//! explicitly, and one left only with waiting (a call to another service, a
+//! response to stream) can give it back for good with [`release_slot`]. A
+//! handler that computes for long can offer its slot to waiting work of a
+//! higher priority between chunks with [`give_way`].
 //!
 //! **HTTP mode** ([`AdmissionLayer::http`]): a refused request is answered with
 //! a response (503 by default, or 429, with `Retry-After` from the queue's
