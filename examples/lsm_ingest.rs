@@ -17,7 +17,7 @@
 //!    256-row batches of ~1 KiB values, as fast as they can) writing
 //!    straight into fjall, whose own write stalls (from 20 L0 runs) and
 //!    halts (from 30) are the only brake;
-//! 3. the same through an `IoController`: every write is admitted for its
+//! 3. the same through an `io::Controller`: every write is admitted for its
 //!    estimated bytes, written, then settled with the bytes it wrote;
 //! 4. the control for run 3: the bulk paced to the byte rate admission gave
 //!    it, straight into fjall. Whatever the foreground suffers here, fjall

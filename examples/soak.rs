@@ -19,7 +19,7 @@
 //!   outlive their permits. A quarter of the requests wait 1 ms on a timer
 //!   half-way through, their slot given back meanwhile
 //!   (`SlotPermit::release_during`), and are admitted again.
-//! * **IO**: an [`IoController`] over a simulated LSM whose L0 grows with
+//! * **IO**: an [`io::Controller`](IoController) over a simulated LSM whose L0 grows with
 //!   the bytes written and shrinks at a fixed compaction rate; one reading
 //!   in 50 panics. Writers take byte tokens at an estimate and correct them
 //!   to the actual size, now and then to an absurd one (`u64::MAX`).
@@ -42,7 +42,7 @@ use admission::cpu::{Controller, CpuLoad, CpuSignal, RuntimeSignal};
 use admission::gpu::backend::sim::{SimBackend, SimDevice};
 use admission::gpu::backend::DeviceOrdinal;
 use admission::gpu::{DeviceProfile, DeviceSet, MemoryOwnership, QueryService, QueueBounds};
-use admission::io::{IoController, IoLoadConfig, LsmStats, LsmStatsSource};
+use admission::io::{Controller as IoController, LsmStats, LsmStatsSource};
 use admission::{Priority, TenantId, Usage, WorkInfo, WorkQueue};
 
 const GIB: u64 = 1 << 30;
@@ -224,21 +224,16 @@ fn main() {
     );
     let written = Arc::new(AtomicU64::new(0));
     let io = Arc::new(
-        IoController::new(
-            SimLsm {
-                written: written.clone(),
-                compacted: 0,
-                started: Instant::now(),
-                readings: 0,
-            },
-            IoLoadConfig {
-                interval: Duration::from_secs(1),
-                l0_file_threshold: 20,
-                l0_sublevel_threshold: 10,
-                ..IoLoadConfig::default()
-            },
-            false,
-        )
+        IoController::builder(SimLsm {
+            written: written.clone(),
+            compacted: 0,
+            started: Instant::now(),
+            readings: 0,
+        })
+        .interval(Duration::from_secs(1))
+        .l0_file_threshold(20)
+        .l0_sublevel_threshold(10)
+        .build()
         .expect("io controller"),
     );
     let observations = Arc::new(AtomicU64::new(0));

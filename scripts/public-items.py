@@ -64,10 +64,15 @@ def items_of(root: str):
             if not match:
                 continue
             kind, item = match.groups()
+            with open(path, encoding="utf-8") as f:
+                page = f.read()
+            # rustdoc leaves a redirect where an item of a private module
+            # was defined: not a path a user can name.
+            if "<title>Redirection</title>" in page or 'http-equiv="refresh"' in page:
+                continue
             full = f"{module}::{item}"
             items.append(f"{kind} {full}")
-            with open(path, encoding="utf-8") as f:
-                page = inherent_part(f.read())
+            page = inherent_part(page)
             for member_kind, member in re.findall(
                 r'id="(method|tymethod|associatedconstant|associatedtype|structfield|variant)\.([A-Za-z_0-9]+)"',
                 page,

@@ -363,7 +363,7 @@ pub(crate) fn queue_levels(
 }
 
 /// Sets `admission_io_tokens_available` for both classes of `queues`, from
-/// their granters' snapshots. The [`IoController`](crate::io::IoController)
+/// their granters' snapshots. The [`io::Controller`](crate::io::Controller)
 /// calls it on every tick; with token queues of your own, call it where the
 /// budgets change (after `add_tokens`) or from the scrape handler.
 /// Does nothing without the `metrics` feature.

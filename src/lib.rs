@@ -118,7 +118,7 @@
 //!
 //! An LSM's writes are cheap now and expensive later: the debt shows as
 //! files and sub-levels piling up in L0, and an engine left alone stalls
-//! every writer alike once L0 is deep. The [`io::IoController`] reads the
+//! every writer alike once L0 is deep. The [`io::Controller`] reads the
 //! engine every interval (15 s; through [`io::LsmStatsSource`], with a
 //! [fjall](https://docs.rs/fjall) adapter behind the `fjall` feature) and
 //! turns L0's state and the smoothed compaction throughput into byte tokens
@@ -237,7 +237,7 @@
 //!   signal ([`cpu::inflation`]), [`cpu::configure_runtime`] and the
 //!   [`cpu::Controller`].
 //! * [`io`]: the IO signal: LSM stats, the load listener's byte tokens, the
-//!   token drip, the [`io::IoController`] and the fjall adapter.
+//!   token drip, the [`io::Controller`] and the fjall adapter.
 //! * [`gpu`]: device profiles, ledgers and memory grants, the GPU query
 //!   service (one bounded queue with overtake protection), transactional
 //!   envelopes, backends (simulated; `cudarc` with feature `cuda`).

@@ -9,14 +9,14 @@ use std::task::Poll;
 use std::time::Duration;
 
 use admission::grant::TokenClass;
-use admission::io::{
-    IoController, IoLoadConfig, IoLoadListener, LsmStats, LsmStatsSource, TokenDrip, Tokens,
-    STATS_FAILURES_BEFORE_FALLBACK,
-};
+use admission::io::{Controller, ControllerBuilder, LsmStats, LsmStatsSource, Tick, Tokens};
 use admission::queue::TokenQueues;
 use admission::{Priority, TenantId, TokenGranter, WorkInfo, WorkQueue};
 
 const MIB: u64 = 1 << 20;
+/// Failed interval readings in a row after which the controller takes its
+/// safe budget, as the failure model documents.
+const STATS_FAILURES_BEFORE_FALLBACK: u64 = 4;
 
 fn write(priority: Priority, bytes: u64) -> WorkInfo {
     WorkInfo::builder()
@@ -148,108 +148,44 @@ fn a_token_burst_of_zero_is_refused_naming_the_field() {
 }
 
 #[test]
-fn absurd_listener_settings_are_refused_naming_the_field() {
-    let base = IoLoadConfig::default();
-    let rows: &[(&str, IoLoadConfig)] = &[
-        (
-            "interval",
-            IoLoadConfig {
-                interval: Duration::ZERO,
-                ..base
-            },
-        ),
-        (
-            "interval",
-            IoLoadConfig {
-                interval: Duration::MAX,
-                ..base
-            },
-        ),
-        (
-            "interval",
-            IoLoadConfig {
-                interval: Duration::from_secs(3600) + Duration::from_nanos(1),
-                ..base
-            },
-        ),
-        (
-            "l0_file_threshold",
-            IoLoadConfig {
-                l0_file_threshold: 0,
-                ..base
-            },
-        ),
-        (
-            "l0_file_threshold",
-            IoLoadConfig {
-                l0_file_threshold: u64::MAX,
-                ..base
-            },
-        ),
-        (
-            "l0_sublevel_threshold",
-            IoLoadConfig {
-                l0_sublevel_threshold: 0,
-                ..base
-            },
-        ),
-        (
-            "l0_sublevel_threshold",
-            IoLoadConfig {
-                l0_sublevel_threshold: u64::MAX,
-                ..base
-            },
-        ),
-        (
-            "memtable_stop_threshold",
-            IoLoadConfig {
-                memtable_stop_threshold: Some(0),
-                ..base
-            },
-        ),
-        (
-            "memtable_stop_threshold",
-            IoLoadConfig {
-                memtable_stop_threshold: Some(u64::MAX),
-                ..base
-            },
-        ),
-        (
-            "stats_failure_bytes_per_second",
-            IoLoadConfig {
-                stats_failure_bytes_per_second: 0,
-                ..base
-            },
-        ),
+fn absurd_controller_settings_are_refused_naming_the_field() {
+    type Setting = fn(ControllerBuilder) -> ControllerBuilder;
+    let rows: &[(&str, Setting)] = &[
+        ("interval", |b| b.interval(Duration::ZERO)),
+        ("interval", |b| b.interval(Duration::MAX)),
+        ("interval", |b| {
+            b.interval(Duration::from_secs(3600) + Duration::from_nanos(1))
+        }),
+        ("l0_file_threshold", |b| b.l0_file_threshold(0)),
+        ("l0_file_threshold", |b| b.l0_file_threshold(u64::MAX)),
+        ("l0_sublevel_threshold", |b| b.l0_sublevel_threshold(0)),
+        ("l0_sublevel_threshold", |b| {
+            b.l0_sublevel_threshold(u64::MAX)
+        }),
+        ("memtable_stop_threshold", |b| b.memtable_stop_threshold(0)),
+        ("memtable_stop_threshold", |b| {
+            b.memtable_stop_threshold(u64::MAX)
+        }),
+        ("stats_failure_bytes_per_second", |b| {
+            b.stats_failure_bytes_per_second(0)
+        }),
     ];
-    for (field, config) in rows {
-        assert_eq!(
-            IoLoadListener::new(*config).unwrap_err().field(),
-            *field,
-            "{config:?}"
-        );
-        let error = IoController::new(LsmStats::default, *config, true).unwrap_err();
-        assert_eq!(error.field(), *field, "{config:?}");
+    for (field, setting) in rows {
+        let builder = setting(Controller::builder(LsmStats::default).manual());
+        let described = format!("{builder:?}");
+        let error = builder.build().unwrap_err();
+        assert_eq!(error.field(), *field, "{described}");
     }
-    let extremes = IoLoadConfig {
-        interval: IoLoadConfig::INTERVAL_RANGE.into_inner().1,
-        l0_file_threshold: IoLoadConfig::MAX_L0_FILE_THRESHOLD,
-        l0_sublevel_threshold: IoLoadConfig::MAX_L0_SUBLEVEL_THRESHOLD,
-        memtable_stop_threshold: Some(IoLoadConfig::MAX_MEMTABLE_STOP_THRESHOLD),
-        stats_failure_bytes_per_second: u64::MAX,
-    };
-    IoController::new(LsmStats::default, extremes, true).expect("the extremes are accepted");
-}
-
-#[test]
-fn drips_of_any_size_give_their_total_without_panicking() {
-    let mut drip = TokenDrip::new(u64::MAX, u64::MAX);
-    assert_eq!(drip.next_tick(), Some(1));
-    assert_eq!(drip.take(0), u64::MAX - 1, "zero ticks left: everything");
-    assert_eq!(drip.remaining(), 0);
-    assert_eq!(drip.take(u64::MAX), 0);
-    let mut empty = TokenDrip::new(0, u64::MAX);
-    assert_eq!(empty.take(1), 0);
+    // The documented extremes are accepted.
+    Controller::builder(LsmStats::default)
+        .interval(Duration::from_secs(3600))
+        .l0_file_threshold(1_000_000)
+        .l0_sublevel_threshold(10_000)
+        .memtable_stop_threshold(10_000)
+        .stats_failure_bytes_per_second(u64::MAX)
+        .manual()
+        .build()
+        .expect("the extremes are accepted");
 }
 
 /// What the test engine's reader does on its next calls.
@@ -303,13 +239,16 @@ impl LsmStatsSource for Engine {
 
 const INTERVAL: Duration = Duration::from_millis(100);
 
-fn config() -> IoLoadConfig {
-    IoLoadConfig {
-        interval: INTERVAL,
-        memtable_stop_threshold: Some(4),
-        stats_failure_bytes_per_second: 10 * MIB,
-        ..IoLoadConfig::default()
-    }
+/// A manual controller over `engine`, 100 ms intervals, a memtable stop
+/// threshold of 4 and a safe budget of 10 MiB/s.
+fn controller(engine: &Engine) -> Controller {
+    Controller::builder(engine.clone())
+        .interval(INTERVAL)
+        .memtable_stop_threshold(4)
+        .stats_failure_bytes_per_second(10 * MIB)
+        .manual()
+        .build()
+        .unwrap()
 }
 
 /// At 40 sub-levels with 400 MiB compacted in the interval: regular work
@@ -326,7 +265,7 @@ fn overloaded(flushed: u64) -> LsmStats {
 
 /// Two intervals: the first without history, the second overloaded, which
 /// limits regular work to 200 MiB.
-async fn limited(engine: &Engine, controller: &IoController) {
+async fn limited(engine: &Engine, controller: &Controller) {
     controller.step();
     engine.set(overloaded(600 * MIB));
     tokio::time::advance(INTERVAL).await;
@@ -339,7 +278,7 @@ async fn limited(engine: &Engine, controller: &IoController) {
 
 /// Ticks through the rest of the interval (every millisecond); returns the
 /// regular tokens added, including the first tick's `first`.
-async fn rest_of_interval(controller: &IoController, first: u64) -> u64 {
+async fn rest_of_interval(controller: &Controller, first: u64) -> u64 {
     let mut added = first;
     for _ in 1..100 {
         tokio::time::advance(Duration::from_millis(1)).await;
@@ -352,7 +291,7 @@ async fn rest_of_interval(controller: &IoController, first: u64) -> u64 {
 }
 
 /// The start of the next interval.
-async fn next_interval(controller: &IoController) -> admission::io::IoTick {
+async fn next_interval(controller: &Controller) -> Tick {
     tokio::time::advance(Duration::from_millis(1)).await;
     let tick = controller.step();
     assert!(tick.new_interval.is_some());
@@ -362,7 +301,7 @@ async fn next_interval(controller: &IoController) -> admission::io::IoTick {
 #[tokio::test(start_paused = true)]
 async fn a_panicking_stats_source_keeps_the_tokens_flowing() {
     let engine = Engine::new();
-    let controller = IoController::new(engine.clone(), config(), true).unwrap();
+    let controller = controller(&engine);
     limited(&engine, &controller).await;
     rest_of_interval(&controller, 0).await;
 
@@ -387,7 +326,7 @@ async fn a_panicking_stats_source_keeps_the_tokens_flowing() {
             assert!(snapshot.on_safe_budget);
         }
     }
-    let health = controller.health();
+    let health = controller.snapshot().source;
     assert_eq!(health.component, "lsm_stats_source");
     assert_eq!(health.panics, STATS_FAILURES_BEFORE_FALLBACK + 1);
     assert!(!health.is_healthy());
@@ -406,7 +345,7 @@ async fn a_panicking_stats_source_keeps_the_tokens_flowing() {
 async fn without_a_history_the_safe_budget_is_the_configured_rate() {
     let engine = Engine::new();
     engine.interval_reading(Reading::Panics);
-    let controller = IoController::new(engine.clone(), config(), true).unwrap();
+    let controller = controller(&engine);
     // The very first reading fails: there is no previous budget to keep,
     // so the safe budget comes at once, not an unlimited first interval.
     for failed in 1..=STATS_FAILURES_BEFORE_FALLBACK + 1 {
@@ -424,6 +363,7 @@ async fn without_a_history_the_safe_budget_is_the_configured_rate() {
     }
     assert!(
         !controller
+            .queues()
             .queue(TokenClass::Regular)
             .snapshot()
             .granter
@@ -435,7 +375,7 @@ async fn without_a_history_the_safe_budget_is_the_configured_rate() {
 #[tokio::test(start_paused = true)]
 async fn a_source_that_recovers_is_measured_over_the_whole_gap() {
     let engine = Engine::new();
-    let controller = IoController::new(engine.clone(), config(), true).unwrap();
+    let controller = controller(&engine);
     limited(&engine, &controller).await;
     engine.interval_reading(Reading::Panics);
     for _ in 0..2 {
@@ -455,14 +395,14 @@ async fn a_source_that_recovers_is_measured_over_the_whole_gap() {
     let snapshot = controller.snapshot();
     assert_eq!(snapshot.failed_intervals, 0);
     assert!(!snapshot.on_safe_budget);
-    let health = controller.health();
+    let health = controller.snapshot().source;
     assert_eq!((health.panics, health.consecutive_panics), (2, 0));
 }
 
 #[tokio::test(start_paused = true)]
 async fn a_failed_tick_reading_keeps_the_last_hold_until_the_interval_ends() {
     let engine = Engine::new();
-    let controller = IoController::new(engine.clone(), config(), true).unwrap();
+    let controller = controller(&engine);
     controller.step();
     // A flush backlog: the tick reading holds elastic work.
     engine.tick_reading(Some(Reading::Returns));
@@ -487,7 +427,7 @@ async fn a_failed_tick_reading_keeps_the_last_hold_until_the_interval_ends() {
     assert_eq!(tick_source.component, "lsm_stats_source_tick");
     assert_eq!(tick_source.panics, 1, "not called again within 250 ms");
     assert!(
-        controller.health().is_healthy(),
+        controller.snapshot().source.is_healthy(),
         "the interval reading works"
     );
     // A new interval starts unheld, even while tick readings fail.
@@ -518,7 +458,7 @@ async fn a_failed_tick_reading_keeps_the_last_hold_until_the_interval_ends() {
 #[tokio::test(start_paused = true)]
 async fn a_huge_correction_through_the_controller_costs_one_burst() {
     let engine = Engine::new();
-    let controller = IoController::new(engine.clone(), config(), true).unwrap();
+    let controller = controller(&engine);
     limited(&engine, &controller).await;
     let first = write(Priority::NORMAL, MIB);
     drop(controller.admit(first.clone()).await.unwrap());
@@ -547,11 +487,10 @@ fn the_ticker_thread_survives_a_source_that_always_panics() {
         }
     }
     let (called, calls) = std::sync::mpsc::channel();
-    let config = IoLoadConfig {
-        interval: Duration::from_millis(1),
-        ..IoLoadConfig::default()
-    };
-    let controller = IoController::new(Broken(called), config, false).unwrap();
+    let controller = Controller::builder(Broken(called))
+        .interval(Duration::from_millis(1))
+        .build()
+        .unwrap();
     for _ in 0..STATS_FAILURES_BEFORE_FALLBACK + 2 {
         calls
             .recv_timeout(Duration::from_secs(60))

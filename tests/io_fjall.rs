@@ -1,13 +1,15 @@
 //! The fjall adapter against a real fjall database: L0 tables, runs and
 //! bytes as fjall has them, flushed and compacted bytes derived from table
-//! ids, and the listener seeing compactions pay the debt down.
+//! ids, and the IO controller seeing compactions pay the debt down.
 
 #![cfg(feature = "fjall")]
 
 use std::sync::Arc;
 
 use admission::io::fjall::{FjallStats, FJALL_STALL_RUNS};
-use admission::io::{IoLoadConfig, IoLoadListener, LsmStatsSource, Tokens};
+use std::time::Duration;
+
+use admission::io::{Controller, LsmStatsSource, Tokens};
 use fjall::compaction::Fifo;
 use fjall::{Database, Keyspace, KeyspaceCreateOptions};
 
@@ -72,41 +74,56 @@ fn reads_l0_tables_runs_and_bytes_and_derives_flushed_bytes() {
     );
 }
 
+/// The controller reads its own adapter each interval; a second adapter
+/// over the same keyspace, read at the same moments, shows the test what it
+/// saw. Intervals are stepped under a paused clock.
 #[test]
-fn a_compaction_shows_as_compacted_bytes_in_the_listener() {
+fn a_compaction_shows_as_compacted_bytes_in_the_controller() {
     let dir = tempfile::tempdir().unwrap();
     let (database, keyspace) = open(&dir);
-    let mut source = FjallStats::new(database, keyspace.clone());
-    let config = IoLoadConfig {
-        l0_file_threshold: 4,
-        l0_sublevel_threshold: 4,
-        ..IoLoadConfig::default()
-    };
-    let mut listener = IoLoadListener::new(config).unwrap();
-    listener.next_interval(&source.stats());
+    let mut seen = FjallStats::new(database.clone(), keyspace.clone());
+    let interval = Duration::from_millis(100);
+    let controller = Controller::builder(FjallStats::new(database, keyspace.clone()))
+        .interval(interval)
+        .l0_file_threshold(4)
+        .l0_sublevel_threshold(4)
+        .manual()
+        .build()
+        .unwrap();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .start_paused(true)
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        controller.step();
+        seen.stats();
 
-    for flush in 0..4 {
-        flush_rows(&keyspace, flush * 1_000, 1_000);
-    }
-    let loaded = source.stats();
-    let decision = listener.next_interval(&loaded);
-    assert_eq!(decision.added, loaded.l0_bytes);
-    assert_eq!(decision.compacted, 0, "nothing left L0 yet");
-    assert!(decision.score >= 2.0, "{decision:?}");
-    assert!(matches!(decision.regular, Tokens::Limited(_)));
+        for flush in 0..4 {
+            flush_rows(&keyspace, flush * 1_000, 1_000);
+        }
+        tokio::time::advance(interval).await;
+        let decision = controller.step().new_interval.expect("a new interval");
+        let loaded = seen.stats();
+        assert_eq!(decision.added, loaded.l0_bytes);
+        assert_eq!(decision.compacted, 0, "nothing left L0 yet");
+        assert!(decision.score >= 2.0, "{decision:?}");
+        assert!(matches!(decision.regular, Tokens::Limited(_)));
 
-    keyspace.major_compact().unwrap();
-    let drained = source.stats();
-    assert_eq!(drained.l0_files, 0);
-    assert_eq!(drained.compacted_bytes, Some(loaded.l0_bytes));
-    let decision = listener.next_interval(&drained);
-    assert_eq!(
-        decision.compacted, loaded.l0_bytes,
-        "all of L0 compacted out"
-    );
-    assert_eq!(decision.regular, Tokens::Unlimited, "L0 is healthy again");
+        keyspace.major_compact().unwrap();
+        tokio::time::advance(interval).await;
+        let decision = controller.step().new_interval.expect("a new interval");
+        let drained = seen.stats();
+        assert_eq!(drained.l0_files, 0);
+        assert_eq!(drained.compacted_bytes, Some(loaded.l0_bytes));
+        assert_eq!(
+            decision.compacted, loaded.l0_bytes,
+            "all of L0 compacted out"
+        );
+        assert_eq!(decision.regular, Tokens::Unlimited, "L0 is healthy again");
+    });
 
-    let report = source.report();
+    let report = seen.report();
     assert!(report.compactions_completed >= 1);
     assert!(report.disk_bytes > 0);
 }

@@ -1,102 +1,22 @@
-//! Byte tokens end to end: a simulated LSM whose L0 debt rises with the
-//! bytes admitted and drains at a compaction rate, driven through the load
-//! listener, the token drip and a token queue full of backlogged writers.
+//! Byte tokens through the IO controller and its token queues: intervals
+//! and drips under a paused clock, waiters granted in order, corrections,
+//! the elastic queue, and the flush-backlog hold. (The load rule itself, on
+//! a simulated LSM, is tested in the crate: `src/io/tests.rs`.)
 
 use std::task::Poll;
 
 use admission::grant::TokenClass;
-use admission::io::{IoLoadConfig, IoLoadListener, LsmStats, TokenDrip, Tokens};
+use std::time::Duration;
+
+use admission::io::{Controller, LsmStats, Tokens};
 use admission::queue::TokenQueues;
-use admission::{Admit, Priority, TenantId, TokenGranter, WorkInfo, WorkQueue};
-use tokio_test::task::Spawn;
+use admission::{Priority, TenantId, WorkInfo, WorkQueue};
 
 const MIB: u64 = 1 << 20;
-/// Compactions remove this much from L0 per interval.
-const COMPACTION: u64 = 400 * MIB;
-/// One sub-level per this much L0 data.
-const SUBLEVEL: u64 = 32 * MIB;
-const WRITE: u64 = MIB;
-
-fn write(tenant: u64) -> WorkInfo {
-    WorkInfo::builder()
-        .tenant(TenantId::new(tenant))
-        .priority(Priority::NORMAL)
-        .requested(WRITE)
-        .build()
-}
-
-#[tokio::test(start_paused = true)]
-async fn l0_debt_stays_bounded_near_the_threshold_while_writers_are_backlogged() {
-    let mut listener = IoLoadListener::new(IoLoadConfig::default()).unwrap();
-    let queue = WorkQueue::tokens(1).unwrap();
-    let mut stats = LsmStats::default();
-    let mut waiting: Vec<Spawn<Admit<TokenGranter>>> = Vec::new();
-    let mut sublevels_seen = Vec::new();
-
-    for _interval in 0..40 {
-        let tokens = listener.next_interval(&stats);
-        let mut drip = match tokens.regular {
-            Tokens::Unlimited => {
-                queue.set_token_limit(None).unwrap();
-                None
-            }
-            Tokens::Limited(total) => {
-                queue.set_token_limit(Some(total / 60 + WRITE)).unwrap();
-                Some(TokenDrip::new(total, 60))
-            }
-        };
-        let mut admitted_bytes = 0u64;
-        for _tick in 0..60 {
-            // Admission takes tokio's cooperative budget like any resource:
-            // give the scheduler its turn each tick, as a real writer would.
-            tokio::task::yield_now().await;
-            if let Some(drip) = &mut drip {
-                queue.add_tokens(drip.next_tick().unwrap_or(0));
-            }
-            // Writers are always backlogged: keep 50 waiting.
-            while waiting.len() < 50 {
-                let tenant = waiting.len() as u64 % 3 + 1;
-                waiting.push(tokio_test::task::spawn(queue.admit(write(tenant))));
-            }
-            let mut admitted = 0u64;
-            waiting.retain_mut(|admit| match admit.poll() {
-                Poll::Ready(result) => {
-                    // Tokens are consumed: the permit returns nothing.
-                    drop(result.expect("writes are admitted, never refused"));
-                    admitted += 1;
-                    false
-                }
-                Poll::Pending => true,
-            });
-            admitted_bytes += admitted * WRITE;
-            // Unlimited intervals admit whatever is asked; cap the offered
-            // load there at twice what compactions can take.
-            if drip.is_none() && admitted_bytes > 2 * COMPACTION {
-                break;
-            }
-        }
-        // The interval's writes land in L0; compactions take some out.
-        stats.flushed_bytes += admitted_bytes;
-        stats.l0_bytes = (stats.l0_bytes + admitted_bytes).saturating_sub(COMPACTION);
-        let sublevels = stats.l0_bytes / SUBLEVEL;
-        stats.l0_sublevels = Some(sublevels);
-        stats.l0_files = sublevels;
-        sublevels_seen.push(sublevels);
-    }
-    // Unlimited at first, the debt grows until the listener limits tokens;
-    // from then on admission follows compaction and L0 settles between the
-    // point where tokens start to bind (5 sub-levels) and the full
-    // threshold (20), instead of growing without bound.
-    let settled = &sublevels_seen[20..];
-    assert!(
-        settled.iter().all(|&n| (5..=20).contains(&n)),
-        "{sublevels_seen:?}"
-    );
-    // And the first, unlimited interval did run L0 up past that point.
-    assert!(sublevels_seen[0] > 10, "{sublevels_seen:?}");
-    let snapshot = queue.snapshot();
-    assert!(!snapshot.granter.unlimited, "{snapshot:?}");
-}
+/// The controller's documented ticks: 250 ms while the store has never
+/// been limited, every millisecond once it has.
+const UNLOADED_TICK: Duration = Duration::from_millis(250);
+const LOADED_TICK: Duration = Duration::from_millis(1);
 
 #[tokio::test(start_paused = true)]
 async fn tokens_go_to_waiters_in_order_and_corrections_settle_without_blocking() {
@@ -145,23 +65,22 @@ fn write_of(tenant: u64, bytes: u64) -> WorkInfo {
 /// total over the interval.
 #[tokio::test(start_paused = true)]
 async fn the_io_controller_drips_each_intervals_tokens_into_the_queue() {
-    use admission::io::{IoController, LOADED_TICK, UNLOADED_TICK};
     use std::sync::{Arc, Mutex};
-    use std::time::Duration;
 
     let engine = Arc::new(Mutex::new(LsmStats::default()));
     let reading = engine.clone();
-    let config = IoLoadConfig {
-        interval: Duration::from_millis(100),
-        ..IoLoadConfig::default()
-    };
-    let controller = IoController::new(move || *reading.lock().unwrap(), config, true).unwrap();
+    let controller = Controller::builder(move || *reading.lock().unwrap())
+        .interval(Duration::from_millis(100))
+        .manual()
+        .build()
+        .unwrap();
 
     let first = controller.step();
     assert_eq!(first.new_interval.unwrap().regular, Tokens::Unlimited);
     assert_eq!((first.added, first.next_tick), (None, UNLOADED_TICK));
     assert!(
         controller
+            .queues()
             .queue(TokenClass::Regular)
             .snapshot()
             .granter
@@ -206,14 +125,15 @@ async fn the_io_controller_drips_each_intervals_tokens_into_the_queue() {
     assert_eq!(elastic, 1);
     assert!(
         !controller
+            .queues()
             .queue(TokenClass::Regular)
             .snapshot()
             .granter
             .unlimited
     );
     controller.close();
-    assert!(controller.queue(TokenClass::Regular).is_closed());
-    assert!(controller.queue(TokenClass::Elastic).is_closed());
+    assert!(controller.queues().queue(TokenClass::Regular).is_closed());
+    assert!(controller.queues().queue(TokenClass::Elastic).is_closed());
 }
 
 fn work(tenant: u64, priority: Priority, bytes: u64) -> WorkInfo {
@@ -344,23 +264,23 @@ impl admission::io::LsmStatsSource for Backlogged {
 /// clears, elastic work flows again.
 #[tokio::test(start_paused = true)]
 async fn a_flush_backlog_holds_elastic_writers_back_on_the_next_tick() {
-    use admission::io::{IoController, LOADED_TICK};
     use std::sync::atomic::{AtomicU64, Ordering};
     use std::sync::Arc;
 
     let unflushed = Arc::new(AtomicU64::new(0));
-    let config = IoLoadConfig {
-        memtable_stop_threshold: Some(4),
-        ..IoLoadConfig::default()
-    };
     let source = Backlogged {
         unflushed: unflushed.clone(),
     };
-    let controller = IoController::new(source, config, true).unwrap();
+    let controller = Controller::builder(source)
+        .memtable_stop_threshold(4)
+        .manual()
+        .build()
+        .unwrap();
     let first = controller.step();
     assert!(!first.elastic_held);
     assert!(
         controller
+            .queues()
             .queue(TokenClass::Elastic)
             .snapshot()
             .granter

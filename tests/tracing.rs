@@ -185,24 +185,35 @@ fn a_cancelled_wait_records_its_outcome_and_wait_time() {
 /// replay why writers were throttled.
 #[test]
 fn each_io_interval_is_an_event_with_its_inputs_and_decision() {
-    use admission::io::{IoLoadConfig, IoLoadListener, LsmStats};
+    use admission::io::{Controller, LsmStats};
 
+    let reading = |sublevels, l0_bytes, flushed| LsmStats {
+        l0_files: sublevels,
+        l0_sublevels: Some(sublevels),
+        l0_bytes,
+        flushed_bytes: flushed,
+        unflushed_memtables: Some(1),
+        ..LsmStats::default()
+    };
+    let engine = Arc::new(Mutex::new(reading(0, 0, 0)));
+    let source = engine.clone();
+    let interval = Duration::from_millis(100);
+    let controller = Controller::builder(move || *source.lock().unwrap())
+        .interval(interval)
+        .manual()
+        .build()
+        .unwrap();
     let capture = Capture::default();
     let subscriber = tracing_subscriber::registry().with(capture.clone());
     tracing::subscriber::with_default(subscriber, || {
-        let mut listener = IoLoadListener::new(IoLoadConfig::default()).unwrap();
-        let reading = |sublevels, l0_bytes, flushed| LsmStats {
-            l0_files: sublevels,
-            l0_sublevels: Some(sublevels),
-            l0_bytes,
-            flushed_bytes: flushed,
-            unflushed_memtables: Some(1),
-            ..LsmStats::default()
-        };
-        listener.next_interval(&reading(0, 0, 0));
-        // 3,000 bytes flushed, 1,000 still in L0: 2,000 compacted; ten
-        // sub-levels of twenty is a score of 1.
-        listener.next_interval(&reading(10, 1_000, 3_000));
+        paused_runtime().block_on(async {
+            controller.step();
+            // 3,000 bytes flushed, 1,000 still in L0: 2,000 compacted; ten
+            // sub-levels of twenty is a score of 1.
+            *engine.lock().unwrap() = reading(10, 1_000, 3_000);
+            tokio::time::advance(interval).await;
+            controller.step();
+        });
     });
 
     let events = capture.events.lock().unwrap();

@@ -15,7 +15,7 @@
 //!   should have made meanwhile (no coordinated omission).
 //! * **Modes**: the foreground alone (the unloaded baseline), both writers
 //!   straight into fjall (its own write stalls are the only brake), both
-//!   through an [`IoController`] (`admit` with the estimated bytes, write,
+//!   through an [`io::Controller`](Controller) (`admit` with the estimated bytes, write,
 //!   `correct_tokens` with the bytes actually written), and the control for
 //!   that last one: the bulk paced to a fixed byte rate, without admission.
 //!   Paced at the rate admission ended up giving the bulk, it shows what
@@ -37,7 +37,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use admission::io::fjall::{FjallStats, FJALL_HALT_RUNS, FJALL_MEMTABLE_STOP, FJALL_STALL_RUNS};
-use admission::io::{IoController, IoLoadConfig, IoTokens, Tokens};
+use admission::io::{Controller, IntervalTokens, Tokens};
 use admission::{Priority, TenantId, WorkInfo};
 use fjall::{AbstractTree, Database, Keyspace, KeyspaceCreateOptions};
 use hdrhistogram::Histogram;
@@ -77,8 +77,29 @@ pub struct Settings {
     pub memtable_bytes: u64,
     /// fjall's worker threads (flushes and compactions share them).
     pub fjall_workers: usize,
-    /// The admission listener's settings.
-    pub io: IoLoadConfig,
+    /// The IO controller's settings.
+    pub io: IoSettings,
+}
+
+/// The IO controller's settings that the experiment sets.
+#[derive(Clone, Copy, Debug)]
+pub struct IoSettings {
+    pub interval: Duration,
+    pub l0_file_threshold: u64,
+    pub l0_sublevel_threshold: u64,
+    pub memtable_stop_threshold: u64,
+}
+
+impl IoSettings {
+    /// A controller reading `source` with these settings.
+    fn controller(&self, source: FjallStats) -> Result<Controller, admission::ConfigError> {
+        Controller::builder(source)
+            .interval(self.interval)
+            .l0_file_threshold(self.l0_file_threshold)
+            .l0_sublevel_threshold(self.l0_sublevel_threshold)
+            .memtable_stop_threshold(self.memtable_stop_threshold)
+            .build()
+    }
 }
 
 impl Settings {
@@ -115,7 +136,7 @@ impl Settings {
             foreground_value_bytes: 256,
             memtable_bytes: 2 << 20,
             fjall_workers: 4,
-            io: IoLoadConfig {
+            io: IoSettings {
                 interval: Duration::from_millis(500),
                 // Files never decide here: fjall's L0 tables are at most a
                 // few per run, so runs reach the threshold first.
@@ -123,8 +144,7 @@ impl Settings {
                 l0_sublevel_threshold: FJALL_STALL_RUNS,
                 // fjall halts every writer from four sealed memtables; bulk
                 // writes are held back from two.
-                memtable_stop_threshold: Some(FJALL_MEMTABLE_STOP),
-                ..IoLoadConfig::default()
+                memtable_stop_threshold: FJALL_MEMTABLE_STOP,
             },
         }
     }
@@ -199,7 +219,7 @@ pub struct Second {
     /// Bulk throughput over the last second, MB/s.
     pub bulk_mb_per_sec: f64,
     /// The admission controller's latest decision (admission mode).
-    pub tokens: Option<IoTokens>,
+    pub tokens: Option<IntervalTokens>,
 }
 
 /// What one mode measured.
@@ -231,7 +251,7 @@ pub struct Outcome {
     /// Time with L0 at fjall's halt (runs ≥ [`FJALL_HALT_RUNS`]).
     pub halt_time: Duration,
     /// The admission controller's decisions, one per interval.
-    pub intervals: Vec<IoTokens>,
+    pub intervals: Vec<IntervalTokens>,
 }
 
 impl Outcome {
@@ -296,7 +316,7 @@ fn histogram() -> Histogram<u64> {
 struct Shared {
     keyspace: Keyspace,
     database: Database,
-    controller: Option<IoController>,
+    controller: Option<Controller>,
     stop: AtomicBool,
     bulk_bytes: AtomicU64,
     foreground: Mutex<Histogram<u64>>,
@@ -496,12 +516,10 @@ pub fn run(
     let (database, keyspace) = open(settings, &dir)?;
     let controller = match mode {
         Mode::Admission => Some(
-            IoController::new(
-                FjallStats::new(database.clone(), keyspace.clone()),
-                settings.io,
-                false,
-            )
-            .map_err(|error| format!("invalid admission settings: {error}"))?,
+            settings
+                .io
+                .controller(FjallStats::new(database.clone(), keyspace.clone()))
+                .map_err(|error| format!("invalid admission settings: {error}"))?,
         ),
         Mode::Alone | Mode::FjallAlone | Mode::Paced { .. } => None,
     };
@@ -561,7 +579,7 @@ pub fn run(
     // This thread samples L0 and reports every second until the deadline.
     let (mut max_runs, mut max_tables) = (0, 0);
     let (mut stall_time, mut halt_time) = (Duration::ZERO, Duration::ZERO);
-    let mut intervals: Vec<IoTokens> = Vec::new();
+    let mut intervals: Vec<IntervalTokens> = Vec::new();
     let mut next_second = start + Duration::from_secs(1);
     let mut bulk_at_last_second = 0;
     let mut last_sample = start;
@@ -579,7 +597,10 @@ pub fn run(
         }
         max_runs = max_runs.max(runs);
         max_tables = max_tables.max(tables);
-        let tokens = shared.controller.as_ref().and_then(|c| c.last_interval());
+        let tokens = shared
+            .controller
+            .as_ref()
+            .and_then(|c| c.snapshot().last_interval);
         if let Some(tokens) = tokens {
             if intervals.last() != Some(&tokens) {
                 intervals.push(tokens);

@@ -32,8 +32,8 @@
 //! never the other way round, so the two queues share one balance without a
 //! lock order between them.
 //!
-//! Refills come from outside the queues (the IO load listener's
-//! [`TokenDrip`](crate::io::TokenDrip), every tick) through
+//! Refills come from outside the queues (the [IO controller](crate::io::Controller)'s
+//! drip, every tick) through
 //! [`WorkQueue::add_tokens`](crate::WorkQueue::add_tokens) or
 //! [`TokenQueues::add_tokens`](crate::queue::TokenQueues::add_tokens), which
 //! grant the waiters the new tokens cover.
@@ -150,7 +150,7 @@ impl Balance {
 ///
 /// * an admission or a bypass leaves a balance at most
 ///   60 bursts below zero: one interval's budget for the
-///   [`IoController`](crate::io::IoController), whose burst is an interval's
+///   [`io::Controller`](crate::io::Controller), whose burst is an interval's
 ///   tokens over 60, so any admitted size is paid off within an interval;
 /// * a correction ([`WorkQueue::correct_tokens`](crate::WorkQueue::correct_tokens))
 ///   leaves it at most **one burst** below zero: an estimate that was off is

@@ -10,10 +10,10 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::drip::TokenDrip;
-use super::listener::{IoLoadConfig, IoLoadListener, IoTokens, Tokens};
+use super::listener::{IntervalTokens, IoLoadConfig, IoLoadListener, Tokens};
 use super::stats::{LsmStats, LsmStatsSource};
 use crate::error::ConfigError;
-use crate::grant::{TokenClass, TokenGranter};
+use crate::grant::TokenGranter;
 use crate::health::{Boundary, ComponentHealth};
 use crate::queue::{Admit, TokenQueues};
 use crate::sync::{Arc, Mutex};
@@ -22,14 +22,14 @@ use crate::work::WorkInfo;
 
 /// Ticks while the store has never been limited (upstream: flushes take
 /// about half a second, so coarser drips would allow bursts).
-pub const UNLOADED_TICK: Duration = Duration::from_millis(250);
+pub(crate) const UNLOADED_TICK: Duration = Duration::from_millis(250);
 /// Ticks once the store has been limited: high-priority work waits at most
 /// a millisecond for the next tokens.
-pub const LOADED_TICK: Duration = Duration::from_millis(1);
+pub(crate) const LOADED_TICK: Duration = Duration::from_millis(1);
 /// Failed interval readings in a row after which the controller leaves the
 /// previous interval's budgets for the safe budget; see the
 /// [failure model](crate::io#failure-model).
-pub const STATS_FAILURES_BEFORE_FALLBACK: u64 = 4;
+pub(crate) const STATS_FAILURES_BEFORE_FALLBACK: u64 = 4;
 
 /// The interval reading's fallback, for health records.
 const SOURCE_ON_FAILURE: &str =
@@ -42,16 +42,16 @@ const TICKER: &str = "io_ticker";
 /// Byte-token admission for one store: regular and elastic token queues
 /// whose budgets follow the engine's L0 debt.
 ///
-/// Every interval (15 s by default) it reads the [`LsmStatsSource`], asks
-/// the [`IoLoadListener`] for the next interval's regular and elastic
-/// tokens, and hands each class's total to its queue in ticks through a
-/// [`TokenDrip`]: 250 ms ticks until the store is first limited, 1 ms ticks
-/// from then on (a one-way switch, as upstream). A dedicated thread drives
+/// Every interval (15 s by default) it reads the [`LsmStatsSource`],
+/// computes the next interval's regular and elastic tokens (see the
+/// [module documentation](super)), and hands each class's total to its
+/// queue in ticks, exactly: 250 ms ticks until the store is first limited,
+/// 1 ms ticks from then on (a one-way switch, as upstream). A dedicated thread drives
 /// it, or [`step`](Self::step) does in tests. Writers call
 /// [`admit`](Self::admit) with their estimated bytes (the work's priority
 /// picks the class) and settle with [`correct_tokens`](Self::correct_tokens)
 /// once the actual bytes are known.
-pub struct IoController {
+pub struct Controller {
     core: Arc<IoCore>,
     ticker: Ticker,
 }
@@ -80,10 +80,10 @@ struct Ticking {
     /// made this controller limit elastic work until it clears.
     elastic_limited_for_backlog: bool,
     interval_started: Option<Instant>,
-    last: Option<IoTokens>,
+    last: Option<IntervalTokens>,
     /// The latest decision made from a reading (not a fallback): its
     /// compaction throughput sizes the safe budget.
-    last_measured: Option<IoTokens>,
+    last_measured: Option<IntervalTokens>,
     /// Interval readings that failed since the last one that returned.
     failed_intervals: u64,
     /// Whether the latest tick held elastic tokens: kept by a tick whose
@@ -97,7 +97,7 @@ struct Ticking {
 /// The IO controller's state at one moment.
 #[derive(Clone, Debug, PartialEq)]
 #[non_exhaustive]
-pub struct IoSnapshot {
+pub struct Snapshot {
     /// The health of the stats source's interval reading
     /// ([`LsmStatsSource::stats`], component `lsm_stats_source`).
     pub source: ComponentHealth,
@@ -109,20 +109,19 @@ pub struct IoSnapshot {
     pub ticker: ComponentHealth,
     /// Interval readings that failed in a row (0 while the source works).
     pub failed_intervals: u64,
-    /// Whether the safe budget is on (after
-    /// [`STATS_FAILURES_BEFORE_FALLBACK`] failed readings in a row).
+    /// Whether the safe budget is on (after 4 failed readings in a row).
     pub on_safe_budget: bool,
     /// The latest interval's budgets, measured or fallen back to.
-    pub last_interval: Option<IoTokens>,
+    pub last_interval: Option<IntervalTokens>,
     /// Ticks run: while it grows, the ticker is alive.
     pub ticks: u64,
 }
 
 /// What one tick did.
 #[derive(Clone, Copy, Debug, PartialEq)]
-pub struct IoTick {
+pub struct Tick {
     /// The interval's decision, when this tick started a new interval.
-    pub new_interval: Option<IoTokens>,
+    pub new_interval: Option<IntervalTokens>,
     /// Regular tokens added by this tick (`None` while unlimited).
     pub added: Option<u64>,
     /// Elastic tokens added by this tick (`None` while unlimited).
@@ -134,18 +133,25 @@ pub struct IoTick {
     pub elastic_held: bool,
     /// Whether a call of the stats source panicked during this tick (the
     /// interval's or the tick's reading; a failing tick reading is retried
-    /// every [`UNLOADED_TICK`], not called in between); see the
+    /// every 250 ms, not called in between); see the
     /// [failure model](crate::io#failure-model).
     pub source_failed: bool,
     /// How long until the next tick.
     pub next_tick: Duration,
 }
 
-impl IoController {
-    /// A controller reading `source`, with `config` (validated as by
-    /// [`IoLoadListener::new`]), driven by its own thread unless `manual`.
-    pub fn new(
-        source: impl LsmStatsSource,
+impl Controller {
+    /// A builder of a controller reading `source`.
+    pub fn builder(source: impl LsmStatsSource) -> ControllerBuilder {
+        ControllerBuilder {
+            source: Box::new(source),
+            config: IoLoadConfig::default(),
+            manual: false,
+        }
+    }
+
+    fn new(
+        source: Box<dyn LsmStatsSource>,
         config: IoLoadConfig,
         manual: bool,
     ) -> Result<Self, ConfigError> {
@@ -160,7 +166,7 @@ impl IoController {
             source_boundary: Boundary::new("lsm_stats_source", SOURCE_ON_FAILURE),
             tick_boundary: Boundary::new("lsm_stats_source_tick", TICK_ON_FAILURE),
             ticking: Mutex::new(Ticking {
-                source: Box::new(source),
+                source,
                 listener,
                 drips: [None, None],
                 loaded: false,
@@ -185,17 +191,12 @@ impl IoController {
                 ConfigError::new("ticker", format!("cannot start the ticker thread: {error}"))
             })?
         };
-        Ok(IoController { core, ticker })
+        Ok(Controller { core, ticker })
     }
 
     /// The regular and elastic token queues writers admit through.
     pub fn queues(&self) -> &TokenQueues {
         &self.core.queues
-    }
-
-    /// The queue of one class.
-    pub fn queue(&self, class: TokenClass) -> &crate::WorkQueue<TokenGranter> {
-        self.core.queues.queue(class)
     }
 
     /// Asks for admission for `work`'s [`requested`](WorkInfo::requested)
@@ -212,28 +213,15 @@ impl IoController {
     }
 
     /// Runs one tick now (the thread's job; for tests and manual driving).
-    pub fn step(&self) -> IoTick {
+    pub fn step(&self) -> Tick {
         self.core.tick(Instant::now())
-    }
-
-    /// The latest interval's decision.
-    pub fn last_interval(&self) -> Option<IoTokens> {
-        self.core.ticking.lock().last
-    }
-
-    /// The health of the stats source's interval reading (component
-    /// `lsm_stats_source`): panics caught, and whether the latest reading
-    /// failed; see the [failure model](crate::io#failure-model). The tick
-    /// reading's is in the [`snapshot`](Self::snapshot).
-    pub fn health(&self) -> ComponentHealth {
-        self.core.source_boundary.health()
     }
 
     /// The controller's state: the source's and the ticker's health, the
     /// fallback in force and the latest budgets.
-    pub fn snapshot(&self) -> IoSnapshot {
+    pub fn snapshot(&self) -> Snapshot {
         let ticking = self.core.ticking.lock();
-        IoSnapshot {
+        Snapshot {
             source: self.core.source_boundary.health(),
             tick_source: self.core.tick_boundary.health(),
             ticker: self.ticker.health(),
@@ -254,15 +242,97 @@ impl IoController {
     }
 }
 
-impl Drop for IoController {
+/// Settings for a [`Controller`], validated by [`build`](Self::build).
+///
+/// The defaults are upstream's: 15 s intervals, 1,000 L0 files or 20
+/// sub-levels counted as fully overloaded, no flush-backlog rule, and a safe
+/// budget of 16 MiB/s while the stats source fails.
+#[must_use = "a builder does nothing until `build` is called"]
+pub struct ControllerBuilder {
+    source: Box<dyn LsmStatsSource>,
+    config: IoLoadConfig,
+    manual: bool,
+}
+
+impl ControllerBuilder {
+    /// How often tokens are recomputed: 1 ms to an hour (default 15 s).
+    pub fn interval(mut self, interval: Duration) -> Self {
+        self.config.interval = interval;
+        self
+    }
+
+    /// L0 files counted as fully overloaded: 1 to 1,000,000 (default
+    /// 1,000). A threshold no engine reaches would silently turn the limit
+    /// off, hence the bound.
+    pub fn l0_file_threshold(mut self, files: u64) -> Self {
+        self.config.l0_file_threshold = files;
+        self
+    }
+
+    /// L0 sub-levels counted as fully overloaded: 1 to 10,000 (default 20).
+    pub fn l0_sublevel_threshold(mut self, sublevels: u64) -> Self {
+        self.config.l0_sublevel_threshold = sublevels;
+        self
+    }
+
+    /// Unflushed memtables at which the engine stops all writes (Pebble and
+    /// fjall: 4): 1 to 10,000 (default: the flush backlog is ignored). From
+    /// half of it, elastic work is held back: its tokens for the next
+    /// interval are capped at the bytes compactions removed (upstream's
+    /// rule), and the controller pauses its elastic drip on every tick that
+    /// sees the backlog there.
+    pub fn memtable_stop_threshold(mut self, memtables: u64) -> Self {
+        self.config.memtable_stop_threshold = Some(memtables);
+        self
+    }
+
+    /// The regular budget, in bytes per second, once the stats source has
+    /// failed for four intervals in a row, unless compactions were last
+    /// seen removing more (then half of that); at least 1 (default 16 MiB/s:
+    /// what an LSM on any disk compacts, so a store whose state is unknown
+    /// neither stops nor floods). See the [failure model](super#failure-model).
+    pub fn stats_failure_bytes_per_second(mut self, bytes: u64) -> Self {
+        self.config.stats_failure_bytes_per_second = bytes;
+        self
+    }
+
+    /// No ticker thread: the controller moves only when
+    /// [`Controller::step`] is called.
+    pub fn manual(mut self) -> Self {
+        self.manual = true;
+        self
+    }
+
+    /// Validates the settings, starts the ticker thread (unless manual) and
+    /// returns the controller.
+    ///
+    /// # Errors
+    ///
+    /// A [`ConfigError`] naming the setting that is out of its range, or
+    /// `ticker` if the thread cannot be started.
+    pub fn build(self) -> Result<Controller, ConfigError> {
+        Controller::new(self.source, self.config, self.manual)
+    }
+}
+
+impl fmt::Debug for ControllerBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("io::ControllerBuilder")
+            .field("config", &self.config)
+            .field("manual", &self.manual)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Drop for Controller {
     fn drop(&mut self) {
         self.close();
     }
 }
 
-impl fmt::Debug for IoController {
+impl fmt::Debug for Controller {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("IoController")
+        f.debug_struct("io::Controller")
             .field("queues", &self.core.queues)
             .field("interval", &self.core.interval)
             .finish_non_exhaustive()
@@ -270,7 +340,7 @@ impl fmt::Debug for IoController {
 }
 
 impl IoCore {
-    fn tick(&self, now: Instant) -> IoTick {
+    fn tick(&self, now: Instant) -> Tick {
         let mut ticking = self.ticking.lock();
         ticking.ticks = ticking.ticks.saturating_add(1);
         let due = ticking
@@ -348,7 +418,7 @@ impl IoCore {
         // Gauges as this tick leaves them, as the CPU controller does on
         // its ticks: nobody has to call `record_metrics` on a timer.
         crate::export::record_io_tokens(&self.queues);
-        IoTick {
+        Tick {
             new_interval,
             added,
             added_elastic,
@@ -365,7 +435,7 @@ impl IoCore {
     /// The next interval's budgets: from the reading, or (it failed) the
     /// previous interval's, or the safe budget; see the module's failure
     /// model.
-    fn next_budgets(&self, ticking: &mut Ticking, reading: Option<LsmStats>) -> IoTokens {
+    fn next_budgets(&self, ticking: &mut Ticking, reading: Option<LsmStats>) -> IntervalTokens {
         if let Some(stats) = reading {
             let intervals = ticking.failed_intervals.saturating_add(1);
             ticking.failed_intervals = 0;
@@ -384,7 +454,7 @@ impl IoCore {
             let (compacted, score) = ticking
                 .last_measured
                 .map_or((0, 0.0), |tokens| (tokens.smoothed_compacted, tokens.score));
-            IoTokens {
+            IntervalTokens {
                 regular: Tokens::Limited((compacted / 2).max(self.failure_budget)),
                 elastic: Tokens::Limited(1),
                 // The last measured: nothing newer is known.
@@ -406,7 +476,7 @@ impl IoCore {
     }
 
     /// Starts an interval at `now` with `tokens`: new drips and limits.
-    fn start_interval(&self, ticking: &mut Ticking, tokens: IoTokens, now: Instant) {
+    fn start_interval(&self, ticking: &mut Ticking, tokens: IntervalTokens, now: Instant) {
         ticking.interval_started = Some(now);
         ticking.last = Some(tokens);
         let ticks = ticks_in(self.interval);

@@ -3,20 +3,10 @@
 /// Distributes `total` tokens over `ticks` ticks: each tick gives
 /// `ceil(remaining / remaining ticks)`, recomputed every tick, so the
 /// interval's total is exact and never exceeded, and early ticks are never
-/// starved by rounding (upstream's rule).
-///
-/// ```
-/// use admission::io::TokenDrip;
-///
-/// let mut drip = TokenDrip::new(1250, 60);
-/// let ticks: Vec<u64> = std::iter::from_fn(|| drip.next_tick()).collect();
-/// assert_eq!(ticks.len(), 60);
-/// assert_eq!(ticks.iter().filter(|&&n| n == 21).count(), 50);
-/// assert_eq!(ticks.iter().filter(|&&n| n == 20).count(), 10);
-/// assert_eq!(ticks.iter().sum::<u64>(), 1250);
-/// ```
+/// starved by rounding (upstream's rule): 1,250 tokens over 60 ticks are
+/// 50 ticks of 21 and 10 of 20.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct TokenDrip {
+pub(crate) struct TokenDrip {
     total: u64,
     ticks: u64,
     given: u64,
@@ -25,7 +15,7 @@ pub struct TokenDrip {
 
 impl TokenDrip {
     /// A drip of `total` tokens over `ticks` ticks (zero ticks give nothing).
-    pub fn new(total: u64, ticks: u64) -> Self {
+    pub(crate) fn new(total: u64, ticks: u64) -> Self {
         TokenDrip {
             total,
             ticks,
@@ -35,7 +25,8 @@ impl TokenDrip {
     }
 
     /// The next tick's tokens, or `None` once every tick has been given.
-    pub fn next_tick(&mut self) -> Option<u64> {
+    #[cfg(test)]
+    pub(crate) fn next_tick(&mut self) -> Option<u64> {
         let remaining_ticks = self.ticks.checked_sub(self.tick).filter(|&n| n > 0)?;
         let remaining = self.total - self.given;
         let now = remaining.div_ceil(remaining_ticks);
@@ -48,7 +39,7 @@ impl TokenDrip {
     /// (from the time left in the interval, so a ticker that runs late does
     /// not leave tokens undistributed): `ceil(remaining / ticks_left)`, and
     /// everything on the last.
-    pub fn take(&mut self, ticks_left: u64) -> u64 {
+    pub(crate) fn take(&mut self, ticks_left: u64) -> u64 {
         let remaining = self.total - self.given;
         let now = remaining.div_ceil(ticks_left.max(1));
         self.given += now;
@@ -57,7 +48,8 @@ impl TokenDrip {
     }
 
     /// Tokens still to be given this interval.
-    pub fn remaining(&self) -> u64 {
+    #[cfg(test)]
+    pub(crate) fn remaining(&self) -> u64 {
         self.total - self.given
     }
 }
@@ -101,5 +93,26 @@ mod tests {
         assert_eq!(given, [10, 13, 26, 51]);
         assert_eq!(drip.remaining(), 0);
         assert_eq!(drip.take(5), 0);
+    }
+
+    #[test]
+    fn drips_of_any_size_give_their_total_without_panicking() {
+        let mut drip = TokenDrip::new(u64::MAX, u64::MAX);
+        assert_eq!(drip.next_tick(), Some(1));
+        assert_eq!(drip.take(0), u64::MAX - 1, "zero ticks left: everything");
+        assert_eq!(drip.remaining(), 0);
+        assert_eq!(drip.take(u64::MAX), 0);
+        let mut empty = TokenDrip::new(0, u64::MAX);
+        assert_eq!(empty.take(1), 0);
+    }
+
+    #[test]
+    fn an_interval_is_cut_into_ticks_that_round_up() {
+        let mut drip = TokenDrip::new(1250, 60);
+        let ticks: Vec<u64> = std::iter::from_fn(|| drip.next_tick()).collect();
+        assert_eq!(ticks.len(), 60);
+        assert_eq!(ticks.iter().filter(|&&n| n == 21).count(), 50);
+        assert_eq!(ticks.iter().filter(|&&n| n == 20).count(), 10);
+        assert_eq!(ticks.iter().sum::<u64>(), 1250);
     }
 }

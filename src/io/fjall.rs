@@ -47,7 +47,7 @@ pub const FJALL_STALL_RUNS: u64 = 20;
 pub const FJALL_HALT_RUNS: u64 = 30;
 /// Sealed memtables waiting to be flushed from which fjall halts every
 /// writer (in 100 ms sleeps) until flushes catch up: the value for
-/// [`IoLoadConfig::memtable_stop_threshold`](super::IoLoadConfig::memtable_stop_threshold).
+/// [`ControllerBuilder::memtable_stop_threshold`](super::ControllerBuilder::memtable_stop_threshold).
 pub const FJALL_MEMTABLE_STOP: u64 = 4;
 
 /// Reads one fjall keyspace's L0 as [`LsmStats`]; see the

@@ -30,7 +30,7 @@ use crate::error::ConfigError;
 
 /// The score from which the elastic formula `C·(1.25 − 1.25·(s − 0.2))`
 /// gives nothing: 1.2, twelve sub-levels at upstream's threshold of twenty.
-pub const ELASTIC_EXHAUSTED_SCORE: f64 = 1.2;
+pub(crate) const ELASTIC_EXHAUSTED_SCORE: f64 = 1.2;
 
 /// A budget of byte tokens for one interval.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -43,42 +43,42 @@ pub enum Tokens {
 
 /// Listener settings, validated by [`IoLoadListener::new`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct IoLoadConfig {
+pub(crate) struct IoLoadConfig {
     /// How often tokens are recomputed (upstream: 15 s).
-    pub interval: Duration,
+    pub(crate) interval: Duration,
     /// L0 files counted as fully overloaded (upstream: 1,000).
-    pub l0_file_threshold: u64,
+    pub(crate) l0_file_threshold: u64,
     /// L0 sub-levels counted as fully overloaded (upstream: 20).
-    pub l0_sublevel_threshold: u64,
+    pub(crate) l0_sublevel_threshold: u64,
     /// Unflushed memtables at which the engine stops all writes (Pebble and
     /// fjall: 4), or `None` to ignore the flush backlog. From half of it,
     /// elastic work is held back: its tokens for the next interval are
     /// capped at the bytes compactions removed (upstream's rule), and the
-    /// [`IoController`](super::IoController) pauses its drip on every tick
+    /// controller pauses its elastic drip on every tick
     /// that sees the backlog there.
-    pub memtable_stop_threshold: Option<u64>,
+    pub(crate) memtable_stop_threshold: Option<u64>,
     /// The regular budget, in bytes per second, of an
-    /// [`IoController`](super::IoController) whose stats source has failed
+    /// controller whose stats source has failed
     /// for [`STATS_FAILURES_BEFORE_FALLBACK`](super::STATS_FAILURES_BEFORE_FALLBACK)
     /// intervals in a row, unless compactions were last seen removing more
     /// (then half of that, the listener's own most conservative budget).
     /// Default 16 MiB/s: what an LSM on any disk compacts, so a store whose
     /// state is unknown neither stops nor floods.
-    pub stats_failure_bytes_per_second: u64,
+    pub(crate) stats_failure_bytes_per_second: u64,
 }
 
 impl IoLoadConfig {
     /// Accepted intervals: from one loaded tick to an hour (a longer one
     /// would leave a store's budget unrevised for hours).
-    pub const INTERVAL_RANGE: std::ops::RangeInclusive<Duration> =
+    pub(crate) const INTERVAL_RANGE: std::ops::RangeInclusive<Duration> =
         Duration::from_millis(1)..=Duration::from_secs(3600);
     /// The largest L0 file threshold accepted (upstream: 1,000); a
     /// threshold no engine reaches would silently turn the limit off.
-    pub const MAX_L0_FILE_THRESHOLD: u64 = 1_000_000;
+    pub(crate) const MAX_L0_FILE_THRESHOLD: u64 = 1_000_000;
     /// The largest L0 sub-level threshold accepted (upstream: 20).
-    pub const MAX_L0_SUBLEVEL_THRESHOLD: u64 = 10_000;
+    pub(crate) const MAX_L0_SUBLEVEL_THRESHOLD: u64 = 10_000;
     /// The largest memtable stop threshold accepted (Pebble and fjall: 4).
-    pub const MAX_MEMTABLE_STOP_THRESHOLD: u64 = 10_000;
+    pub(crate) const MAX_MEMTABLE_STOP_THRESHOLD: u64 = 10_000;
 }
 
 impl Default for IoLoadConfig {
@@ -95,7 +95,7 @@ impl Default for IoLoadConfig {
 
 /// One interval's decision and the inputs that led to it.
 #[derive(Clone, Copy, Debug, PartialEq)]
-pub struct IoTokens {
+pub struct IntervalTokens {
     /// Tokens for regular work (priority zero and above).
     pub regular: Tokens,
     /// Tokens for elastic work (below zero).
@@ -113,7 +113,7 @@ pub struct IoTokens {
 /// Computes each interval's tokens from the engine's stats; see the
 /// [`io` module documentation](crate::io).
 #[derive(Clone, Debug)]
-pub struct IoLoadListener {
+pub(crate) struct IoLoadListener {
     config: IoLoadConfig,
     previous: Option<LsmStats>,
     smoothed_compacted: f64,
@@ -123,7 +123,7 @@ pub struct IoLoadListener {
 impl IoLoadListener {
     /// A listener with `config`, or a [`ConfigError`] naming the field that
     /// is out of its range (see the constants on [`IoLoadConfig`]).
-    pub fn new(config: IoLoadConfig) -> Result<Self, ConfigError> {
+    pub(crate) fn new(config: IoLoadConfig) -> Result<Self, ConfigError> {
         let range = IoLoadConfig::INTERVAL_RANGE;
         if !range.contains(&config.interval) {
             return Err(ConfigError::new(
@@ -175,16 +175,12 @@ impl IoLoadListener {
         })
     }
 
-    /// The settings.
-    pub fn config(&self) -> &IoLoadConfig {
-        &self.config
-    }
-
     /// The next interval's tokens, from the stats read at its start. Each
     /// call, the first (unlimited, without history) included, is one
     /// `tracing` event (target `admission::io`, level INFO) with the
     /// readings it used and the decision.
-    pub fn next_interval(&mut self, stats: &LsmStats) -> IoTokens {
+    #[cfg(test)]
+    pub(crate) fn next_interval(&mut self, stats: &LsmStats) -> IntervalTokens {
         self.next_interval_spanning(stats, 1)
     }
 
@@ -192,7 +188,11 @@ impl IoLoadListener {
     /// `intervals` intervals after the previous one (the readings between
     /// failed): the bytes added and compacted are averaged over them, so a
     /// gap does not read as one interval of several intervals' throughput.
-    pub(crate) fn next_interval_spanning(&mut self, stats: &LsmStats, intervals: u64) -> IoTokens {
+    pub(crate) fn next_interval_spanning(
+        &mut self,
+        stats: &LsmStats,
+        intervals: u64,
+    ) -> IntervalTokens {
         let intervals = intervals.max(1);
         let decision = self.decide(stats, intervals);
         tracing::info!(
@@ -213,9 +213,9 @@ impl IoLoadListener {
         decision
     }
 
-    fn decide(&mut self, stats: &LsmStats, intervals: u64) -> IoTokens {
+    fn decide(&mut self, stats: &LsmStats, intervals: u64) -> IntervalTokens {
         let Some(previous) = self.previous.replace(*stats) else {
-            return IoTokens {
+            return IntervalTokens {
                 regular: Tokens::Unlimited,
                 elastic: Tokens::Unlimited,
                 score: self.score(stats),
@@ -283,7 +283,7 @@ impl IoLoadListener {
             // throttled class still makes progress.
             Some(bytes) => Tokens::Limited((bytes as u64).max(1)),
         };
-        IoTokens {
+        IntervalTokens {
             regular: to_tokens(regular),
             elastic: to_tokens(elastic),
             score,
@@ -295,7 +295,7 @@ impl IoLoadListener {
 
     /// Whether `unflushed` memtables are at least half the engine's stop
     /// threshold.
-    pub fn flush_backlogged(&self, unflushed: Option<u64>) -> bool {
+    pub(crate) fn flush_backlogged(&self, unflushed: Option<u64>) -> bool {
         match (unflushed, self.config.memtable_stop_threshold) {
             (Some(unflushed), Some(stop)) => unflushed.saturating_mul(2) >= stop,
             _ => false,
@@ -308,7 +308,7 @@ impl IoLoadListener {
     /// two intervals L0 can go from healthy to that within a fraction of a
     /// second; holding elastic tokens on the tick that sees it keeps the
     /// pile-up from reaching the engine's own stall.
-    pub fn holds_elastic(&self, reading: &LsmStats) -> bool {
+    pub(crate) fn holds_elastic(&self, reading: &LsmStats) -> bool {
         self.flush_backlogged(reading.unflushed_memtables)
             || self.score(reading) >= ELASTIC_EXHAUSTED_SCORE
     }
@@ -341,7 +341,7 @@ mod tests {
     /// A listener that has seen one interval compacting exactly `C` bytes
     /// out of L0, then reads `sublevels` sub-levels with another `C`
     /// compacted.
-    fn after_steady_compaction(sublevels: u64) -> (IoLoadListener, IoTokens) {
+    fn after_steady_compaction(sublevels: u64) -> (IoLoadListener, IntervalTokens) {
         let mut listener = IoLoadListener::new(IoLoadConfig::default()).unwrap();
         assert_eq!(
             listener.next_interval(&stats(0, 0, 0)).regular,

@@ -32,11 +32,10 @@ pub struct LsmStats {
 /// A source of [`LsmStats`]: an adapter for a storage engine, or a test's.
 ///
 /// The controller's ticker thread calls it holding the controller's own
-/// lock, so it must not call [`IoController::step`](crate::io::IoController::step),
-/// [`snapshot`](crate::io::IoController::snapshot) or
-/// [`last_interval`](crate::io::IoController::last_interval) on the
+/// lock, so it must not call [`step`](crate::io::Controller::step) or
+/// [`snapshot`](crate::io::Controller::snapshot) on the
 /// controller it feeds: that would wait on itself.
-/// [`close`](crate::io::IoController::close) is fine (the ticker ends after
+/// [`close`](crate::io::Controller::close) is fine (the ticker ends after
 /// the tick), as is anything on the controller's queues.
 pub trait LsmStatsSource: Send + 'static {
     /// Reads the engine's current state (once an interval).

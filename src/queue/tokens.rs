@@ -40,8 +40,8 @@ impl WorkQueue<TokenGranter> {
         token_builder(WorkQueueBuilder::default()).build_with(TokenGranter::new(burst)?)
     }
 
-    /// Adds `tokens` to this queue's class (one tick of a
-    /// [`TokenDrip`](crate::io::TokenDrip)): debt is paid first, the balance
+    /// Adds `tokens` to this queue's class (one tick of the IO
+    /// controller's drip): debt is paid first, the balance
     /// is capped at the burst, and waiters the new tokens cover are granted
     /// in order.
     pub fn add_tokens(&self, tokens: u64) {
