@@ -289,7 +289,8 @@ fn main() {
         .position(|a| a == "--threshold")
         .and_then(|i| args.get(i + 1))
         .map(|v| v.parse().expect("--threshold takes a number"))
-        .unwrap_or(admission::cpu::ControllerBuilder::DEFAULT_THRESHOLD);
+        // The controller's default threshold.
+        .unwrap_or(1);
     let spin_per_chunk = calibrate();
     if args.iter().any(|a| a == "--sweep") {
         sweep(spin_per_chunk);

@@ -11,7 +11,7 @@
 //! | `admission_slots` | gauge | slots | `queue` | the slot total (a gauge: it moves with the CPU controller, so no `_total` suffix) |
 //! | `admission_cpu_runnable_per_worker` | gauge | tasks | | the CPU signal's last sample |
 //! | `admission_cpu_idle` | gauge | | | 1 while the CPU controller is idle (not enforcing) |
-//! | `admission_cpu_global_queue_backlogged_windows_total` | counter | windows | | windows of the CPU controller's active ticks in which tasks kept waiting in tokio's global queue, before admission could order them (see [`cpu::tuning`](crate::cpu::tuning)) |
+//! | `admission_cpu_global_queue_backlogged_windows_total` | counter | windows | | windows of the CPU controller's active ticks in which tasks kept waiting in tokio's global queue, before admission could order them (see [`cpu::configure_runtime`](crate::cpu::configure_runtime)) |
 //! | `admission_io_tokens_available` | gauge | bytes | `queue`, `class` | an IO token class's balance (negative in debt, `+Inf` while unlimited; [`record_io_tokens`]) |
 //! | `admission_gpu_managed_bytes` | gauge | bytes | `device` | a GPU ledger's managed capacity ([`record_gpu_ledger`], [`QueryService::record_metrics`](crate::gpu::QueryService::record_metrics)) |
 //! | `admission_gpu_granted_bytes` | gauge | bytes | `device` | bytes committed to running attempts |

@@ -76,7 +76,7 @@
 //! at once in proportion, by 40% (or higher-priority work finishing late
 //! while lower-priority work completes) take a slot, and the first rule may
 //! add a slot only after windows of holds near their unloaded value
-//! ([`cpu::inflation`]), and only while a worker is parked: with every
+//! ([`cpu::InflationReading`]), and only while a worker is parked: with every
 //! worker busy, another admitted task could only share one. When freed
 //! slots come back in a burst, only a few grants go out until their tasks
 //! have actually started
@@ -95,7 +95,7 @@
 //! The controller also reports a backlog there
 //! ([`cpu::GlobalQueueBacklog`]) and logs a warning while one lasts; a
 //! runtime built through [`cpu::configure_runtime`] has workers look there
-//! first. See [`cpu::tuning`] for the measurements and when to use it.
+//! first. See [`cpu::configure_runtime`] for when to use it.
 //!
 //! # Work that does not yield: the CPU pool
 //!
@@ -234,7 +234,7 @@
 //! * [`grant`]: the requester and granter interfaces, the [`SlotGranter`]
 //!   and the [`TokenGranter`].
 //! * [`cpu`]: the CPU signal, the AIAD slot adjuster, the hold-inflation
-//!   signal ([`cpu::inflation`]), [`cpu::configure_runtime`] and the
+//!   signal ([`cpu::InflationReading`]), [`cpu::configure_runtime`] and the
 //!   [`cpu::Controller`].
 //! * [`io`]: the IO signal: LSM stats, the load listener's byte tokens, the
 //!   token drip, the [`io::Controller`] and the fjall adapter.

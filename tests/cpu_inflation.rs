@@ -6,7 +6,7 @@
 
 use std::time::Duration;
 
-use admission::cpu::inflation::InflationVerdict;
+use admission::cpu::InflationVerdict;
 use admission::cpu::{Adjustment, Controller, CpuLoad, Hold};
 use admission::{Priority, SlotPermit, TenantId, WorkInfo};
 

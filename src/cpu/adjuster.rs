@@ -33,7 +33,7 @@ pub enum Adjustment {
     /// Overloaded: one slot fewer.
     Decrease,
     /// Admitted work's holds grew at least twofold (see
-    /// [`inflation`](super::inflation)): the total is cut to this at once.
+    /// [`InflationReading`](super::InflationReading)): the total is cut to this at once.
     Cut(u64),
     /// Underloaded with every slot in use: one slot more.
     Increase,
@@ -59,7 +59,7 @@ pub enum Hold {
     /// total: nobody is asking for more.
     SlotsFree,
     /// Underloaded by the runnable rule, but admitted work's holds are not
-    /// (yet) near their unloaded value: see [`inflation`](super::inflation).
+    /// (yet) near their unloaded value: see [`InflationReading`](super::InflationReading).
     Inflated,
     /// Underloaded by the runnable rule with every slot in use, but no
     /// worker was parked as the tick sampled: the workers are already busy,
@@ -87,7 +87,7 @@ impl fmt::Display for Adjustment {
 
 /// The AIAD rule with its bounds; pure, so that it can be tested as a table.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct SlotAdjuster {
+pub(crate) struct SlotAdjuster {
     threshold: u32,
     min_slots: u64,
     max_slots: u64,
@@ -112,7 +112,13 @@ impl SlotAdjuster {
 
     /// The decision for one sample, given the slots in use, the total, and
     /// whether requests wait that a larger total would admit.
-    pub fn decide(&self, load: &CpuLoad, used: u64, total: u64, waiting: bool) -> Adjustment {
+    pub(crate) fn decide(
+        &self,
+        load: &CpuLoad,
+        used: u64,
+        total: u64,
+        waiting: bool,
+    ) -> Adjustment {
         let limit = u128::from(self.threshold) * u128::from(load.workers.max(1));
         let runnable = u128::from(load.runnable);
         if runnable >= limit {

@@ -53,7 +53,7 @@ const POLL_ESTIMATE_RANGE: std::ops::RangeInclusive<Duration> =
 /// Built once per runtime with [`Controller::for_runtime`]. A dedicated OS
 /// thread (not a tokio task: a sampling task would itself wait in the queue
 /// it measures) samples the [`CpuSignal`] every period and applies the
-/// [`SlotAdjuster`]'s rule; when the node goes idle it samples slowly and
+/// adjuster's rule (see the [module documentation](super)); when the node goes idle it samples slowly and
 /// stops enforcing. Handlers call [`admit`](Self::admit). Dropping the
 /// controller, or calling [`close`](Self::close), stops and joins the
 /// sampler and fails every waiter with [`AdmitError::Closed`](crate::AdmitError::Closed).
@@ -215,7 +215,7 @@ struct Stats {
     idle_overruns: u64,
     last_load: Option<CpuLoad>,
     last_adjustment: Option<Adjustment>,
-    recent: VecDeque<Decision>,
+    recent: VecDeque<SlotChange>,
     runtime: Option<RuntimeSummary>,
     worker_idled: Option<bool>,
 }
@@ -236,7 +236,7 @@ pub struct Tick {
 
 /// A change of the slot total, as remembered by the snapshot.
 #[derive(Clone, Copy, Debug, PartialEq)]
-pub struct Decision {
+pub struct SlotChange {
     /// Time since the controller started.
     pub at: Duration,
     /// Runnable tasks per worker in the sample that caused it.
@@ -271,7 +271,7 @@ pub struct RuntimeSummary {
 
 /// The controller's state at one moment.
 #[derive(Clone, Debug)]
-pub struct ControllerSnapshot {
+pub struct Snapshot {
     /// Active (enforcing) or idle.
     pub mode: Mode,
     /// Which runtime measurement feeds the signal (`None` for an injected signal).
@@ -296,7 +296,7 @@ pub struct ControllerSnapshot {
     /// slot granter's overrun alarm, which wakes the sampler at once).
     pub idle_overruns: u64,
     /// The most recent changes of the total, oldest first.
-    pub recent: Vec<Decision>,
+    pub recent: Vec<SlotChange>,
     /// Runtime-wide figures, when built for a runtime.
     pub runtime: Option<RuntimeSummary>,
     /// Whether a worker was parked (had run out of work) as the latest
@@ -307,7 +307,7 @@ pub struct ControllerSnapshot {
     pub queue: QueueSnapshot<SlotSnapshot>,
     /// The latest window of the second signal: admitted work's hold
     /// inflation over its unloaded value, inversion, and the verdict (see
-    /// [`inflation`](super::inflation)); `None` before the first window.
+    /// the [module documentation](super)); `None` before the first window.
     pub inflation: Option<InflationReading>,
     /// Each priority's unloaded hold, the second signal's baseline: the
     /// mean hold of work admitted with no more slots in flight than the
@@ -363,10 +363,10 @@ impl Controller {
     }
 
     /// The controller's current state.
-    pub fn snapshot(&self) -> ControllerSnapshot {
+    pub fn snapshot(&self) -> Snapshot {
         let ticking = self.core.ticking.lock();
         let stats = &ticking.stats;
-        ControllerSnapshot {
+        Snapshot {
             mode: ticking.idle.mode(),
             source: self.core.source,
             load: stats.last_load,
@@ -526,7 +526,7 @@ impl Core {
             if stats.recent.len() == RECENT_DECISIONS {
                 stats.recent.pop_front();
             }
-            stats.recent.push_back(Decision {
+            stats.recent.push_back(SlotChange {
                 at: now.saturating_duration_since(self.started),
                 runnable_per_worker: load.per_worker(),
                 total_before: slots_before.total,
@@ -638,15 +638,15 @@ pub struct ControllerBuilder {
 impl ControllerBuilder {
     /// Default overload threshold, in runnable tasks per worker; see the
     /// [module documentation](super) for how it was chosen.
-    pub const DEFAULT_THRESHOLD: u32 = 1;
+    pub(crate) const DEFAULT_THRESHOLD: u32 = 1;
     /// Default largest total.
-    pub const DEFAULT_MAX_SLOTS: u64 = 10_000;
+    pub(crate) const DEFAULT_MAX_SLOTS: u64 = 10_000;
     /// Default sampling period while active.
-    pub const DEFAULT_PERIOD: Duration = Duration::from_millis(1);
+    pub(crate) const DEFAULT_PERIOD: Duration = Duration::from_millis(1);
     /// Default sampling period while idle.
-    pub const DEFAULT_IDLE_PERIOD: Duration = Duration::from_millis(250);
+    pub(crate) const DEFAULT_IDLE_PERIOD: Duration = Duration::from_millis(250);
     /// Default idle line, in runnable tasks per worker.
-    pub const DEFAULT_IDLE_BELOW: f64 = 0.1;
+    pub(crate) const DEFAULT_IDLE_BELOW: f64 = 0.1;
 
     fn new(signal: SignalChoice) -> Self {
         ControllerBuilder {
@@ -808,7 +808,7 @@ impl ControllerBuilder {
     /// the high class within its SLO 99.5–99.8% of the time against
     /// 96.1–98.9% without it (four runs of each, side by side), at a p99 of
     /// 3.5–4.2 ms against 4.5–5.4 ms, for goodput within the runs' spread
-    /// (see [`tuning`](super::tuning)). At most one slot is kept back at a
+    /// (`docs/OVERLOAD.md`, "Arrivals first"). At most one slot is kept back at a
     /// time, and the next request to ask gives it out, whatever it is
     /// answered, or else the next grant loop: another release, or the
     /// controller's tick. Turn it off for a

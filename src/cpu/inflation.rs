@@ -74,27 +74,27 @@ use crate::work::Priority;
 /// The share of the workers' time they must be busy for longer holds to
 /// count as CPU queueing (measured by the runtime's own busy time, with a
 /// controller built for a runtime).
-pub const CPU_BUSY: f64 = 0.8;
+pub(crate) const CPU_BUSY: f64 = 0.8;
 
 /// Completions that close a window.
-pub const MIN_COMPLETIONS: u64 = 32;
+pub(crate) const MIN_COMPLETIONS: u64 = 32;
 /// The longest window: after it, a window with at least
 /// [`MIN_SPARSE_COMPLETIONS`] completions closes anyway.
-pub const MAX_WINDOW: Duration = Duration::from_millis(50);
+pub(crate) const MAX_WINDOW: Duration = Duration::from_millis(50);
 /// The fewest completions a long window may close with.
-pub const MIN_SPARSE_COMPLETIONS: u64 = 8;
+pub(crate) const MIN_SPARSE_COMPLETIONS: u64 = 8;
 /// Inflation at or above which the total is cut in proportion.
-pub const CUT_AT: f64 = 2.0;
+pub(crate) const CUT_AT: f64 = 2.0;
 /// Inflation at or above which the total loses a slot.
-pub const DECREASE_AT: f64 = 1.4;
+pub(crate) const DECREASE_AT: f64 = 1.4;
 /// Inflation at or below which a window is good.
-pub const GOOD_AT: f64 = 1.15;
+pub(crate) const GOOD_AT: f64 = 1.15;
 /// Good windows in a row before the runnable rule may add a slot, at
 /// first and after an increase that held.
-pub const GOOD_WINDOWS_TO_INCREASE: u32 = 2;
+pub(crate) const GOOD_WINDOWS_TO_INCREASE: u32 = 2;
 /// The most good windows an increase may have to wait for: each increase
 /// taken back within two windows doubles the wait, up to this.
-pub const MAX_GOOD_WINDOWS_TO_INCREASE: u32 = 32;
+pub(crate) const MAX_GOOD_WINDOWS_TO_INCREASE: u32 = 32;
 
 /// What one closed window of completions said.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -117,12 +117,12 @@ pub struct InflationReading {
 /// The rule's verdict on a window.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum InflationVerdict {
-    /// Holds grew at least [`CUT_AT`]-fold: cut the total to this.
+    /// Holds grew at least twofold: cut the total to this.
     Cut {
         /// The new total.
         to: u64,
     },
-    /// Holds grew at least [`DECREASE_AT`]-fold, or priority was inverted:
+    /// Holds grew by at least 40%, or priority was inverted:
     /// one slot fewer.
     Decrease,
     /// Holds are near their baseline: the total may grow.
@@ -140,7 +140,7 @@ pub enum InflationVerdict {
 /// `exp(-n (k - 1 - ln k))` (Chernoff), about 5·10⁻⁵ for each row, as for
 /// 32 at 2. A window that closes early is judged like any other, so the
 /// cut is in proportion to the inflation it measured.
-pub const EARLY_CLOSE: [(u64, f64); 2] = [(8, 3.5), (16, 2.5)];
+pub(crate) const EARLY_CLOSE: [(u64, f64); 2] = [(8, 3.5), (16, 2.5)];
 
 // `HoldInflation::observe` computes the inflation only from
 // MIN_SPARSE_COMPLETIONS on.
@@ -150,7 +150,7 @@ const _: () = assert!(
 
 /// Whether a window of `completions` measuring `inflation` closes before
 /// [`MIN_COMPLETIONS`]: pure, a table in its tests.
-pub fn closes_early(completions: u64, inflation: Option<f64>) -> bool {
+pub(crate) fn closes_early(completions: u64, inflation: Option<f64>) -> bool {
     let Some(inflation) = inflation else {
         return false;
     };
@@ -160,7 +160,7 @@ pub fn closes_early(completions: u64, inflation: Option<f64>) -> bool {
 }
 
 /// The rule on one reading: pure, a table in its tests.
-pub fn verdict(
+pub(crate) fn verdict(
     inflation: Option<f64>,
     inversion: bool,
     total: u64,

@@ -9,7 +9,7 @@
 //! ([`CpuSignal`], [`RuntimeSignal`]). Not utilization: a CPU 100% busy with
 //! an empty run queue is healthy; 100% busy with a deep one is overloaded.
 //!
-//! Every tick (1 ms) the [`SlotAdjuster`] moves the total by one: down when
+//! Every tick (1 ms) the adjuster moves the total by one: down when
 //! runnable per worker reaches the threshold, up when it is at most half of
 //! it, the total binds and a worker has nothing to do (below), and not at
 //! all in between (additive increase, additive decrease, with a dead band).
@@ -35,7 +35,7 @@
 //! signal is a probe that sees even less. Handlers written the way tokio's
 //! docs teach then hide their own backlog, the total climbs, and admitted
 //! work queues in tokio's FIFO run queues, where priority no longer exists.
-//! So the controller also reads admitted work itself ([`inflation`]): how
+//! So the controller also reads admitted work itself ([`InflationReading`]): how
 //! much longer each priority's work holds its slot than it does with a
 //! worker to itself. Holds inflated twofold cut the total in proportion at
 //! once (a spike is absorbed in one window: 32 completions, or as few as 8
@@ -44,8 +44,8 @@
 //! slot; and the runnable rule may add a slot only after two windows in a
 //! row near the unloaded hold. Holds are trusted only while the workers are
 //! busy: when they are not, longer holds are waits on IO or locks, which
-//! more slots do not worsen. [`ControllerSnapshot::inflation`] and
-//! [`hold_baselines`](ControllerSnapshot::hold_baselines) show the inputs
+//! more slots do not worsen. [`Snapshot::inflation`] and
+//! [`hold_baselines`](Snapshot::hold_baselines) show the inputs
 //! and the verdict of the latest window.
 //!
 //! # An increase needs a worker with nothing to do
@@ -62,34 +62,11 @@
 //! since the stable probe wakes a worker. Work waiting on IO or on a lock
 //! leaves its workers parked and still gets slots; work that computes, or
 //! yields (a worker with a task in its defer list polls the driver instead
-//! of parking), does not. [`ControllerSnapshot::worker_idled`] shows the
-//! reading. Measured on this 2-core VM, stable tokio, against the same run
-//! of the code without it (`--scenario w1`, `--scenario matrix`):
-//!
-//! | scenario | without | with |
-//! |---|---|---|
-//! | W1 0.5x, `yield_now`: mean total, p99 (fixed total: 4.5 ms) | 5.1, 6.2 ms | 2.5, 4.7 ms |
-//! | W1 1x: late, p99 (fixed: 1.1–1.3%, 5.1–5.2 ms) | 3.3%, 6.7 ms | 1.2%, 5.2 ms |
-//! | W2 3x, `yield_now`, goodput − fixed total's (two runs each) | +1.7, +1.1 points | +2.7, −2.8 points |
-//! | W2 3x, IO handlers, goodput / fixed total's | 2.1x | 2.0x |
-//! | W2 3x, IO handlers, configured runtime: mean total, completions/s (two runs each) | 5.3–5.5, 1,669–1,772 | 4.3–4.6, 1,616–1,681 |
-//! | W9 (IO), goodput / fixed total's | 2.2x | 2.1x |
-//! | W8 (mutex), goodput − fixed total's | −1.8 points | −2.3 points |
-//! | W5 (0.5x foreground beside a bulk job): bulk's share of the leftover, foreground p99 / alone (three runs each) | 79.9–93.2%, 1.02–1.18x | 75.0–77.6%, 0.99–1.27x |
-//!
-//! The cost showed in W5. Without the gate, the total had wandered above 2
-//! beside a light foreground (a mean of 2.9–3.0). At 4, the elastic share
-//! (half the total) lets the bulk job use two workers; a fixed total of 3
-//! gives it no more than 2 does. At 2 it has one worker: 74–80% of the
-//! leftover CPU, the same as a fixed total of 2 in the same runs. The
-//! foreground's tail moved within the runs' spread. A bulk job that offers
-//! its slot between chunks ([`SlotPermit::give_way`](crate::SlotPermit::give_way))
-//! is not held to the share, and got 80–97% beside a foreground at
-//! 0.75–0.96x its p99 alone (`docs/OVERLOAD.md`).
-//!
-//! Tried first: taking a park at any time since the previous tick as the
-//! evidence. The total still drifted to 4.3 at 0.5x: a worker often parks
-//! just before a burst fills the slots.
+//! of parking), does not. [`Snapshot::worker_idled`] shows the
+//! reading. At 0.5x C with `yield_now` handlers it halved the mean total
+//! (5.1 to 2.5 slots on 2 workers) and cut the p99 from 6.2 to 4.7 ms; at
+//! 3x it changed nothing measurable (the runs: `docs/OVERLOAD.md`, "The
+//! idle-worker gate").
 //!
 //! # The runtime: arrivals before admitted work
 //!
@@ -111,8 +88,9 @@
 //! * [`configure_runtime`] has workers look at the global queue first, on
 //!   every tick; it needs the application to build its runtime.
 //!
-//! [`ControllerSnapshot::global_queue`] and a warning report a backlog
-//! there. See [`tuning`] for the measurements.
+//! [`Snapshot::global_queue`] and a warning report a backlog
+//! there. The measurements: `docs/OVERLOAD.md`, "Arrivals first" and "The
+//! runtime".
 //!
 //! # Failure model
 //!
@@ -128,14 +106,14 @@
 //! thousand. The first sample that returns resumes the normal rule; idle
 //! mode needs a fresh quiet second. A failure at build counts the runtime
 //! as one worker (the smallest defaults: one slot, a grant burst of one).
-//! [`ControllerSnapshot::signal`] shows the signal's health, and
-//! [`ticks`](ControllerSnapshot::ticks) and
-//! [`last_tick`](ControllerSnapshot::last_tick) show that the sampler is
+//! [`Snapshot::signal`] shows the signal's health, and
+//! [`ticks`](Snapshot::ticks) and
+//! [`last_tick`](Snapshot::last_tick) show that the sampler is
 //! alive, failing or not.
 //!
 //! **The sampler thread** (component `cpu_sampler`) catches a panic of a
 //! whole tick as a last resort (it should have none: the signal is the only
-//! user code in a tick), counts it in [`ControllerSnapshot::sampler`] and
+//! user code in a tick), counts it in [`Snapshot::sampler`] and
 //! tries again after the idle period; the thread never ends before the
 //! controller does.
 //!
@@ -148,43 +126,24 @@
 //! stretches every admitted handler's latency by another chunk. A
 //! goroutine-sized threshold lets dozens of handlers interleave.
 //!
-//! `cargo run --release --example cpu_hunt -- --sweep` measures it: 64
+//! `cargo run --release --example cpu_hunt -- --sweep` measures it (64
 //! closed-loop clients on a 2-worker runtime, handlers of ten 50 µs chunks
-//! with a yield between (2-core VM; service time is admission to completion,
-//! which is what a request first in line still pays):
-//!
-//! | threshold | completed/s | service p50 | service p99 | mean total |
-//! |---|---|---|---|---|
-//! | 1  | 3,844 | 1.8 ms  | 3.4 ms  | 7.2  |
-//! | 2  | 3,863 | 3.1 ms  | 5.1 ms  | 11.9 |
-//! | 4  | 3,896 | 5.6 ms  | 9.0 ms  | 22.1 |
-//! | 8  | 3,909 | 9.2 ms  | 13.9 ms | 36.2 |
-//! | 32 | 3,907 | 16.1 ms | 25.7 ms | 65.0 |
-//!
-//! Throughput is flat (within 2%) while tails grow with the threshold, so
-//! the default is the lowest integer threshold, [`DEFAULT_THRESHOLD`] = 1.
-//! The total still settles above one slot per worker because `yield_now`
-//! parks a yielding task in the worker's defer list, which queue depth does
-//! not count. Handlers that wait on IO are not runnable while they wait, and
-//! for them the total climbs as far as the CPU allows (about 50 slots for
-//! the example's 200 µs waits). With the stable probe instead of queue
-//! depths, threshold 1 settles at 16 slots (service p99 8.1 ms), still well
-//! below an unlimited 65 (25 ms).
-//!
-//! [`DEFAULT_THRESHOLD`]: ControllerBuilder::DEFAULT_THRESHOLD
+//! with a yield between): throughput is flat across thresholds 1 to 32
+//! while the service p99 grows from 3.4 to 25.7 ms, so the default is the
+//! lowest integer threshold, 1 (the table: `docs/OVERLOAD.md`, "What chose
+//! the defaults").
 
 mod adjuster;
 mod controller;
 mod idle;
-pub mod inflation;
+mod inflation;
 mod probe;
 mod signal;
-pub mod tuning;
+mod tuning;
 
-pub use adjuster::{Adjustment, Hold, SlotAdjuster};
-pub use controller::{
-    Controller, ControllerBuilder, ControllerSnapshot, Decision, RuntimeSummary, Tick,
-};
+pub use adjuster::{Adjustment, Hold};
+pub use controller::{Controller, ControllerBuilder, RuntimeSummary, SlotChange, Snapshot, Tick};
 pub use idle::Mode;
+pub use inflation::{InflationReading, InflationVerdict};
 pub use signal::{CpuLoad, CpuSignal, RuntimeSignal, SignalSource};
 pub use tuning::{configure_runtime, GlobalQueueBacklog};

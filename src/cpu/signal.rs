@@ -122,7 +122,7 @@ enum Reading {
 
 impl RuntimeSignal {
     /// The default expected length of one task poll, for the stable probe.
-    pub const DEFAULT_POLL_ESTIMATE: Duration = Duration::from_micros(50);
+    pub(crate) const DEFAULT_POLL_ESTIMATE: Duration = Duration::from_micros(50);
 
     /// A signal reading the runtime behind `handle` with the best source
     /// this build has ([`best_source`](Self::best_source)).

@@ -48,7 +48,7 @@
 //! defaults' goodput came to 0.95 of the fixed total's in the same run on
 //! average, against 0.99 at a task a worker, with the high class served
 //! alike (99.5–99.8% within the SLO, p99 3.5–4.2 ms, both lines). The
-//! measurements, against the queue without it: `cpu::tuning`.
+//! measurements, against the queue without it: `docs/OVERLOAD.md`, "Arrivals first".
 //!
 //! The queue state decides through a plain `fn` (`Limits::arrivals_waiting`)
 //! so that it stays free of the runtime and its tests can say what the
