@@ -137,6 +137,8 @@ mod adjuster;
 mod controller;
 mod idle;
 mod inflation;
+#[cfg(test)]
+mod inflation_tests;
 mod probe;
 mod signal;
 mod tuning;

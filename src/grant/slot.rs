@@ -100,14 +100,14 @@ impl SlotGranter {
     }
 
     /// Whether the total is enforced (the default).
-    pub fn is_enforcing(&self) -> bool {
+    pub(crate) fn is_enforcing(&self) -> bool {
         self.enforcing.load(Ordering::Acquire)
     }
 
     /// Switches enforcement. While off, every `try_get` succeeds (and is
     /// counted); use [`WorkQueue::set_enforcing`](crate::WorkQueue::set_enforcing)
     /// so that waiters are granted when it goes off.
-    pub fn set_enforcing(&self, enforcing: bool) {
+    pub(crate) fn set_enforcing(&self, enforcing: bool) {
         self.enforcing.store(enforcing, Ordering::Release);
     }
 

@@ -39,18 +39,18 @@ impl Default for CpuPoolBuilder {
 
 impl CpuPoolBuilder {
     /// The most threads a pool may have.
-    pub const MAX_THREADS: usize = 4096;
+    pub(crate) const MAX_THREADS: usize = 4096;
     /// Default bound on threads borrowed for bypass work at once.
-    pub const DEFAULT_MAX_BORROWED: usize = 1;
+    pub(crate) const DEFAULT_MAX_BORROWED: usize = 1;
     /// Default name of the pool's threads (borrowed ones add `-borrowed`).
-    pub const DEFAULT_THREAD_NAME: &'static str = "admission-pool";
+    pub(crate) const DEFAULT_THREAD_NAME: &'static str = "admission-pool";
     /// The longest [`spin_before_wait`](Self::spin_before_wait) accepted.
-    pub const MAX_SPIN_BEFORE_WAIT: Duration = Duration::from_millis(10);
+    pub(crate) const MAX_SPIN_BEFORE_WAIT: Duration = Duration::from_millis(10);
 
     /// The pool's threads, which are also its slot total (default: the
     /// available parallelism, as `std::thread::available_parallelism`
     /// reports it, or 1 where it cannot tell). Between 1 and
-    /// [`MAX_THREADS`](Self::MAX_THREADS). See the
+    /// 4,096. See the
     /// [module documentation](super#sharing-the-cores-with-tokio) for how
     /// to size it next to the runtime's workers.
     pub fn threads(mut self, threads: usize) -> Self {
@@ -59,18 +59,18 @@ impl CpuPoolBuilder {
     }
 
     /// The most threads bypass work may borrow at once beyond the total
-    /// (default [`DEFAULT_MAX_BORROWED`](Self::DEFAULT_MAX_BORROWED)): bypass
+    /// (default 1): bypass
     /// work that finds every pool thread taken runs on a thread spawned for
     /// it, up to this many at a time, and otherwise waits for the next pool
     /// thread (still ahead of the queue). 0 borrows none. At most
-    /// [`MAX_THREADS`](Self::MAX_THREADS).
+    /// 4,096.
     pub fn max_borrowed(mut self, max: usize) -> Self {
         self.max_borrowed = max;
         self
     }
 
     /// The name of the pool's threads (default
-    /// [`DEFAULT_THREAD_NAME`](Self::DEFAULT_THREAD_NAME)); each gets its
+    /// `"admission-pool"`); each gets its
     /// index appended. Must not contain a NUL byte.
     pub fn thread_name(mut self, name: impl Into<String>) -> Self {
         self.thread_name = name.into();
@@ -79,7 +79,7 @@ impl CpuPoolBuilder {
 
     /// How long a thread that finds no job polls for the next one before
     /// it sleeps (default zero: it sleeps at once). At most
-    /// [`MAX_SPIN_BEFORE_WAIT`](Self::MAX_SPIN_BEFORE_WAIT).
+    /// 10 ms.
     ///
     /// Unless [`collect_grants`](Self::collect_grants) is on, each job
     /// reaches a thread after the caller's task was woken and polled on a

@@ -258,9 +258,10 @@ impl WorkQueue<SlotGranter> {
         })
     }
 
-    /// Switches slot enforcement; see [`SlotGranter::set_enforcing`].
-    /// Switching it off grants every waiter at once.
-    pub fn set_enforcing(&self, enforcing: bool) {
+    /// Switches slot enforcement (the CPU controller's idle mode); see
+    /// `SlotGranter::set_enforcing`. Switching it off grants every waiter at
+    /// once.
+    pub(crate) fn set_enforcing(&self, enforcing: bool) {
         self.shared.granter.set_enforcing(enforcing);
         if !enforcing {
             self.granted();
@@ -451,19 +452,19 @@ impl Default for WorkQueueBuilder {
 
 impl WorkQueueBuilder {
     /// Default bound on waiting requests.
-    pub const DEFAULT_MAX_WAITERS: usize = 10_000;
+    pub(crate) const DEFAULT_MAX_WAITERS: usize = 10_000;
     /// Default period of the fair-share usage reset (CockroachDB's).
-    pub const DEFAULT_RESET_PERIOD: Duration = Duration::from_secs(1);
+    pub(crate) const DEFAULT_RESET_PERIOD: Duration = Duration::from_secs(1);
     /// Longest accepted reset period.
-    pub const MAX_RESET_PERIOD: Duration = Duration::from_secs(24 * 60 * 60);
+    pub(crate) const MAX_RESET_PERIOD: Duration = Duration::from_secs(24 * 60 * 60);
     /// Default time after which unobserved grants stop holding back pacing
     /// (CockroachDB's grant-chain termination delay).
-    pub const DEFAULT_GRANT_BURST_TIMEOUT: Duration = Duration::from_millis(100);
+    pub(crate) const DEFAULT_GRANT_BURST_TIMEOUT: Duration = Duration::from_millis(100);
     /// Default cap on tenant records; see [`max_tenants`](Self::max_tenants).
-    pub const DEFAULT_MAX_TENANTS: usize = 65_536;
+    pub(crate) const DEFAULT_MAX_TENANTS: usize = 65_536;
 
     /// The name of a queue not given one; see [`name`](Self::name).
-    pub const DEFAULT_NAME: &'static str = "default";
+    pub(crate) const DEFAULT_NAME: &'static str = "default";
 
     /// Initial slot total of a slot queue (default 1); see
     /// [`WorkQueue::set_total_slots`]. Ignored by [`build_with`](Self::build_with).
@@ -473,7 +474,7 @@ impl WorkQueueBuilder {
     }
 
     /// Most requests that may wait at once (default
-    /// [`DEFAULT_MAX_WAITERS`](Self::DEFAULT_MAX_WAITERS)); one more is
+    /// 10,000); one more is
     /// rejected with [`AdmitError::QueueFull`](crate::AdmitError::QueueFull).
     pub fn max_waiters(mut self, max_waiters: usize) -> Self {
         self.max_waiters = max_waiters;
@@ -589,7 +590,7 @@ impl WorkQueueBuilder {
     }
 
     /// Most tenant records the queue keeps (default
-    /// [`DEFAULT_MAX_TENANTS`](Self::DEFAULT_MAX_TENANTS), about 300 bytes
+    /// 65,536, about 300 bytes
     /// each). Tenant ids often come from requests, so the table must not grow
     /// with every id a client makes up. Without anyone calling
     /// [`WorkQueue::maintain`], the queue sweeps its table whenever a new
@@ -608,7 +609,7 @@ impl WorkQueueBuilder {
     /// The queue's name: the `queue` label of every metric it exports (see
     /// [`export`](crate::export)), so that two queues of one process (a CPU
     /// queue and an IO queue, say) keep apart series. Default
-    /// [`DEFAULT_NAME`](Self::DEFAULT_NAME). Must not be empty.
+    /// `"default"`. Must not be empty.
     pub fn name(mut self, name: &'static str) -> Self {
         self.name = name;
         self

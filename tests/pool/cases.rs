@@ -10,6 +10,10 @@ use admission::pool::{CpuPool, CpuPoolBuilder, PoolError};
 use admission::{AdmitError, Priority, TenantId, Usage, WorkInfo, WorkQueue};
 use futures::poll;
 
+/// The documented bounds of the pool's settings.
+const MAX_THREADS: usize = 4096;
+const MAX_SPIN_BEFORE_WAIT: Duration = Duration::from_millis(10);
+
 /// A closure's start signal and the gate it waits at.
 struct Gate {
     started: mpsc::Receiver<()>,
@@ -305,7 +309,7 @@ async fn close_refuses_queued_work_lets_running_work_finish_and_joins() {
 async fn threads_that_spin_before_waiting_run_every_job_and_close_joins_them() {
     let pool = builder()
         .threads(2)
-        .spin_before_wait(CpuPoolBuilder::MAX_SPIN_BEFORE_WAIT)
+        .spin_before_wait(MAX_SPIN_BEFORE_WAIT)
         .build()
         .unwrap();
     // One at a time (each thread spins after its job, and the next job
@@ -433,11 +437,11 @@ fn bad_settings_are_refused_naming_the_field() {
     let field = |builder: CpuPoolBuilder| builder.build().unwrap_err().field();
     assert_eq!(field(builder().threads(0)), "threads");
     assert_eq!(
-        field(builder().threads(CpuPoolBuilder::MAX_THREADS + 1)),
+        field(builder().threads(MAX_THREADS + 1)),
         "threads"
     );
     assert_eq!(
-        field(builder().max_borrowed(CpuPoolBuilder::MAX_THREADS + 1)),
+        field(builder().max_borrowed(MAX_THREADS + 1)),
         "max_borrowed"
     );
     assert_eq!(
@@ -447,7 +451,7 @@ fn bad_settings_are_refused_naming_the_field() {
     assert_eq!(
         field(
             builder()
-                .spin_before_wait(CpuPoolBuilder::MAX_SPIN_BEFORE_WAIT + Duration::from_nanos(1))
+                .spin_before_wait(MAX_SPIN_BEFORE_WAIT + Duration::from_nanos(1))
         ),
         "spin_before_wait"
     );

@@ -2,13 +2,14 @@
 //! injected runnable signal that says "underloaded" throughout (as the
 //! stable probe does when handlers park on tokio's defer list), paused time,
 //! and permits held for exactly as long as each test says. Only admitted
-//! work's holds can tell the controller that it is over-admitting.
+//! work's holds can tell the controller that it is over-admitting. In the
+//! crate because the test decides the concurrency itself, admitting past the
+//! total with the queue's enforcement switched off (crate-private).
 
 use std::time::Duration;
 
-use admission::cpu::InflationVerdict;
-use admission::cpu::{Adjustment, Controller, CpuLoad, Hold};
-use admission::{Priority, SlotPermit, TenantId, WorkInfo};
+use super::{Adjustment, Controller, CpuLoad, Hold, InflationVerdict};
+use crate::{Priority, SlotPermit, TenantId, WorkInfo};
 
 /// A manual controller over two workers whose runnable signal always reads
 /// zero: the runnable rule alone would keep adding slots.
