@@ -64,7 +64,7 @@
 
 use std::time::Duration;
 
-use crate::sync::StdAtomicU64;
+use crate::sync::{StdArc, StdAtomicU64};
 use crate::work::Priority;
 
 /// Panics caught in the installed `metrics` recorder (see [`recorder_panics`]).
@@ -250,7 +250,7 @@ static METADATA: metrics::Metadata<'static> =
 /// the named rungs, which are labelled with their number, are not kept.
 pub(crate) struct QueueKeys {
     /// The `queue` label.
-    name: &'static str,
+    name: StdArc<str>,
     #[cfg(feature = "metrics")]
     table: Box<KeyTable>,
 }
@@ -264,7 +264,7 @@ struct KeyTable {
 }
 
 impl QueueKeys {
-    pub(crate) fn new(name: &'static str) -> Self {
+    pub(crate) fn new(name: StdArc<str>) -> Self {
         QueueKeys {
             name,
             #[cfg(feature = "metrics")]
@@ -276,19 +276,19 @@ impl QueueKeys {
     }
 
     /// The queue's name, its `queue` label.
-    pub(crate) fn name(&self) -> &'static str {
-        self.name
+    pub(crate) fn name(&self) -> &StdArc<str> {
+        &self.name
     }
 }
 
 #[cfg(feature = "metrics")]
 fn requests_key(
-    queue: &'static str,
+    queue: &StdArc<str>,
     priority: metrics::SharedString,
     outcome: &'static str,
 ) -> metrics::Key {
     let labels = vec![
-        metrics::Label::from_static_parts("queue", queue),
+        metrics::Label::new("queue", queue.clone()),
         metrics::Label::new("priority", priority),
         metrics::Label::from_static_parts("outcome", outcome),
     ];
@@ -296,9 +296,9 @@ fn requests_key(
 }
 
 #[cfg(feature = "metrics")]
-fn wait_key(queue: &'static str, priority: metrics::SharedString) -> metrics::Key {
+fn wait_key(queue: &StdArc<str>, priority: metrics::SharedString) -> metrics::Key {
     let labels = vec![
-        metrics::Label::from_static_parts("queue", queue),
+        metrics::Label::new("queue", queue.clone()),
         metrics::Label::new("priority", priority),
     ];
     metrics::Key::from_parts("admission_wait_seconds", labels)
@@ -314,7 +314,7 @@ pub(crate) fn settled(
 ) {
     #[cfg(feature = "metrics")]
     to_recorder(|| {
-        let queue = keys.name;
+        let queue = &keys.name;
         let rung = RUNGS.iter().position(|&rung| rung == priority);
         let requests = rung.zip(OUTCOMES.iter().position(|&known| known == outcome));
         let counter = |key: &metrics::Key| {
@@ -347,18 +347,18 @@ pub(crate) fn settled(
 /// the queue's lock, which is not worth taking for nothing).
 #[cfg(feature = "metrics")]
 pub(crate) fn queue_levels(
-    queue: &'static str,
+    queue: &StdArc<str>,
     by_priority: &[(Priority, usize)],
     used: u64,
     total: u64,
 ) {
     to_recorder(|| {
         for &(priority, waiting) in by_priority {
-            metrics::gauge!("admission_queue_length_by_priority", "queue" => queue, "priority" => priority_label(priority))
+            metrics::gauge!("admission_queue_length_by_priority", "queue" => queue.clone(), "priority" => priority_label(priority))
                 .set(waiting as f64);
         }
-        metrics::gauge!("admission_slots_used", "queue" => queue).set(used as f64);
-        metrics::gauge!("admission_slots", "queue" => queue).set(total as f64);
+        metrics::gauge!("admission_slots_used", "queue" => queue.clone()).set(used as f64);
+        metrics::gauge!("admission_slots", "queue" => queue.clone()).set(total as f64);
     });
 }
 
@@ -378,7 +378,7 @@ pub fn record_io_tokens(queues: &crate::queue::TokenQueues) {
             snapshot.available as f64
         };
         to_recorder(|| {
-            metrics::gauge!("admission_io_tokens_available", "queue" => queue.name(), "class" => class)
+            metrics::gauge!("admission_io_tokens_available", "queue" => queue.name().to_owned(), "class" => class)
                 .set(available);
         });
     }

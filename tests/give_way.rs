@@ -59,9 +59,14 @@ async fn with_nobody_of_higher_priority_waiting_the_slot_is_kept() {
     // Keeping the slot is not an admission.
     assert_eq!(requested(&queue), 3);
     drop(permit);
-    for _ in 0..2 {
-        let granted = [&mut same, &mut lower].into_iter().find_map(try_settle);
-        drop(granted.expect("one of them granted").unwrap());
+    let mut waiting = vec![same, lower];
+    while !waiting.is_empty() {
+        let granted = waiting
+            .iter_mut()
+            .position(|admit| try_settle(admit).is_some_and(|permit| permit.is_ok()))
+            .expect("one of them granted");
+        // Its permit was dropped as it was seen: the next one is granted.
+        drop(waiting.remove(granted));
     }
     assert_eq!(queue.granter_snapshot().used, 0);
     assert_eq!(queue.waiting(), 0);
@@ -127,13 +132,17 @@ async fn the_waiter_the_queue_would_grant_next_decides() {
     assert_eq!(queue.waiting(), 0);
 }
 
-/// Were the slot returned, its tenant would be un-charged (the default
-/// usage counts slots held): a tenant's own later work can then come
-/// before another tenant's higher priority, and the holder keeps the slot,
-/// as the release would have given it to its own tenant anyway.
+/// Counting slots held, were the slot returned its tenant would be
+/// un-charged: a tenant's own later work can then come before another
+/// tenant's higher priority, and the holder keeps the slot, as the release
+/// would have given it to its own tenant anyway.
 #[tokio::test(start_paused = true)]
 async fn the_holders_own_tenant_is_counted_as_it_will_be_once_the_slot_is_back() {
-    let queue = WorkQueue::new(1).unwrap();
+    let queue = WorkQueue::builder()
+        .total_slots(1)
+        .usage(admission::Usage::Held)
+        .build()
+        .unwrap();
     let holder = admit_now(&queue, at(1, Priority::BULK_NORMAL));
     // Both tenants at zero once the slot is back: the tie goes to tenant 1.
     let mut own_later = enqueue(&queue, at(1, Priority::BULK_NORMAL));
@@ -143,8 +152,8 @@ async fn the_holders_own_tenant_is_counted_as_it_will_be_once_the_slot_is_back()
     drop(try_settle(&mut own_later).expect("granted").unwrap());
     drop(try_settle(&mut other_high).expect("granted").unwrap());
 
-    // Counting grants instead, the tenant keeps its charge, and the other
-    // tenant's urgent work is next.
+    // Counting grants (the default), the tenant keeps its charge, and the
+    // other tenant's urgent work is next.
     let queue = WorkQueue::builder()
         .total_slots(1)
         .usage(admission::Usage::Granted)

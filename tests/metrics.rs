@@ -70,6 +70,7 @@ fn every_outcome_is_counted_by_priority_and_gauges_show_the_levels() {
             let queue = WorkQueue::builder()
                 .total_slots(1)
                 .max_waiters(2)
+                .name("orders")
                 .build()
                 .unwrap();
             let held = admit_now(&queue, work(1, 0, t0, 0));
@@ -131,7 +132,7 @@ fn every_outcome_is_counted_by_priority_and_gauges_show_the_levels() {
                 || key
                     .key()
                     .labels()
-                    .any(|l| l.key() == "queue" && l.value() == "default")
+                    .any(|l| l.key() == "queue" && l.value() == "orders")
         }),
         "every queue series carries the queue label"
     );
@@ -179,6 +180,26 @@ fn two_named_queues_keep_their_series_apart() {
 fn an_empty_queue_name_is_refused_naming_the_field() {
     let error = WorkQueue::builder().name("").build().unwrap_err();
     assert_eq!(error.field(), "name");
+}
+
+/// Two queues built without a name never share a series: each gets a name
+/// of its own.
+#[test]
+fn unnamed_queues_get_names_of_their_own() {
+    let names: Vec<String> = (0..3)
+        .map(|_| WorkQueue::new(1).unwrap().name().to_owned())
+        .collect();
+    assert!(
+        names.iter().all(|name| name.starts_with("default")),
+        "{names:?}"
+    );
+    let distinct: std::collections::BTreeSet<_> = names.iter().collect();
+    assert_eq!(distinct.len(), 3, "{names:?}");
+    let named = WorkQueue::builder()
+        .name(String::from("shard-7"))
+        .build()
+        .unwrap();
+    assert_eq!(named.name(), "shard-7");
 }
 
 // The Prometheus text of admission's metrics passes `promtool check

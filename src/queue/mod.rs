@@ -50,7 +50,7 @@ use crate::error::ConfigError;
 use crate::grant::{Granter, Grants, Requester, SlotGranter, SlotSnapshot};
 use crate::health::Boundary;
 use crate::observe::QueueSnapshot;
-use crate::sync::{Arc, Mutex};
+use crate::sync::{Arc, Mutex, StdArc};
 use crate::work::{TenantId, TenantWeight, WorkInfo};
 
 /// How a tenant's usage, which orders tenants, is counted.
@@ -60,12 +60,25 @@ pub enum Usage {
     /// follow the weights only while the slot total is large next to the
     /// number of waiting tenants (with 2 slots and 4 tenants, whoever holds
     /// nothing goes next, whatever its weight).
-    #[default]
     Held,
     /// Slots granted since the last reset: charged at admission and kept
     /// until the periodic reset, so that over each reset period tenants are
     /// admitted in proportion to their weights however few slots there are.
+    /// The default: with two slots and weights 1:4, slots held gave the two
+    /// tenants 1:1.
+    #[default]
     Granted,
+}
+
+/// A name for a queue built without one: `default`, then `default-2`,
+/// `default-3`... in the order the process builds them, so that two
+/// unnamed queues never share a metric series.
+fn unnamed_queue() -> StdArc<str> {
+    static UNNAMED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    match UNNAMED.fetch_add(1, std::sync::atomic::Ordering::Relaxed) {
+        0 => StdArc::from("default"),
+        n => StdArc::from(format!("default-{}", n.saturating_add(1))),
+    }
 }
 
 /// How many tenants get their new weight per lock acquisition when the whole
@@ -283,7 +296,7 @@ impl<G: Granter> WorkQueue<G> {
 
     /// The queue's name, its `queue` metric label; see
     /// [`WorkQueueBuilder::name`].
-    pub fn name(&self) -> &'static str {
+    pub fn name(&self) -> &str {
         self.shared.keys.name()
     }
 
@@ -423,7 +436,8 @@ pub struct WorkQueueBuilder {
     elastic_share: Option<f64>,
     max_tenants: usize,
     newcomers_behind: bool,
-    name: &'static str,
+    /// `None`: a name of its own, chosen at build (`unnamed_queue`).
+    name: Option<StdArc<str>>,
     report_work: bool,
     arrivals_waiting: Option<fn() -> bool>,
 }
@@ -439,11 +453,11 @@ impl Default for WorkQueueBuilder {
             epoch_lifo: None,
             epoch_lifo_from_deadlines: false,
             early_rejection: false,
-            usage: Usage::Held,
+            usage: Usage::Granted,
             elastic_share: None,
             max_tenants: Self::DEFAULT_MAX_TENANTS,
             newcomers_behind: false,
-            name: Self::DEFAULT_NAME,
+            name: None,
             report_work: false,
             arrivals_waiting: None,
         }
@@ -462,9 +476,6 @@ impl WorkQueueBuilder {
     pub(crate) const DEFAULT_GRANT_BURST_TIMEOUT: Duration = Duration::from_millis(100);
     /// Default cap on tenant records; see [`max_tenants`](Self::max_tenants).
     pub(crate) const DEFAULT_MAX_TENANTS: usize = 65_536;
-
-    /// The name of a queue not given one; see [`name`](Self::name).
-    pub(crate) const DEFAULT_NAME: &'static str = "default";
 
     /// Initial slot total of a slot queue (default 1); see
     /// [`WorkQueue::set_total_slots`]. Ignored by [`build_with`](Self::build_with).
@@ -561,7 +572,7 @@ impl WorkQueueBuilder {
     }
 
     /// How tenant usage is counted for the fair-share order (default
-    /// [`Usage::Held`]); see [`Usage`].
+    /// [`Usage::Granted`]); see [`Usage`].
     pub fn usage(mut self, usage: Usage) -> Self {
         self.usage = usage;
         self
@@ -608,10 +619,12 @@ impl WorkQueueBuilder {
 
     /// The queue's name: the `queue` label of every metric it exports (see
     /// [`export`](crate::export)), so that two queues of one process (a CPU
-    /// queue and an IO queue, say) keep apart series. Default
-    /// `"default"`. Must not be empty.
-    pub fn name(mut self, name: &'static str) -> Self {
-        self.name = name;
+    /// queue and an IO queue, say) keep apart series. Must not be empty.
+    /// Unnamed queues get names of their own: `default` for the first one
+    /// a process builds, then `default-2`, `default-3`... so that two never
+    /// share a series; name them to keep their series across restarts.
+    pub fn name(mut self, name: impl Into<StdArc<str>>) -> Self {
+        self.name = Some(name.into());
         self
     }
 
@@ -709,10 +722,10 @@ impl WorkQueueBuilder {
                 ));
             }
         }
-        if self.name.is_empty() {
+        if self.name.as_deref().is_some_and(str::is_empty) {
             return Err(ConfigError::new(
                 "name",
-                "an empty name would be an empty `queue` label; leave it unset for \"default\"",
+                "an empty name would be an empty `queue` label; leave it unset for one of its own",
             ));
         }
         if self.max_tenants == 0 {
@@ -746,7 +759,7 @@ impl WorkQueueBuilder {
         Ok(WorkQueue {
             shared: Arc::new(Shared {
                 locked: Mutex::new(locked),
-                keys: crate::export::QueueKeys::new(self.name),
+                keys: crate::export::QueueKeys::new(self.name.unwrap_or_else(unnamed_queue)),
                 granter,
                 granter_boundary: Boundary::new(
                     "granter",

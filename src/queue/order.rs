@@ -7,7 +7,10 @@ use tokio::time::Instant;
 use crate::work::{Priority, TenantId};
 
 /// Orders tenants that have waiting work: the least `used / weight` first;
-/// on a tie the heavier tenant, then the lower id.
+/// on a tie the heavier tenant, then the tenant the queue has known longer
+/// (whose record is older: a caller that mints fresh ids, low ones
+/// included, never wins a tie against a tenant already there), then the
+/// lower id.
 ///
 /// The ratio is compared by cross-multiplication in `u128`, which is exact
 /// for every `u64` usage and `u32` weight, so this is a total order that
@@ -17,6 +20,8 @@ use crate::work::{Priority, TenantId};
 pub(super) struct TenantOrder {
     pub(super) used: u64,
     pub(super) weight: u32,
+    /// When the queue made the tenant's record, in records made.
+    pub(super) since: u64,
     pub(super) id: TenantId,
 }
 
@@ -26,6 +31,7 @@ impl Ord for TenantOrder {
         let theirs = u128::from(other.used) * u128::from(self.weight);
         mine.cmp(&theirs)
             .then_with(|| other.weight.cmp(&self.weight))
+            .then_with(|| self.since.cmp(&other.since))
             .then_with(|| self.id.cmp(&other.id))
     }
 }
@@ -88,21 +94,24 @@ mod tests {
         TenantOrder {
             used,
             weight,
+            since: 0,
             id: TenantId::new(id),
         }
     }
 
     #[test]
-    fn tenants_order_by_usage_over_weight_then_weight_then_id() {
+    fn tenants_order_by_usage_over_weight_then_weight_then_age_then_id() {
+        let known_since = |since, order: TenantOrder| TenantOrder { since, ..order };
         // (used, weight, id), listed in the order they must come out.
         let mut tenants = vec![
-            tenant(0, 1, 9),        // unused beats any usage
-            tenant(1, 4, 3),        // 0.25
-            tenant(2, 4, 2),        // 0.5, heavier wins the tie
-            tenant(1, 2, 1),        // 0.5, lighter, lower id
-            tenant(1, 2, 5),        // 0.5, lighter, higher id
-            tenant(3, 1, 4),        // 3
-            tenant(u64::MAX, 1, 6), // no overflow at the extremes
+            tenant(0, 1, 9),                 // unused beats any usage
+            tenant(1, 4, 3),                 // 0.25
+            tenant(2, 4, 2),                 // 0.5, heavier wins the tie
+            tenant(1, 2, 1),                 // 0.5, lighter, lower id
+            tenant(1, 2, 5),                 // 0.5, lighter, higher id
+            known_since(1, tenant(1, 2, 0)), // the same, but known later: behind whatever its id
+            tenant(3, 1, 4),                 // 3
+            tenant(u64::MAX, 1, 6),          // no overflow at the extremes
         ];
         let expected = tenants.clone();
         tenants.reverse();

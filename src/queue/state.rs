@@ -52,7 +52,8 @@
 //! ahead of it, at the recent completion rate, would outlast its deadline.
 //!
 //! **Fairness memory.** A tenant's `used` rises when it is admitted and (with
-//! [`Usage::Held`], the default) falls when the work completes. Every `reset_period` all `used` are zeroed and
+//! [`Usage::Held`]) falls when the work completes; with [`Usage::Granted`],
+//! the default, it stays until the reset. Every `reset_period` all `used` are zeroed and
 //! idle tenants are dropped (CockroachDB's one-second reset). To keep the
 //! arithmetic exact across a reset, a permit remembers the `generation` in
 //! which it was charged and only un-charges its tenant if no reset happened
@@ -484,6 +485,8 @@ pub(crate) struct QueueState {
     tenant_order: BTreeSet<TenantOrder>,
     weights: FxHashMap<TenantId, TenantWeight>,
     next_seq: u64,
+    /// Tenant records made so far: each record's `since`.
+    records_made: u64,
     generation: u64,
     last_reset: Instant,
     gc_threshold: usize,
@@ -533,6 +536,7 @@ impl QueueState {
             tenant_order: BTreeSet::new(),
             weights: FxHashMap::default(),
             next_seq: 0,
+            records_made: 0,
             generation: 0,
             last_reset: now,
             gc_threshold: MIN_GC_THRESHOLD.min(limits.max_tenants),
@@ -840,7 +844,10 @@ impl QueueState {
                     .first()
                     .filter(|_| self.limits.newcomers_behind);
                 let used = newcomer_used(front, weight);
-                (0, Tenant::new(weight, false, used).order(id))
+                (
+                    0,
+                    Tenant::new(weight, false, used, self.records_made).order(id),
+                )
             }
         };
         let tenants_ahead = self
@@ -1770,8 +1777,10 @@ impl QueueState {
                 .first()
                 .filter(|_| behind_waiters && self.limits.newcomers_behind);
             let used = newcomer_used(front, weight);
+            let since = self.records_made;
+            self.records_made = self.records_made.saturating_add(1);
             self.tenants
-                .insert(tenant, Tenant::new(weight, count_priorities, used));
+                .insert(tenant, Tenant::new(weight, count_priorities, used, since));
         }
         self.update_tenant(tenant, change);
     }

