@@ -17,7 +17,7 @@
 //! | `admission_gpu_granted_bytes` | gauge | bytes | `device` | bytes committed to running attempts |
 //! | `admission_gpu_cache_bytes` | gauge | bytes | `device` | resident cache bytes, evictable and pinned |
 //! | `admission_gpu_active_attempts` | gauge | attempts | `device` | attempts running |
-//! | `admission_callback_panics_total` | counter | panics | `component` | panics caught in user code the crate calls (see [`health`](crate::health)) |
+//! | `admission_callback_panics_total` | counter | panics | `component` | panics caught in user code the crate calls (see [`ComponentHealth`](crate::ComponentHealth)) |
 //! | `admission_pool_tasks_total` | counter | tasks | | [`CpuPool`](crate::pool::CpuPool) jobs taken by a thread: `completed`, `panicked`, or `abandoned` (its future dropped before the start) |
 //! | `admission_pool_threads` | gauge | threads | | the pool's own threads (its slot total) |
 //! | `admission_pool_busy` | gauge | threads | | pool threads running a closure, borrowed ones included |

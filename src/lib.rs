@@ -40,7 +40,7 @@
 //!
 //! * A **slot** is a unit of concurrency, held while work runs and returned
 //!   when it completes: the right currency for CPU, where completion is
-//!   observable. [`SlotGranter`] has a total that a controller can move; the
+//!   observable. [`SlotGranter`](grant::SlotGranter) has a total that a controller can move; the
 //!   [`SlotPermit`] returned by admission gives the slot back on drop.
 //! * A **token** is a unit of rate, consumed at admission and never returned,
 //!   refilled from a capacity model: the right currency for IO, where a
@@ -103,12 +103,12 @@
 //! holds a tokio worker for milliseconds without an `.await` (parsing,
 //! compression, image work): everything queued behind that worker waits in
 //! tokio's FIFO again. For such work the strongest answer is to own the
-//! scheduler: a [`CpuPool`] is a set of OS threads, one per core by
+//! scheduler: a [`CpuPool`](pool::CpuPool) is a set of OS threads, one per core by
 //! default, whose only queue is a [`WorkQueue`] whose slots are the
-//! threads. [`CpuPool::spawn`] returns a cancel-safe [`PoolTask`] that waits
+//! threads. [`CpuPool::spawn`](pool::CpuPool::spawn) returns a cancel-safe [`PoolTask`](pool::PoolTask) that waits
 //! in that queue (tenant, priority, create time; deadlines, early rejection
 //! and epoch-LIFO as on any queue) and resolves to the closure's value; a
-//! panic comes back as [`PoolError::Panicked`]. Its signal is exact (threads
+//! panic comes back as [`PoolError::Panicked`](pool::PoolError::Panicked). Its signal is exact (threads
 //! busy, work queued), with nothing to sample. See [`pool`] for how to share
 //! the cores with the runtime's workers: where the pool's threads have
 //! cores of their own, a thread that frees a slot starts the job it grants
@@ -154,7 +154,7 @@
 //! crate (a [`CpuSignal`](cpu::CpuSignal), an
 //! [`LsmStatsSource`](io::LsmStatsSource), a custom
 //! [`Granter`](grant::Granter), a classifier, GPU observers, preflights,
-//! cache evictors and backends) runs behind a panic boundary ([`health`]): a
+//! cache evictors and backends) runs behind a panic boundary: a
 //! panic is logged, counted, shown as a [`ComponentHealth`] in the
 //! component's snapshot, and answered by that component's documented
 //! fallback, never by a dead thread, a wedged queue or lost capacity. Time
@@ -227,28 +227,25 @@
 //!
 //! # Modules
 //!
-//! * [`work`]: work classification ([`Priority`], [`TenantId`],
-//!   [`TenantWeight`], [`WorkInfo`]).
-//! * [`queue`]: the [`WorkQueue`], the [`Admit`] future, [`SlotPermit`] and
-//!   the per-class [`TokenQueues`](queue::TokenQueues).
-//! * [`grant`]: the requester and granter interfaces, the [`SlotGranter`]
-//!   and the [`TokenGranter`].
-//! * [`cpu`]: the CPU signal, the AIAD slot adjuster, the hold-inflation
-//!   signal ([`cpu::InflationReading`]), [`cpu::configure_runtime`] and the
-//!   [`cpu::Controller`].
-//! * [`io`]: the IO signal: LSM stats, the load listener's byte tokens, the
-//!   token drip, the [`io::Controller`] and the fjall adapter.
-//! * [`gpu`]: device profiles, ledgers and memory grants, the GPU query
-//!   service (one bounded queue with overtake protection), transactional
-//!   envelopes, backends (simulated; `cudarc` with feature `cuda`).
-//! * [`pool`]: the [`CpuPool`], OS threads whose only queue is a
-//!   [`WorkQueue`], for work that does not yield; [`PoolTask`], [`PoolError`].
+//! At the crate root, the vocabulary every user meets: [`WorkQueue`] and its
+//! [`Admit`] future, [`SlotPermit`], [`WorkInfo`] ([`Priority`],
+//! [`TenantId`], [`TenantWeight`]), [`AdmitError`] and [`ConfigError`].
+//!
+//! * [`cpu`]: the CPU signal, the slot adjuster, the hold-inflation signal,
+//!   [`cpu::configure_runtime`] and the [`cpu::Controller`].
+//! * [`io`]: LSM debt turned into byte tokens: [`io::Controller`] and the
+//!   fjall adapter.
+//! * [`gpu`]: device ledgers and memory grants, the GPU query service,
+//!   transactional envelopes, backends (simulated; `cudarc` with `cuda`).
+//! * [`pool`]: [`pool::CpuPool`], OS threads whose only queue is a
+//!   [`WorkQueue`], for work that does not yield.
+//! * [`grant`]: the [`Granter`](grant::Granter) and
+//!   [`Requester`](grant::Requester) interfaces and the slot and token
+//!   granters: a resource of your own is a granter.
 //! * [`observe`]: snapshots and wait-time histograms.
 //! * [`export`]: metrics through the `metrics` facade (feature `metrics`).
-//! * [`error`]: [`AdmitError`] and [`ConfigError`].
-//! * [`health`]: the panic boundaries around every callback, and
-//!   [`ComponentHealth`] in snapshots.
-//! * `tower` (feature `tower`): `AdmissionLayer`, admission as tower middleware.
+//! * `tower` (feature `tower`): `AdmissionLayer`, admission as tower
+//!   middleware, and the client side for calls to other services.
 //!
 //! `docs/ARCHITECTURE.md` in the repository draws the modules and the path of
 //! one request through them.
@@ -265,31 +262,36 @@
 )]
 
 pub mod cpu;
-pub mod error;
+mod error;
 pub mod export;
 pub mod gpu;
 pub mod grant;
-pub mod health;
+mod health;
 pub mod io;
 pub mod observe;
+mod policy;
 pub mod pool;
-pub mod queue;
+mod queue;
 mod sync;
 mod ticker;
 mod timer;
 #[cfg(feature = "tower")]
 pub mod tower;
-pub mod work;
+mod work;
 
 pub use error::{AdmitError, ConfigError};
-pub use grant::{SlotGranter, TokenGranter};
 pub use health::ComponentHealth;
-pub use observe::QueueSnapshot;
-pub use pool::{CpuPool, PoolError, PoolTask};
+pub use policy::EpochLifo;
 pub use queue::{
-    Admit, EpochLifo, GiveWay, ReleaseDuring, Run, SlotPermit, Usage, WorkQueue, WorkQueueBuilder,
+    Admit, GiveWay, ReleaseDuring, Run, SlotPermit, TokenQueues, Usage, WorkQueue, WorkQueueBuilder,
 };
-pub use work::{Priority, TenantId, TenantWeight, WorkInfo};
+pub use work::{Priority, TenantId, TenantWeight, WorkInfo, WorkInfoBuilder};
+
+/// The loom models of the queue, which drive crate-private code: run by
+/// `loom-tests` under `--cfg loom` only.
+#[cfg(loom)]
+#[doc(hidden)]
+pub use queue::loom_models as queue_loom_models;
 
 /// The README's examples, compiled and run as doc tests.
 #[cfg(doctest)]

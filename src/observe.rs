@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use crate::error::AdmitError;
 use crate::health::ComponentHealth;
-use crate::queue::EpochLifo;
+use crate::policy::EpochLifo;
 use crate::work::{Priority, TenantId, TenantWeight};
 
 /// Upper bounds of the wait histogram's buckets, in microseconds: zero (no
@@ -220,7 +220,7 @@ pub struct QueueSnapshot<S> {
     /// The granter's state (for a slot queue: slots used and total).
     pub granter: S,
     /// Panics caught in the granter's methods (only a custom granter can
-    /// panic; see [`health`](crate::health)).
+    /// panic; see [`ComponentHealth`]).
     pub granter_health: ComponentHealth,
     /// The epoch-LIFO settings in force: those given to
     /// [`WorkQueueBuilder::epoch_lifo`](crate::WorkQueueBuilder::epoch_lifo),

@@ -9,9 +9,10 @@ use std::task::Poll;
 use std::time::Duration;
 
 use admission::grant::TokenClass;
+use admission::grant::TokenGranter;
 use admission::io::{Controller, ControllerBuilder, LsmStats, LsmStatsSource, Tick, Tokens};
-use admission::queue::TokenQueues;
-use admission::{Priority, TenantId, TokenGranter, WorkInfo, WorkQueue};
+use admission::TokenQueues;
+use admission::{Priority, TenantId, WorkInfo, WorkQueue};
 
 const MIB: u64 = 1 << 20;
 /// Failed interval readings in a row after which the controller takes its

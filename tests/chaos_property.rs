@@ -15,9 +15,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use admission::grant::Granter;
+use admission::grant::SlotGranter;
 use admission::{
-    AdmitError, EpochLifo, Priority, SlotGranter, SlotPermit, TenantId, TenantWeight, Usage,
-    WorkInfo, WorkQueue,
+    AdmitError, EpochLifo, Priority, SlotPermit, TenantId, TenantWeight, Usage, WorkInfo, WorkQueue,
 };
 use proptest::prelude::*;
 use tokio_test::task::Spawn;
@@ -348,7 +348,7 @@ proptest! {
 mod tokens {
     use super::*;
     use admission::grant::TokenGranter;
-    use admission::queue::TokenQueues;
+    use admission::TokenQueues;
 
     #[derive(Clone, Debug)]
     enum TokenOp {

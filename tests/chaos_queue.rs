@@ -459,7 +459,7 @@ async fn under_a_controller_a_request_may_wait_for_a_total_it_can_reach() {
 
 #[tokio::test(start_paused = true)]
 async fn an_absurd_elastic_request_does_not_read_as_a_full_elastic_share() {
-    use admission::queue::TokenQueues;
+    use admission::TokenQueues;
     // Found by the property test: elastic work holding `u64::MAX` units
     // compared equal to the "no share" sentinel, and every later elastic
     // request waited for good on a queue that has no elastic share.
@@ -486,7 +486,7 @@ async fn an_absurd_elastic_request_does_not_read_as_a_full_elastic_share() {
 
 type TokenAdmit = tokio_test::task::Spawn<admission::Admit<admission::grant::TokenGranter>>;
 
-fn enqueue_tokens(queues: &admission::queue::TokenQueues, work: WorkInfo) -> TokenAdmit {
+fn enqueue_tokens(queues: &admission::TokenQueues, work: WorkInfo) -> TokenAdmit {
     let mut admit = tokio_test::task::spawn(queues.admit(work));
     assert!(admit.poll().is_pending(), "expected the request to wait");
     admit
@@ -553,7 +553,7 @@ async fn one_long_hold_does_not_refuse_its_priority_for_good() {
 
 #[test]
 fn absurd_queue_settings_are_refused_naming_the_field() {
-    use admission::SlotGranter;
+    use admission::grant::SlotGranter;
     let field = |builder: WorkQueueBuilder| builder.build().unwrap_err().field();
     assert_eq!(field(WorkQueue::builder().max_tenants(0)), "max_tenants");
     assert_eq!(field(WorkQueue::builder().max_waiters(0)), "max_waiters");

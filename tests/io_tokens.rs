@@ -9,7 +9,7 @@ use admission::grant::TokenClass;
 use std::time::Duration;
 
 use admission::io::{Controller, LsmStats, Tokens};
-use admission::queue::TokenQueues;
+use admission::TokenQueues;
 use admission::{Priority, TenantId, WorkInfo, WorkQueue};
 
 const MIB: u64 = 1 << 20;

@@ -243,12 +243,9 @@ fn exposition() -> String {
             // The gauges of the other resources: IO token budgets (one
             // class limited, the other unlimited, written as infinity) and
             // a GPU ledger.
-            let io = admission::queue::TokenQueues::with_builder(
-                WorkQueue::builder().name("io"),
-                1_000,
-                500,
-            )
-            .unwrap();
+            let io =
+                admission::TokenQueues::with_builder(WorkQueue::builder().name("io"), 1_000, 500)
+                    .unwrap();
             io.set_limits(Some(1_000), None).unwrap();
             io.add_tokens(300, 0);
             admission::export::record_io_tokens(&io);
@@ -509,7 +506,7 @@ fn a_backlogged_global_queue_is_counted_per_window() {
 
 #[test]
 fn io_token_balances_are_gauges_per_class_infinite_while_unlimited() {
-    use admission::queue::TokenQueues;
+    use admission::TokenQueues;
 
     let balances = |entries: &[Entry]| {
         let of = |class: &str| {

@@ -6,11 +6,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use admission::cpu::{Controller, SignalSource};
+use admission::grant::SlotGranter;
 use admission::observe::Refusals;
 use admission::pool::{CpuPool, PoolError};
 use admission::{
-    AdmitError, EpochLifo, Priority, SlotGranter, TenantId, Usage, WorkInfo, WorkQueue,
-    WorkQueueBuilder,
+    AdmitError, EpochLifo, Priority, TenantId, Usage, WorkInfo, WorkQueue, WorkQueueBuilder,
 };
 use tokio::runtime::Handle;
 use tokio::sync::Semaphore;

@@ -11,7 +11,7 @@
 
 use std::task::Poll;
 
-use admission::queue::loom_models::{self, admitted_now, poll_once, queued, work};
+use admission::queue_loom_models::{self as loom_models, admitted_now, poll_once, queued, work};
 use admission::{AdmitError, Priority, TenantId, WorkInfo, WorkQueue};
 use loom::thread;
 use loom_tests::model;

@@ -91,8 +91,8 @@ fn work(tenant: u64, priority: admission::Priority, bytes: u64) -> WorkInfo {
 /// and both balances add up: every admission paid from both.
 #[test]
 fn a_two_class_refill_wakes_a_blocked_elastic_writer() {
-    use admission::queue::TokenQueues;
     use admission::Priority;
+    use admission::TokenQueues;
 
     model(|| {
         let queues = TokenQueues::new(100, 100).unwrap();

@@ -10,7 +10,8 @@ use tokio_test::task::Spawn;
 use super::drip::TokenDrip;
 use super::listener::{IoLoadConfig, IoLoadListener};
 use super::{LsmStats, Tokens};
-use crate::{Admit, Priority, TenantId, TokenGranter, WorkInfo, WorkQueue};
+use crate::grant::TokenGranter;
+use crate::{Admit, Priority, TenantId, WorkInfo, WorkQueue};
 
 const MIB: u64 = 1 << 20;
 /// Compactions remove this much from L0 per interval.

@@ -30,7 +30,6 @@ pub mod loom_models;
 mod arrivals_tests;
 
 pub use admit::Admit;
-pub use epoch::EpochLifo;
 #[cfg(feature = "tower")]
 pub(crate) use hold::Hold;
 pub use hold::Run;
@@ -50,6 +49,7 @@ use crate::error::ConfigError;
 use crate::grant::{Granter, Grants, Requester, SlotGranter, SlotSnapshot};
 use crate::health::Boundary;
 use crate::observe::QueueSnapshot;
+use crate::policy::EpochLifo;
 use crate::sync::{Arc, Mutex, StdArc};
 use crate::work::{TenantId, TenantWeight, WorkInfo};
 
@@ -540,7 +540,7 @@ impl WorkQueueBuilder {
     /// fixed settings fit one deadline, and the upstream defaults
     /// ([`EpochLifo::UPSTREAM`], 105 ms) never act on requests whose
     /// deadlines are shorter than that. The settings in force are in
-    /// [`QueueSnapshot::epoch_lifo`](crate::QueueSnapshot::epoch_lifo).
+    /// [`QueueSnapshot::epoch_lifo`](crate::observe::QueueSnapshot::epoch_lifo).
     /// Replaces [`epoch_lifo`](Self::epoch_lifo).
     pub fn epoch_lifo_from_deadlines(mut self) -> Self {
         self.epoch_lifo = None;

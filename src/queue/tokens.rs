@@ -108,7 +108,7 @@ impl WorkQueue<TokenGranter> {
 /// elastic writer never delays a regular one.
 ///
 /// ```
-/// use admission::queue::TokenQueues;
+/// use admission::TokenQueues;
 /// use admission::{Priority, TenantId, WorkInfo};
 ///
 /// # tokio::runtime::Runtime::new().unwrap().block_on(async {

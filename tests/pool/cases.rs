@@ -61,7 +61,7 @@ fn pool(threads: usize) -> CpuPool {
 async fn occupy(
     pool: &CpuPool,
     tenant: u64,
-) -> (std::pin::Pin<Box<admission::PoolTask<&'static str>>>, Gate) {
+) -> (std::pin::Pin<Box<admission::pool::PoolTask<&'static str>>>, Gate) {
     let (closure, gate) = gated("blocker");
     let mut task = Box::pin(pool.spawn(work(tenant, Priority::NORMAL), closure));
     assert!(poll!(&mut task).is_pending());
