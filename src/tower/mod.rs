@@ -136,12 +136,14 @@
 //! ```
 
 mod classify;
+pub mod client;
 mod error;
 mod future;
 mod http;
 mod layer;
 pub mod propagate;
 mod release;
+mod report;
 mod service;
 mod status;
 
@@ -156,5 +158,6 @@ pub use propagate::{
     current_work, format_grpc_timeout, parse_grpc_timeout, PropagateLayer, PropagateService,
 };
 pub use release::{give_way, release_during, release_slot};
+pub use report::{LoadReport, LEVEL_HEADER, LOAD_HEADER};
 pub use service::{AdmissionService, CLASSIFIER_FALLBACK_PRIORITY};
 pub use status::{rejection_response, status_for};

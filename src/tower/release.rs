@@ -62,10 +62,9 @@ pub async fn release_during<F: IntoFuture>(wait: F) -> (F::Output, Result<(), Ad
     let (output, again) = permit.release_during(wait).await;
     match again {
         Ok(permit) => {
-            // Back in the cell, so that the response future returns it when
-            // the call completes. The scope is the one `take` ran in: this
-            // future is polled only inside the inner call.
-            let _ = HELD.try_with(|cell| cell.borrow_mut().replace(permit));
+            // The scope is the one `take` ran in: this future is polled
+            // only inside the inner call.
+            hold_again(permit);
             (output, Ok(()))
         }
         Err(error) => (output, Err(error)),
@@ -101,9 +100,8 @@ pub async fn give_way() -> Result<(), AdmitError> {
         return Ok(());
     };
     let permit = permit.give_way().await?;
-    // Back in the cell, in the scope `take_held` ran in (see
-    // `release_during`).
-    let _ = HELD.try_with(|cell| cell.borrow_mut().replace(permit));
+    // In the scope `take_held` ran in (see `release_during`).
+    hold_again(permit);
     Ok(())
 }
 
@@ -131,8 +129,15 @@ pub fn release_slot() -> bool {
 /// outside the layer's scope or when the cell is empty. The borrow ends
 /// here: nothing is borrowed across an await, so a second call (joined
 /// beside a `release_during`) finds the cell empty instead of panicking.
-fn take_held() -> Option<SlotPermit> {
+pub(super) fn take_held() -> Option<SlotPermit> {
     HELD.try_with(|cell| cell.borrow_mut().take())
         .ok()
         .flatten()
+}
+
+/// Puts a permit granted again back in the cell of the request this task is
+/// serving, so that the response future returns it when the call completes;
+/// outside the layer's scope it is dropped (its slot returned) instead.
+pub(super) fn hold_again(permit: SlotPermit) {
+    let _ = HELD.try_with(|cell| cell.borrow_mut().replace(permit));
 }
