@@ -332,7 +332,11 @@ async fn the_throttle_refuses_locally_as_the_endpoint_accepts_less() {
     assert_eq!(transport.sent(), 2);
     let snapshot = &downstreams.snapshot().endpoints[0];
     assert_eq!((snapshot.counts.sent, snapshot.counts.throttled), (2, 2));
-    assert!((snapshot.throttle - 4.0 / 5.0).abs() < 1e-9);
+    let [(Some(priority), probability)] = snapshot.throttle[..] else {
+        panic!("one priority seen: {:?}", snapshot.throttle);
+    };
+    assert_eq!(priority, Priority::NORMAL);
+    assert!((probability - 4.0 / 5.0).abs() < 1e-9);
 
     // An endpoint that accepts everything is never throttled.
     let accepting = Transport::new(|| answer(200, &[]));
@@ -598,4 +602,37 @@ async fn every_response_carries_the_level_and_load_reports_are_opt_in() {
     assert_eq!(refused.status(), StatusCode::SERVICE_UNAVAILABLE);
     assert_eq!(refused.headers()[LEVEL_HEADER], "1", "normal (0) is shed");
     let _ = LoadReport::default();
+}
+
+#[tokio::test]
+async fn a_service_reports_the_levels_of_the_endpoints_it_calls_upstream() {
+    // What the service learned of its downstream: user-low is shed there.
+    let transport = Transport::new(|| answer(503, &[(LEVEL_HEADER, "-49")]));
+    let downstreams = Downstreams::builder()
+        .endpoint(ENDPOINT)
+        .random(|| 0.999)
+        .build()
+        .unwrap();
+    let client = downstreams.layer().layer(transport);
+    client.oneshot(outbound(Priority::USER_LOW)).await.unwrap();
+
+    let queue = WorkQueue::new(4).unwrap();
+    let app = Router::new()
+        .route("/", get(|| async { "ok" }))
+        .route_layer(
+            AdmissionLayer::new(queue.clone(), HttpClassifier::new())
+                .http()
+                .report_downstream_levels(&downstreams),
+        );
+    let served = app
+        .clone()
+        .oneshot(Request::get("/").body(Body::empty()).unwrap())
+        .await
+        .unwrap();
+    assert_eq!(served.status(), StatusCode::OK);
+    assert_eq!(
+        served.headers()[LEVEL_HEADER],
+        "-49",
+        "the downstream's, higher than its own"
+    );
 }

@@ -320,6 +320,23 @@ impl<C> HttpAdmissionLayer<C> {
         self
     }
 
+    /// Reports, as this service's admission level, the highest of its
+    /// queue's own and the levels `downstreams` believes now for the
+    /// endpoints it calls (DAGOR's levels carried upstream): for a service
+    /// whose requests call each of those endpoints, which therefore cannot
+    /// serve work below their levels, and whose own callers should then
+    /// not send it. A handler refuses such work before doing any of its own
+    /// by checking [`Downstreams::level`](super::client::Downstreams::level).
+    /// Costs each response one lock and one clock read per endpoint.
+    pub fn report_downstream_levels(mut self, downstreams: &super::client::Downstreams) -> Self {
+        self.seen = Arc::new(Seen {
+            reporter: self.seen.reporter.with_downstreams(downstreams.clone()),
+            warned_closed: AtomicBool::new(self.seen.warned_closed.load(Ordering::Relaxed)),
+            no_timers: AtomicBool::new(self.seen.no_timers.load(Ordering::Relaxed)),
+        });
+        self
+    }
+
     /// How refusals are answered.
     pub fn refusals(&self) -> Refusals {
         self.refusals

@@ -13,6 +13,7 @@ use std::time::Duration;
 
 use http::{HeaderMap, HeaderName, HeaderValue};
 
+use super::client::Downstreams;
 use crate::cpu::Controller;
 use crate::grant::SlotGranter;
 use crate::queue::{QueueLoad, WorkQueue};
@@ -233,6 +234,8 @@ impl Default for Reports {
 pub(super) struct Reporter {
     queue: WorkQueue<SlotGranter>,
     controller: Option<StdArc<Controller>>,
+    /// The endpoints the service calls, whose levels its own includes.
+    downstreams: Option<Downstreams>,
 }
 
 impl Reporter {
@@ -240,7 +243,31 @@ impl Reporter {
         queue: WorkQueue<SlotGranter>,
         controller: Option<StdArc<Controller>>,
     ) -> Self {
-        Reporter { queue, controller }
+        Reporter {
+            queue,
+            controller,
+            downstreams: None,
+        }
+    }
+
+    /// The same reporter, its level including what `downstreams` believes
+    /// of the endpoints it calls.
+    pub(super) fn with_downstreams(&self, downstreams: Downstreams) -> Self {
+        Reporter {
+            queue: self.queue.clone(),
+            controller: self.controller.clone(),
+            downstreams: Some(downstreams),
+        }
+    }
+
+    /// The level a response reports: the queue's own, or the highest level
+    /// believed for a downstream, whichever is higher.
+    fn level(&self, own: Priority) -> Priority {
+        let downstream = self
+            .downstreams
+            .as_ref()
+            .and_then(Downstreams::highest_level);
+        downstream.map_or(own, |downstream| own.max(downstream))
     }
 
     /// Writes the reports `reports` asks for into `headers`, replacing
@@ -251,13 +278,13 @@ impl Reporter {
             let load = self.queue.load();
             let utilization = self.controller.as_ref().and_then(|c| c.cpu_utilization());
             if reports.level {
-                headers.insert(LEVEL, level_value(load.level));
+                headers.insert(LEVEL, level_value(self.level(load.level)));
             }
             if let Some(value) = LoadReport::of(&load, utilization).to_header() {
                 headers.insert(LOAD, value);
             }
         } else if reports.level {
-            headers.insert(LEVEL, level_value(self.queue.admission_level()));
+            headers.insert(LEVEL, level_value(self.level(self.queue.admission_level())));
         }
     }
 }
@@ -267,6 +294,7 @@ impl fmt::Debug for Reporter {
         f.debug_struct("Reporter")
             .field("queue", &self.queue.name())
             .field("controller", &self.controller.is_some())
+            .field("downstreams", &self.downstreams)
             .finish()
     }
 }

@@ -97,8 +97,9 @@ pub struct EndpointSnapshot {
     pub endpoint: Authority,
     /// The admission level believed now (capped, unexpired), if any.
     pub level: Option<Priority>,
-    /// The adaptive throttle's refusal probability now.
-    pub throttle: f64,
+    /// The adaptive throttle's refusal probability now, per priority it
+    /// has seen (`None`: requests of no known priority), lowest first.
+    pub throttle: Vec<(Option<Priority>, f64)>,
     /// The last load report it sent.
     pub load: Option<LoadReport>,
     /// Its counters.
@@ -152,6 +153,18 @@ impl Downstreams {
         self.inner.believed_level(&state, now)
     }
 
+    /// The highest level believed now for any endpoint (see
+    /// [`level`](Self::level)): what a service that calls each of them
+    /// for every request cannot admit below.
+    pub(crate) fn highest_level(&self) -> Option<Priority> {
+        let now = Instant::now();
+        self.inner
+            .endpoints
+            .iter()
+            .filter_map(|endpoint| self.inner.believed_level(&endpoint.state.lock(), now))
+            .max()
+    }
+
     /// What the client knows of each endpoint now, and the budget's counts.
     pub fn snapshot(&self) -> DownstreamsSnapshot {
         let now = Instant::now();
@@ -164,7 +177,7 @@ impl Downstreams {
                 EndpointSnapshot {
                     endpoint: endpoint.authority.clone(),
                     level: self.inner.believed_level(&state, now),
-                    throttle: state.throttle.probability(now),
+                    throttle: state.throttle.probabilities(now),
                     load: state.load,
                     counts: state.counts,
                 }

@@ -41,33 +41,58 @@ impl Local {
 pub(super) struct Learn {
     shared: StdArc<Inner>,
     endpoint: usize,
+    /// The request's priority, whose throttle window the answer counts in.
+    priority: Option<Priority>,
 }
 
 impl Learn {
-    pub(super) fn new(shared: StdArc<Inner>, endpoint: usize) -> Self {
-        Learn { shared, endpoint }
+    pub(super) fn new(shared: StdArc<Inner>, endpoint: usize, priority: Option<Priority>) -> Self {
+        Learn {
+            shared,
+            endpoint,
+            priority,
+        }
     }
 
+    /// What `response` says: whether the endpoint accepted the request,
+    /// its level, its load report.
+    ///
+    /// For the throttle, a refusal of work the same response says is below
+    /// the endpoint's level counts as accepted: the endpoint is shedding
+    /// that priority by design, which the level refuses here from now on;
+    /// the throttle is for an endpoint that refuses work it claims to
+    /// admit. (Counted as refused instead, every priority near the level
+    /// would be throttled as well as cut by it.)
     fn response<B>(&self, response: &Response<B>, now: Instant) {
         let mut state = self.shared.endpoints[self.endpoint].state.lock();
-        if answer(response) == Answer::Accepted {
-            state.throttle.accepted(now);
+        let level = learn_reports(&mut state, response.headers(), now);
+        let accepted = answer(response) == Answer::Accepted;
+        let shed_by_design = !accepted
+            && matches!((self.priority, level), (Some(priority), Some(level)) if priority < level);
+        if accepted {
             state.counts.accepted = state.counts.accepted.saturating_add(1);
         }
-        learn_reports(&mut state, response.headers(), now);
+        if accepted || shed_by_design {
+            state.throttle.accepted(self.priority, now);
+        }
     }
 }
 
 /// The level and the load report of a response from a configured
 /// endpoint. Exactly one well-formed value of each is believed; several,
 /// or one that does not parse, is no information (counted as garbled) and
-/// leaves what was known before to expire on its own.
-fn learn_reports(state: &mut EndpointState, headers: &HeaderMap, now: Instant) {
+/// leaves what was known before to expire on its own. Returns the level
+/// the response carried.
+fn learn_reports(state: &mut EndpointState, headers: &HeaderMap, now: Instant) -> Option<Priority> {
     let mut garbled = false;
+    let mut believed = None;
     let mut levels = headers.get_all(LEVEL_HEADER).iter();
     if let Some(value) = levels.next() {
         match parse_level(value).filter(|_| levels.next().is_none()) {
-            Some(level) => state.level = Some((level, now)),
+            Some(level) => {
+                state.level = Some((level, now));
+                believed = Some(level);
+            }
             None => garbled = true,
         }
     }
@@ -81,6 +106,7 @@ fn learn_reports(state: &mut EndpointState, headers: &HeaderMap, now: Instant) {
     if garbled {
         state.counts.garbled = state.counts.garbled.saturating_add(1);
     }
+    believed
 }
 
 /// The future of [`DownstreamService`](super::DownstreamService).

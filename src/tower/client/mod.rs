@@ -18,7 +18,7 @@
 //!   expires ([`level_ttl`](DownstreamsBuilder::level_ttl)), so an
 //!   endpoint that went quiet is tried again.
 //! * **Adaptive throttling** (Google SRE, "Handling Overload"): per
-//!   endpoint, a request is refused here with probability
+//!   endpoint and priority, a request is refused here with probability
 //!   `max(0, (requests − K·accepts) / (requests + 1))` over a trailing
 //!   window, K = 2 ([`DownstreamError::Throttled`]).
 //! * **Retries** ([`RetryPolicy`], for tower's `Retry`): only overload

@@ -27,8 +27,8 @@ use crate::work::Priority;
 /// 2. refuses it here, with [`DownstreamError::BelowLevel`](super::DownstreamError::BelowLevel),
 ///    when that priority is below the level believed for the endpoint
 ///    (see [`Downstreams::level`]);
-/// 3. refuses it here with the adaptive throttle's probability
-///    ([`DownstreamError::Throttled`](super::DownstreamError::Throttled));
+/// 3. refuses it here with the adaptive throttle's probability for its
+///    priority ([`DownstreamError::Throttled`](super::DownstreamError::Throttled));
 /// 4. gives the caller's admission slot back while the call is in flight,
 ///    if it holds one (see
 ///    [`release_slot_during_calls`](super::DownstreamsBuilder::release_slot_during_calls));
@@ -81,11 +81,11 @@ where
         let shared = &self.downstreams.inner;
         let learn = match shared.endpoint_for(request.uri().authority()) {
             Some(endpoint) => {
-                if let Err(refusal) = shared.check(endpoint, priority_of(&request), Instant::now())
-                {
+                let priority = priority_of(&request);
+                if let Err(refusal) = shared.check(endpoint, priority, Instant::now()) {
                     return DownstreamFuture::refused(refusal);
                 }
-                Some(Learn::new(shared.clone(), endpoint))
+                Some(Learn::new(shared.clone(), endpoint, priority))
             }
             None => None,
         };
@@ -120,8 +120,8 @@ impl super::downstreams::Inner {
                     return Err(Local::BelowLevel { priority, level });
                 }
             }
-            let probability = state.throttle.probability(now);
-            state.throttle.requested(now);
+            let probability = state.throttle.probability(priority, now);
+            state.throttle.requested(priority, now);
             if probability == 0.0 {
                 state.counts.sent = state.counts.sent.saturating_add(1);
                 return Ok(());
