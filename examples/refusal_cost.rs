@@ -25,9 +25,10 @@
 //!
 //! The last lines are the ratio refused / baseline and what each header
 //! adds to the refusal path, as a share of `refused`. The `refused`,
-//! `+level` and `+load` rows run interleaved, in rounds, so that a
-//! machine's drift lands on all three alike. Compare rows of one run, not
-//! runs across machines.
+//! `+level` and `+load` rows run interleaved, in rounds (their rows are
+//! medians over the rounds, the shares medians of each round's ratio), so
+//! that a machine's drift lands on all three alike. Compare rows of one
+//! run, not runs across machines.
 
 use futures::FutureExt;
 use std::future::Future;
@@ -180,23 +181,44 @@ async fn serve(iterations: u32, queue: WorkQueue, decision: (f64, f64)) {
         );
         assert_eq!(carried, reports);
     }
-    // Rounds of each variant in turn; each row is the mean over its rounds.
-    const ROUNDS: u32 = 10;
-    let mut sums = [(0.0, 0.0); 3];
+    // Rounds of each variant in turn: each row is the median over its
+    // rounds, and each header's share is the median of its ratio to the
+    // bare refusal within a round, so that drift (another process taking
+    // the core for a while) lands on both sides of each ratio.
+    const ROUNDS: u32 = 40;
+    let mut rounds: Vec<[(f64, f64); 3]> = Vec::new();
     for _ in 0..ROUNDS {
-        for (variant, sum) in variants.iter_mut().zip(sums.iter_mut()) {
-            let (nanos, allocations) = measure(iterations / ROUNDS, || {
+        let mut round = [(0.0, 0.0); 3];
+        for (variant, row) in variants.iter_mut().zip(round.iter_mut()) {
+            *row = measure(iterations / ROUNDS, || {
                 let call = variant.call(request());
                 async move {
                     black_box(call.await.expect("infallible"));
                 }
             })
             .await;
-            sum.0 += nanos / f64::from(ROUNDS);
-            sum.1 += allocations / f64::from(ROUNDS);
         }
+        rounds.push(round);
     }
-    let [refused, level, load] = sums;
+    let median = |mut values: Vec<f64>| {
+        values.sort_by(f64::total_cmp);
+        values[values.len() / 2]
+    };
+    let row = |at: usize| {
+        (
+            median(rounds.iter().map(|round| round[at].0).collect()),
+            median(rounds.iter().map(|round| round[at].1).collect()),
+        )
+    };
+    let share = |at: usize| {
+        median(
+            rounds
+                .iter()
+                .map(|round| round[at].0 / round[0].0 - 1.0)
+                .collect(),
+        )
+    };
+    let (refused, level, load) = (row(0), row(1), row(2));
 
     println!("{:<10} {:>10} {:>12}", "row", "ns/call", "allocs/call");
     for (name, (nanos, allocations)) in [
@@ -211,8 +233,9 @@ async fn serve(iterations: u32, queue: WorkQueue, decision: (f64, f64)) {
     }
     println!("refused / baseline: {:.2}", refused.0 / baseline.0);
     println!(
-        "level header: {:+.1}% of a refusal; level and load report: {:+.1}%",
-        100.0 * (level.0 - refused.0) / refused.0,
-        100.0 * (load.0 - refused.0) / refused.0
+        "level header: {:+.1}% of a refusal; level and load report: {:+.1}% \
+         (medians of {ROUNDS} paired rounds)",
+        100.0 * share(1),
+        100.0 * share(2)
     );
 }

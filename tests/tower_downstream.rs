@@ -636,3 +636,44 @@ async fn a_service_reports_the_levels_of_the_endpoints_it_calls_upstream() {
         "the downstream's, higher than its own"
     );
 }
+
+#[tokio::test(start_paused = true)]
+async fn refusals_of_work_below_the_level_they_carry_do_not_throttle() {
+    // The endpoint sheds user-low by design and says so on each refusal;
+    // the coin lands at 0.0, so any probability above zero would throttle.
+    let transport = Transport::new(|| answer(503, &[(LEVEL_HEADER, "-49")]));
+    let downstreams = Downstreams::builder()
+        .endpoint(ENDPOINT)
+        .level_ttl(Duration::from_millis(1))
+        .random(|| 0.0)
+        .build()
+        .unwrap();
+    let client = downstreams.layer().layer(transport.clone());
+    for _ in 0..5 {
+        // Each level expires before the next request: every one is sent.
+        tokio::time::advance(Duration::from_millis(1)).await;
+        client
+            .clone()
+            .oneshot(outbound(Priority::USER_LOW))
+            .await
+            .unwrap();
+    }
+    assert_eq!(transport.sent(), 5);
+    let throttle = &downstreams.snapshot().endpoints[0].throttle;
+    assert_eq!(throttle[..], [(Some(Priority::USER_LOW), 0.0)]);
+    // The same refusals of work the endpoint claims to admit do throttle.
+    let transport = Transport::new(|| answer(503, &[(LEVEL_HEADER, "-128")]));
+    let downstreams = Downstreams::builder()
+        .endpoint(ENDPOINT)
+        .random(|| 0.0)
+        .build()
+        .unwrap();
+    let client = downstreams.layer().layer(transport.clone());
+    client
+        .clone()
+        .oneshot(outbound(Priority::USER_LOW))
+        .await
+        .unwrap();
+    let throttled = client.clone().oneshot(outbound(Priority::USER_LOW)).await;
+    assert!(matches!(throttled, Err(DownstreamError::Throttled { .. })));
+}

@@ -161,8 +161,6 @@ impl Iterator for SetBits {
 /// go: for the `endpoint-load-metrics` header of the tower layer.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub(crate) struct QueueLoad {
-    /// The admission level (see the [module docs](self)).
-    pub(crate) level: Priority,
     /// Requests waiting in the queue.
     pub(crate) waiting: usize,
     /// Units granted and not yet given back: work in flight.
@@ -280,6 +278,7 @@ impl LevelWindows {
     }
 
     /// The level as of the last outcome counted.
+    #[cfg(test)]
     pub(crate) fn level(&self) -> Priority {
         self.level
     }

@@ -382,9 +382,8 @@ impl<G: Granter> WorkQueue<G> {
         level::read_published(&self.shared.level)
     }
 
-    /// The queue's side of a load report (level, queue length, work in
-    /// flight, completion rate, recent median wait), in one turn of the
-    /// lock.
+    /// The queue's side of a load report (queue length, work in flight,
+    /// completion rate, recent median wait), in one turn of the lock.
     #[cfg_attr(not(feature = "tower"), allow(dead_code))]
     pub(crate) fn load(&self) -> QueueLoad {
         self.shared.with_queue(|queue| queue.load())

@@ -1364,7 +1364,6 @@ impl QueueState {
     #[cfg_attr(not(feature = "tower"), allow(dead_code))]
     pub(crate) fn load(&self) -> QueueLoad {
         QueueLoad {
-            level: self.level.level(),
             waiting: self.waiting,
             in_flight: self.in_flight,
             completions_per_sec: self.drain.per_sec,

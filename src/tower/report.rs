@@ -17,8 +17,9 @@ use super::client::Downstreams;
 use crate::cpu::Controller;
 use crate::grant::SlotGranter;
 use crate::queue::{QueueLoad, WorkQueue};
-use crate::sync::StdArc;
+use crate::sync::{StdArc, StdMutex};
 use crate::work::Priority;
+use tokio::time::Instant;
 
 /// The header carrying the queue's admission level: the lowest priority it
 /// still admits now, as a ladder value (`-128..=127`; `-128`, the bottom
@@ -236,7 +237,16 @@ pub(super) struct Reporter {
     controller: Option<StdArc<Controller>>,
     /// The endpoints the service calls, whose levels its own includes.
     downstreams: Option<Downstreams>,
+    /// The last load report and when it was made: made again once it is
+    /// [`LOAD_REFRESH`] old, so that a response costs a clock read, a
+    /// leaf lock and a reference count instead of the queue's lock and a
+    /// number formatted per figure. Shared by the layer's services.
+    load: StdArc<StdMutex<Option<(Instant, HeaderValue)>>>,
 }
+
+/// How old a load report may be: the CPU controller's tick, which is as
+/// often as its utilization changes.
+const LOAD_REFRESH: Duration = Duration::from_millis(1);
 
 impl Reporter {
     pub(super) fn new(
@@ -247,6 +257,7 @@ impl Reporter {
             queue,
             controller,
             downstreams: None,
+            load: StdArc::default(),
         }
     }
 
@@ -257,6 +268,7 @@ impl Reporter {
             queue: self.queue.clone(),
             controller: self.controller.clone(),
             downstreams: Some(downstreams),
+            load: StdArc::default(),
         }
     }
 
@@ -274,18 +286,31 @@ impl Reporter {
     /// what the handler put there under the same names: only the layer
     /// knows the queue's state.
     pub(super) fn stamp(&self, reports: Reports, headers: &mut HeaderMap) {
-        if reports.load {
-            let load = self.queue.load();
-            let utilization = self.controller.as_ref().and_then(|c| c.cpu_utilization());
-            if reports.level {
-                headers.insert(LEVEL, level_value(self.level(load.level)));
-            }
-            if let Some(value) = LoadReport::of(&load, utilization).to_header() {
-                headers.insert(LOAD, value);
-            }
-        } else if reports.level {
+        if reports.level {
             headers.insert(LEVEL, level_value(self.level(self.queue.admission_level())));
         }
+        if reports.load {
+            if let Some(value) = self.load_report() {
+                headers.insert(LOAD, value);
+            }
+        }
+    }
+
+    /// The load report, made again when the last one is
+    /// [`LOAD_REFRESH`] old.
+    fn load_report(&self) -> Option<HeaderValue> {
+        let now = Instant::now();
+        let mut cached = self.load.lock().unwrap_or_else(crate::sync::recover);
+        if let Some((made, value)) = cached.as_ref() {
+            if now.saturating_duration_since(*made) < LOAD_REFRESH {
+                return Some(value.clone());
+            }
+        }
+        let load = self.queue.load();
+        let utilization = self.controller.as_ref().and_then(|c| c.cpu_utilization());
+        let value = LoadReport::of(&load, utilization).to_header()?;
+        *cached = Some((now, value.clone()));
+        Some(value)
     }
 }
 
