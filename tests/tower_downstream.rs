@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use admission::tower::client::{DownstreamError, Downstreams};
+use admission::tower::client::{DownstreamError, Downstreams, DownstreamsBuilder};
 use admission::tower::{AdmissionLayer, HttpClassifier, LoadReport, LEVEL_HEADER, LOAD_HEADER};
 use admission::{Priority, TenantId, WorkInfo, WorkQueue};
 use axum::body::Body;
@@ -82,6 +82,29 @@ fn answer(status: u16, headers: &[(&str, &str)]) -> Response<String> {
         response = response.header(name, value);
     }
     response.body(String::new()).unwrap()
+}
+
+/// The outbound service most tests call: `Transport` behind the layer.
+type Outbound = admission::tower::client::DownstreamService<Transport>;
+
+/// `transport` behind the layer of a `Downstreams` built from `builder`.
+fn client_of(builder: DownstreamsBuilder, transport: &Transport) -> (Downstreams, Outbound) {
+    let downstreams = builder.build().unwrap();
+    let client = downstreams.layer().layer(transport.clone());
+    (downstreams, client)
+}
+
+/// A builder with `ENDPOINT` configured.
+fn to_endpoint() -> DownstreamsBuilder {
+    Downstreams::builder().endpoint(ENDPOINT)
+}
+
+/// One request of `priority` through (a clone of) `client`.
+async fn send<S>(client: &S, priority: Priority) -> Result<S::Response, S::Error>
+where
+    S: Service<Request<String>> + Clone,
+{
+    client.clone().oneshot(outbound(priority)).await
 }
 
 /// A queue with no free slot and no waiting place left: every request is
@@ -189,29 +212,19 @@ async fn a_level_learned_from_a_response_refuses_below_it_locally_and_sends_noth
 #[tokio::test(start_paused = true)]
 async fn a_level_expires_so_a_quiet_endpoint_is_tried_again() {
     let transport = Transport::new(|| answer(200, &[(LEVEL_HEADER, "0")]));
-    let downstreams = Downstreams::builder()
-        .endpoint(ENDPOINT)
-        .level_ttl(Duration::from_millis(100))
-        .build()
-        .unwrap();
-    let client = downstreams.layer().layer(transport.clone());
-    client
-        .clone()
-        .oneshot(outbound(Priority::NORMAL))
-        .await
-        .unwrap();
+    let (downstreams, client) = client_of(
+        to_endpoint().level_ttl(Duration::from_millis(100)),
+        &transport,
+    );
+    send(&client, Priority::NORMAL).await.unwrap();
     assert_eq!(downstreams.level(ENDPOINT), Some(Priority::NORMAL));
-    let refused = client.clone().oneshot(outbound(Priority::USER_LOW)).await;
+    let refused = send(&client, Priority::USER_LOW).await;
     assert!(matches!(refused, Err(DownstreamError::BelowLevel { .. })));
     assert_eq!(transport.sent(), 1);
 
     tokio::time::advance(Duration::from_millis(100)).await;
     assert_eq!(downstreams.level(ENDPOINT), None, "expired");
-    client
-        .clone()
-        .oneshot(outbound(Priority::USER_LOW))
-        .await
-        .unwrap();
+    send(&client, Priority::USER_LOW).await.unwrap();
     assert_eq!(transport.sent(), 2, "tried again");
 }
 
@@ -243,39 +256,25 @@ async fn hostile_or_garbled_levels_are_no_information_and_levels_are_capped() {
             }
             response
         });
-        let downstreams = Downstreams::builder().endpoint(ENDPOINT).build().unwrap();
-        let client = downstreams.layer().layer(transport.clone());
-        client
-            .clone()
-            .oneshot(outbound(Priority::NORMAL))
-            .await
-            .unwrap();
+        let (downstreams, client) = client_of(to_endpoint(), &transport);
+        send(&client, Priority::NORMAL).await.unwrap();
         assert_eq!(downstreams.level(ENDPOINT), believed, "{values:?}");
         let garbled = downstreams.snapshot().endpoints[0].counts.garbled;
         assert_eq!(garbled, u64::from(believed.is_none()), "{values:?}");
         // Work at the cap is always sent, whatever the endpoint said.
-        client.clone().oneshot(outbound(capped)).await.unwrap();
-        client
-            .clone()
-            .oneshot(outbound(Priority::HIGH))
-            .await
-            .unwrap();
+        send(&client, capped).await.unwrap();
+        send(&client, Priority::HIGH).await.unwrap();
         assert_eq!(transport.sent(), 3, "{values:?}");
     }
 
     // An endpoint the client was not configured to call is not listened to.
     let transport = Transport::new(|| answer(503, &[(LEVEL_HEADER, "100")]));
-    let downstreams = Downstreams::builder()
-        .endpoint("127.0.0.1:9999")
-        .build()
-        .unwrap();
-    let client = downstreams.layer().layer(transport.clone());
+    let (downstreams, client) = client_of(
+        Downstreams::builder().endpoint("127.0.0.1:9999"),
+        &transport,
+    );
     for _ in 0..50 {
-        client
-            .clone()
-            .oneshot(outbound(Priority::USER_LOW))
-            .await
-            .unwrap();
+        send(&client, Priority::USER_LOW).await.unwrap();
     }
     assert_eq!(
         transport.sent(),
@@ -296,9 +295,8 @@ async fn garbled_load_reports_are_no_report_and_good_ones_are_kept() {
         ("TEXT cpu_utilization=1e999", false),
     ] {
         let transport = Transport::new(move || answer(200, &[(LOAD_HEADER, value)]));
-        let downstreams = Downstreams::builder().endpoint(ENDPOINT).build().unwrap();
-        let client = downstreams.layer().layer(transport);
-        client.oneshot(outbound(Priority::NORMAL)).await.unwrap();
+        let (downstreams, client) = client_of(to_endpoint(), &transport);
+        send(&client, Priority::NORMAL).await.unwrap();
         let load = downstreams.snapshot().endpoints[0].load;
         assert_eq!(load.is_some(), kept, "{value}");
         if let Some(load) = load {
@@ -315,15 +313,10 @@ async fn the_throttle_refuses_locally_as_the_endpoint_accepts_less() {
     // The coin always lands at 0.5: a request is refused once the
     // probability passes it.
     let transport = Transport::new(|| answer(503, &[]));
-    let downstreams = Downstreams::builder()
-        .endpoint(ENDPOINT)
-        .random(|| 0.5)
-        .build()
-        .unwrap();
-    let client = downstreams.layer().layer(transport.clone());
+    let (downstreams, client) = client_of(to_endpoint().random(|| 0.5), &transport);
     let mut outcomes = Vec::new();
     for _ in 0..4 {
-        let sent = client.clone().oneshot(outbound(Priority::NORMAL)).await;
+        let sent = send(&client, Priority::NORMAL).await;
         outcomes.push(sent.is_ok());
     }
     // Nothing accepted: p = requests / (requests + 1) before each, so 0,
@@ -340,18 +333,9 @@ async fn the_throttle_refuses_locally_as_the_endpoint_accepts_less() {
 
     // An endpoint that accepts everything is never throttled.
     let accepting = Transport::new(|| answer(200, &[]));
-    let downstreams = Downstreams::builder()
-        .endpoint(ENDPOINT)
-        .random(|| 0.0)
-        .build()
-        .unwrap();
-    let client = downstreams.layer().layer(accepting.clone());
+    let (_, client) = client_of(to_endpoint().random(|| 0.0), &accepting);
     for _ in 0..100 {
-        client
-            .clone()
-            .oneshot(outbound(Priority::NORMAL))
-            .await
-            .unwrap();
+        send(&client, Priority::NORMAL).await.unwrap();
     }
     assert_eq!(accepting.sent(), 100);
 }
@@ -428,11 +412,7 @@ async fn a_retry_waits_for_the_hint_and_carries_what_is_left_of_the_deadline() {
             .push((tokio::time::Instant::now(), timeout));
         async { Ok::<_, Infallible>(answer(503, &[("grpc-retry-pushback-ms", "100")])) }
     });
-    let downstreams = Downstreams::builder()
-        .endpoint(ENDPOINT)
-        .random(|| 0.999)
-        .build()
-        .unwrap();
+    let downstreams = to_endpoint().random(|| 0.999).build().unwrap();
     let client = ServiceBuilder::new()
         .layer(RetryLayer::new(downstreams.retry_policy()))
         .layer(downstreams.layer())
@@ -464,17 +444,9 @@ async fn local_refusals_are_not_retried_and_a_spent_budget_stops_retries() {
     // Refused here for the level: not retried, one request and no retry.
     let transport = Transport::new(|| answer(200, &[(LEVEL_HEADER, "10")]));
     let (downstreams, client) = retrying(transport.clone(), Downstreams::builder());
-    client
-        .clone()
-        .oneshot(outbound(Priority::NORMAL))
-        .await
-        .unwrap();
-    client
-        .clone()
-        .oneshot(outbound(Priority::USER_HIGH))
-        .await
-        .unwrap();
-    let refused = client.clone().oneshot(outbound(Priority::NORMAL)).await;
+    send(&client, Priority::NORMAL).await.unwrap();
+    send(&client, Priority::USER_HIGH).await.unwrap();
+    let refused = send(&client, Priority::NORMAL).await;
     // The first NORMAL was sent (no level known yet) and the answer was
     // accepted, so only the last one is a local refusal.
     assert!(matches!(refused, Err(DownstreamError::BelowLevel { .. })));
@@ -487,11 +459,7 @@ async fn local_refusals_are_not_retried_and_a_spent_budget_stops_retries() {
         Downstreams::builder().retry_budget(0.1, 0, Duration::from_secs(10)),
     );
     for _ in 0..10 {
-        client
-            .clone()
-            .oneshot(outbound(Priority::NORMAL))
-            .await
-            .unwrap();
+        send(&client, Priority::NORMAL).await.unwrap();
     }
     let budget = downstreams.budget().snapshot();
     assert_eq!((budget.requests, budget.retries), (10, 1));
@@ -514,8 +482,7 @@ async fn the_callers_slot_is_given_back_during_the_call_and_taken_again() {
             Ok::<_, Infallible>(answer(200, &[]))
         }
     });
-    let downstreams = Downstreams::builder().endpoint(ENDPOINT).build().unwrap();
-    let client = downstreams.layer().layer(transport);
+    let client = to_endpoint().build().unwrap().layer().layer(transport);
     let handler = service_fn(move |_: ()| {
         let client = client.clone();
         async move {
@@ -608,13 +575,8 @@ async fn every_response_carries_the_level_and_load_reports_are_opt_in() {
 async fn a_service_reports_the_levels_of_the_endpoints_it_calls_upstream() {
     // What the service learned of its downstream: user-low is shed there.
     let transport = Transport::new(|| answer(503, &[(LEVEL_HEADER, "-49")]));
-    let downstreams = Downstreams::builder()
-        .endpoint(ENDPOINT)
-        .random(|| 0.999)
-        .build()
-        .unwrap();
-    let client = downstreams.layer().layer(transport);
-    client.oneshot(outbound(Priority::USER_LOW)).await.unwrap();
+    let (downstreams, client) = client_of(to_endpoint().random(|| 0.999), &transport);
+    send(&client, Priority::USER_LOW).await.unwrap();
 
     let queue = WorkQueue::new(4).unwrap();
     let app = Router::new()
@@ -642,38 +604,24 @@ async fn refusals_of_work_below_the_level_they_carry_do_not_throttle() {
     // The endpoint sheds user-low by design and says so on each refusal;
     // the coin lands at 0.0, so any probability above zero would throttle.
     let transport = Transport::new(|| answer(503, &[(LEVEL_HEADER, "-49")]));
-    let downstreams = Downstreams::builder()
-        .endpoint(ENDPOINT)
-        .level_ttl(Duration::from_millis(1))
-        .random(|| 0.0)
-        .build()
-        .unwrap();
-    let client = downstreams.layer().layer(transport.clone());
+    let (downstreams, client) = client_of(
+        to_endpoint()
+            .level_ttl(Duration::from_millis(1))
+            .random(|| 0.0),
+        &transport,
+    );
     for _ in 0..5 {
         // Each level expires before the next request: every one is sent.
         tokio::time::advance(Duration::from_millis(1)).await;
-        client
-            .clone()
-            .oneshot(outbound(Priority::USER_LOW))
-            .await
-            .unwrap();
+        send(&client, Priority::USER_LOW).await.unwrap();
     }
     assert_eq!(transport.sent(), 5);
     let throttle = &downstreams.snapshot().endpoints[0].throttle;
     assert_eq!(throttle[..], [(Some(Priority::USER_LOW), 0.0)]);
     // The same refusals of work the endpoint claims to admit do throttle.
     let transport = Transport::new(|| answer(503, &[(LEVEL_HEADER, "-128")]));
-    let downstreams = Downstreams::builder()
-        .endpoint(ENDPOINT)
-        .random(|| 0.0)
-        .build()
-        .unwrap();
-    let client = downstreams.layer().layer(transport.clone());
-    client
-        .clone()
-        .oneshot(outbound(Priority::USER_LOW))
-        .await
-        .unwrap();
-    let throttled = client.clone().oneshot(outbound(Priority::USER_LOW)).await;
+    let (_, client) = client_of(to_endpoint().random(|| 0.0), &transport);
+    send(&client, Priority::USER_LOW).await.unwrap();
+    let throttled = send(&client, Priority::USER_LOW).await;
     assert!(matches!(throttled, Err(DownstreamError::Throttled { .. })));
 }
