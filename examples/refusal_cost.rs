@@ -16,17 +16,26 @@
 //! * `baseline`: an axum router answering `"ok"` without admission;
 //! * `admitted`: the same router behind the layer, with free slots;
 //! * `refused`: the same router behind the layer, the queue full, with
-//!   refusal pacing off (its hold is a deliberate wait, not a cost).
+//!   refusal pacing off (its hold is a deliberate wait, not a cost) and
+//!   no report headers;
+//! * `+level`: the same refusal with the admission level header (the
+//!   layer's default, `x-admission-level`);
+//! * `+load`: the same with the level and the ORCA load report
+//!   (`endpoint-load-metrics`, opt-in).
 //!
-//! The last line is the ratio refused / baseline. Compare rows of one run,
-//! not runs across machines.
+//! The last lines are the ratio refused / baseline and what each header
+//! adds to the refusal path, as a share of `refused`. The `refused`,
+//! `+level` and `+load` rows run interleaved, in rounds (their rows are
+//! medians over the rounds, the shares medians of each round's ratio), so
+//! that a machine's drift lands on all three alike. Compare rows of one
+//! run, not runs across machines.
 
 use futures::FutureExt;
 use std::future::Future;
 use std::hint::black_box;
 use std::time::{Duration, Instant};
 
-use admission::tower::{AdmissionLayer, HttpClassifier};
+use admission::tower::{AdmissionLayer, HttpClassifier, LEVEL_HEADER, LOAD_HEADER};
 use admission::{Priority, TenantId, WorkInfo, WorkQueue};
 use axum::body::Body;
 use axum::routing::get;
@@ -141,24 +150,75 @@ async fn serve(iterations: u32, queue: WorkQueue, decision: (f64, f64)) {
 
     // Pacing (the layer's default) holds each refusal's answer on purpose:
     // a wait, not CPU spent. The cost of a refusal is measured without it.
-    let mut refusing = routes().route_layer(
-        AdmissionLayer::new(queue.clone(), HttpClassifier::new())
-            .http()
-            .pace_refusals(Duration::ZERO),
-    );
-    let probe = refusing
-        .clone()
-        .oneshot(request())
-        .await
-        .expect("infallible");
-    assert_eq!(probe.status(), 503, "the queue refuses");
-    let refused = measure(iterations, || {
-        let call = refusing.call(request());
-        async move {
-            black_box(call.await.expect("infallible"));
+    let refusing = |level: bool, load: bool| {
+        routes().route_layer(
+            AdmissionLayer::new(queue.clone(), HttpClassifier::new())
+                .http()
+                .pace_refusals(Duration::ZERO)
+                .admission_level_header(level)
+                .load_reports(load),
+        )
+    };
+    let mut variants = [
+        refusing(false, false),
+        refusing(true, false),
+        refusing(true, true),
+    ];
+    for (variant, reports) in variants
+        .iter_mut()
+        .zip([(false, false), (true, false), (true, true)])
+    {
+        let probe = variant
+            .clone()
+            .oneshot(request())
+            .await
+            .expect("infallible");
+        assert_eq!(probe.status(), 503, "the queue refuses");
+        let headers = probe.headers();
+        let carried = (
+            headers.contains_key(LEVEL_HEADER),
+            headers.contains_key(LOAD_HEADER),
+        );
+        assert_eq!(carried, reports);
+    }
+    // Rounds of each variant in turn: each row is the median over its
+    // rounds, and each header's share is the median of its ratio to the
+    // bare refusal within a round, so that drift (another process taking
+    // the core for a while) lands on both sides of each ratio.
+    const ROUNDS: u32 = 40;
+    let mut rounds: Vec<[(f64, f64); 3]> = Vec::new();
+    for _ in 0..ROUNDS {
+        let mut round = [(0.0, 0.0); 3];
+        for (variant, row) in variants.iter_mut().zip(round.iter_mut()) {
+            *row = measure(iterations / ROUNDS, || {
+                let call = variant.call(request());
+                async move {
+                    black_box(call.await.expect("infallible"));
+                }
+            })
+            .await;
         }
-    })
-    .await;
+        rounds.push(round);
+    }
+    let median = |mut values: Vec<f64>| {
+        values.sort_by(f64::total_cmp);
+        values[values.len() / 2]
+    };
+    let row = |at: usize| {
+        (
+            median(rounds.iter().map(|round| round[at].0).collect()),
+            median(rounds.iter().map(|round| round[at].1).collect()),
+        )
+    };
+    let share = |at: usize| {
+        median(
+            rounds
+                .iter()
+                .map(|round| round[at].0 / round[0].0 - 1.0)
+                .collect(),
+        )
+    };
+    let (refused, level, load) = (row(0), row(1), row(2));
 
     println!("{:<10} {:>10} {:>12}", "row", "ns/call", "allocs/call");
     for (name, (nanos, allocations)) in [
@@ -166,8 +226,16 @@ async fn serve(iterations: u32, queue: WorkQueue, decision: (f64, f64)) {
         ("baseline", baseline),
         ("admitted", admitted),
         ("refused", refused),
+        ("+level", level),
+        ("+load", load),
     ] {
         println!("{name:<10} {nanos:>10.0} {allocations:>12.2}");
     }
     println!("refused / baseline: {:.2}", refused.0 / baseline.0);
+    println!(
+        "level header: {:+.1}% of a refusal; level and load report: {:+.1}% \
+         (medians of {ROUNDS} paired rounds)",
+        100.0 * share(1),
+        100.0 * share(2)
+    );
 }

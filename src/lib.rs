@@ -24,7 +24,9 @@
 //! and only as much work as the resource can take is let through to the
 //! runtime. The design follows CockroachDB's `pkg/util/admission` and keeps
 //! its vocabulary. It is deliberately node-local: only the node can see its
-//! own overload in time; cross-service schemes complement it.
+//! own overload in time; cross-service schemes complement it, and the
+//! tower layer carries the node's decision to its callers on every
+//! response (DAGOR's admission level), for them to act on before sending.
 //!
 //! ```text
 //!  without admission control:            with admission control:
@@ -245,7 +247,9 @@
 //! * [`observe`]: snapshots and wait-time histograms.
 //! * [`export`]: metrics through the `metrics` facade (feature `metrics`).
 //! * `tower` (feature `tower`): `AdmissionLayer`, admission as tower
-//!   middleware, and the client side for calls to other services.
+//!   middleware, whose responses carry the queue's admission level; and
+//!   `tower::client`, the outbound side (levels learned per downstream,
+//!   adaptive throttling, a retry policy with a budget).
 //!
 //! `docs/ARCHITECTURE.md` in the repository draws the modules and the path of
 //! one request through them.

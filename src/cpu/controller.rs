@@ -22,7 +22,7 @@ use crate::grant::{SlotGranter, SlotSnapshot};
 use crate::health::{Boundary, ComponentHealth};
 use crate::observe::QueueSnapshot;
 use crate::queue::{Admit, Usage, WorkQueue, WorkQueueBuilder};
-use crate::sync::{Arc, Mutex};
+use crate::sync::{Arc, Mutex, Ordering, StdAtomicU64};
 use crate::ticker::Ticker;
 use crate::work::{Priority, WorkInfo};
 
@@ -95,7 +95,16 @@ struct Core {
     /// The panic boundary around the signal, the only user code in a tick.
     signal_boundary: Boundary,
     ticking: Mutex<Ticking>,
+    /// The workers' busy share over the trailing busy span, as `f64` bits
+    /// (`NO_UTILIZATION` until the first runtime summary): read on every
+    /// response that carries a load report, so without the tick's lock.
+    /// A report, deciding nothing: `std`'s atomic, outside loom's models.
+    utilization: StdAtomicU64,
 }
+
+/// [`Core::utilization`] before a runtime summary exists: a NaN's bits,
+/// which no busy ratio has.
+const NO_UTILIZATION: u64 = u64::MAX;
 
 /// The sampler's own state; locked for one tick at a time.
 struct Ticking {
@@ -354,6 +363,17 @@ impl Controller {
         &self.core.queue
     }
 
+    /// The share of the runtime's workers' time spent busy over the last
+    /// few milliseconds (the runtime summary's busy ratio per worker), as
+    /// of the last tick; `None` for a controller without a runtime (an
+    /// injected signal) or before its first summary. Lock-free: for the
+    /// load report of every response.
+    #[cfg_attr(not(feature = "tower"), allow(dead_code))]
+    pub(crate) fn cpu_utilization(&self) -> Option<f64> {
+        let bits = self.core.utilization.load(Ordering::Relaxed);
+        (bits != NO_UTILIZATION).then(|| f64::from_bits(bits))
+    }
+
     /// Takes one sample and applies the rule now. The sampler thread calls
     /// this every period; a controller built with
     /// [`manual`](ControllerBuilder::manual) has no thread and is driven by
@@ -536,6 +556,8 @@ impl Core {
         if let Some(watch) = runtime.as_mut() {
             if let Some(summary) = watch.refresh() {
                 stats.runtime = Some(summary);
+                let share = summary.busy_ratio / summary.workers.max(1) as f64;
+                self.utilization.store(share.to_bits(), Ordering::Relaxed);
                 if mode == Mode::Active {
                     watch.observe_global_queue(&summary);
                 }
@@ -890,6 +912,7 @@ impl ControllerBuilder {
             started: now,
             source,
             signal_boundary,
+            utilization: StdAtomicU64::new(NO_UTILIZATION),
             ticking: Mutex::new(Ticking {
                 signal,
                 idle: IdleDetector::new(self.idle_below, now),

@@ -14,6 +14,7 @@ mod admit;
 mod arrivals;
 mod epoch;
 mod hold;
+mod level;
 mod order;
 mod pacing;
 mod permit;
@@ -41,6 +42,7 @@ use std::time::Duration;
 
 use rustc_hash::FxHashMap;
 
+pub(crate) use self::level::QueueLoad;
 use self::state::{Charge, Limits, QueueState, WakeList};
 #[cfg(test)]
 pub(crate) use self::work::PriorityHolds;
@@ -94,6 +96,9 @@ pub(crate) struct Shared<G: Granter> {
     /// The `queue` label of every metric the queue exports, and the keys
     /// of its per-request series.
     keys: crate::export::QueueKeys,
+    /// The admission level, as the queue's state publishes it (see
+    /// `level.rs`).
+    level: crate::sync::StdArc<crate::sync::StdAtomicU64>,
 }
 
 /// Everything behind the queue's one lock.
@@ -385,6 +390,22 @@ impl<G: Granter> WorkQueue<G> {
         let now = tokio::time::Instant::now();
         self.shared
             .with_state(|queue, grants, wakes| queue.maintain(now, grants, wakes));
+    }
+
+    /// The admission level: the lowest priority the queue still admits now,
+    /// from the outcomes of its recent requests (see `level.rs` for the
+    /// rule), as of the last outcome counted. One atomic load: no lock,
+    /// no clock.
+    #[cfg_attr(not(feature = "tower"), allow(dead_code))]
+    pub(crate) fn admission_level(&self) -> crate::work::Priority {
+        level::read_published(&self.shared.level)
+    }
+
+    /// The queue's side of a load report (queue length, work in flight,
+    /// completion rate, recent median wait), in one turn of the lock.
+    #[cfg_attr(not(feature = "tower"), allow(dead_code))]
+    pub(crate) fn load(&self) -> QueueLoad {
+        self.shared.with_queue(|queue| queue.load())
     }
 
     /// The granter's state alone, cheaper than a full [`snapshot`](Self::snapshot).
@@ -749,8 +770,10 @@ impl WorkQueueBuilder {
             report_work: self.report_work,
             arrivals_waiting: self.arrivals_waiting,
         };
+        let queue = QueueState::new(limits);
+        let level = queue.published_level();
         let locked = Locked {
-            queue: QueueState::new(limits),
+            queue,
             granter: granter.initial_state(),
             owed: 0,
         };
@@ -760,6 +783,7 @@ impl WorkQueueBuilder {
             shared: Arc::new(Shared {
                 locked: Mutex::new(locked),
                 keys: crate::export::QueueKeys::new(self.name.unwrap_or_else(unnamed_queue)),
+                level,
                 granter,
                 granter_boundary: Boundary::new(
                     "granter",

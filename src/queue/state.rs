@@ -73,6 +73,7 @@ use slab::Slab;
 use tokio::time::Instant;
 
 use super::epoch::{DeadlineScale, EpochLifo};
+use super::level::{LevelWindows, QueueLoad};
 use super::order::{OpenKey, Place, Recency, TenantOrder, WaiterKey};
 use super::pacing::Pacing;
 use super::tenant::{newcomer_used, Tenant};
@@ -81,6 +82,7 @@ use super::Usage;
 use crate::error::{AdmitError, ConfigError};
 use crate::grant::{Granter, Grants, SlotSnapshot};
 use crate::observe::{PrioritySnapshot, PriorityStats, TenantSnapshot};
+use crate::sync::{StdArc, StdAtomicU64};
 use crate::work::{Priority, TenantId, TenantWeight, WorkInfo};
 
 /// Tenant records below this count are never garbage-collected early.
@@ -521,6 +523,8 @@ pub(crate) struct QueueState {
     /// Releases that kept their slot back, for the snapshot.
     kept_for_arrivals_count: u64,
     stats: PriorityStats,
+    /// Recent outcomes per priority, for the admission level (`level.rs`).
+    level: LevelWindows,
 }
 
 impl QueueState {
@@ -564,6 +568,7 @@ impl QueueState {
             kept_for_arrivals: false,
             kept_for_arrivals_count: 0,
             stats: PriorityStats::new(),
+            level: LevelWindows::new(now),
         }
     }
 
@@ -629,7 +634,7 @@ impl QueueState {
             self.regular_requests = self.regular_requests.saturating_add(1);
         }
         if self.closed {
-            return self.reject(work, AdmitError::Closed);
+            return self.reject(work, AdmitError::Closed, None);
         }
         if self.lifo.is_some() {
             self.tenant_record(work.tenant(), !work.is_bypass(), |t| {
@@ -638,7 +643,7 @@ impl QueueState {
         }
         if work.is_bypass() {
             let accounted = grants.took_without_permission(work.requested());
-            return self.admit_at_once(work, accounted);
+            return self.admit_at_once(work, accounted, None);
         }
         // The clock is read only for work that has a deadline, and for
         // work that is about to queue: the fast path stays clock-free
@@ -648,7 +653,7 @@ impl QueueState {
         if let Some(deadline) = work.deadline() {
             let at = *now.get_or_insert_with(Instant::now);
             if deadline <= at {
-                return self.reject(work, AdmitError::DeadlinePassed);
+                return self.reject(work, AdmitError::DeadlinePassed, now);
             }
             if let Some(scale) = &mut self.deadline_scale {
                 scale.observe(deadline.saturating_duration_since(work.create_time()));
@@ -664,7 +669,7 @@ impl QueueState {
         let elastic_blocked = priority.is_elastic() && elastic_full;
         if nobody_grantable && !elastic_blocked {
             if let Some(accounted) = grants.try_get(work.requested()) {
-                return self.admit_at_once(work, accounted);
+                return self.admit_at_once(work, accounted, now);
             }
         }
         if let Some(capacity) = grants.max_request() {
@@ -676,6 +681,7 @@ impl QueueState {
                         requested,
                         capacity,
                     },
+                    now,
                 );
             }
         }
@@ -684,7 +690,7 @@ impl QueueState {
         // hold is a whole request's, not the rest of one.
         if !resumed && self.waiting >= self.limits.max_waiters {
             let max_waiters = self.limits.max_waiters;
-            return self.reject(work, AdmitError::QueueFull { max_waiters });
+            return self.reject(work, AdmitError::QueueFull { max_waiters }, now);
         }
         let now = now.unwrap_or_else(Instant::now);
         self.maybe_reset(now);
@@ -693,7 +699,7 @@ impl QueueState {
         self.drain.update(now, self.is_busy());
         if !resumed {
             if let Some(error) = self.doomed(work, now, grants.capacity()) {
-                return self.reject(work, error);
+                return self.reject(work, error, Some(now));
             }
         }
         let key = self.enqueue(work, resumed, now, waker);
@@ -701,8 +707,8 @@ impl QueueState {
     }
 
     /// Admission without waiting (fast path or bypass): charged, counted
-    /// with a zero wait.
-    fn admit_at_once(&mut self, work: &WorkInfo, accounted: bool) -> Attempt {
+    /// with a zero wait. `now` if the clock was read for it.
+    fn admit_at_once(&mut self, work: &WorkInfo, accounted: bool, now: Option<Instant>) -> Attempt {
         let priority = work.priority();
         let count = work.requested();
         if priority.is_elastic() {
@@ -718,6 +724,9 @@ impl QueueState {
         });
         let waited = Duration::ZERO;
         self.stats.admitted(priority, waited);
+        if !work.is_bypass() {
+            self.level.admitted(priority, waited, now);
+        }
         Attempt::Admitted {
             charge: self.charge_now(priority, count, None, accounted, work.deadline()),
         }
@@ -803,8 +812,10 @@ impl QueueState {
     }
 
     /// Refused at the first poll; `Admit` logs it once the lock is released.
-    fn reject(&mut self, work: &WorkInfo, error: AdmitError) -> Attempt {
+    /// `now` if the clock was read for it.
+    fn reject(&mut self, work: &WorkInfo, error: AdmitError, now: Option<Instant>) -> Attempt {
         self.stats.refused(work.priority(), &error);
+        self.level.refused(work.priority(), &error, now);
         Attempt::Rejected(error)
     }
 
@@ -1206,8 +1217,14 @@ impl QueueState {
             WaiterState::Closed => Observed::Failed(AdmitError::Closed),
         };
         match &observed {
-            Observed::Admitted { waited, .. } => self.stats.admitted(waiter.priority, *waited),
-            Observed::Failed(error) => self.stats.refused(waiter.priority, error),
+            Observed::Admitted { waited, .. } => {
+                self.stats.admitted(waiter.priority, *waited);
+                self.level.admitted(waiter.priority, *waited, None);
+            }
+            Observed::Failed(error) => {
+                self.stats.refused(waiter.priority, error);
+                self.level.refused(waiter.priority, error, None);
+            }
             // A waiting waiter never reaches here (see above).
             Observed::Pending => {}
         }
@@ -1447,6 +1464,23 @@ impl QueueState {
         self.kept_for_arrivals = true;
         self.kept_for_arrivals_count = self.kept_for_arrivals_count.saturating_add(1);
         true
+    }
+
+    /// The admission level, published for readers without the lock (see
+    /// `level.rs`).
+    pub(crate) fn published_level(&self) -> StdArc<StdAtomicU64> {
+        self.level.published()
+    }
+
+    /// What a load report says of the queue.
+    #[cfg_attr(not(feature = "tower"), allow(dead_code))]
+    pub(crate) fn load(&self) -> QueueLoad {
+        QueueLoad {
+            waiting: self.waiting,
+            in_flight: self.in_flight,
+            completions_per_sec: self.drain.per_sec,
+            recent_wait_p50: self.level.recent_wait_p50(),
+        }
     }
 
     pub(crate) fn kept_for_arrivals(&self) -> u64 {

@@ -16,6 +16,7 @@ use super::classify::Classify;
 use super::error::AdmissionError;
 use super::future::ResponseFuture;
 use super::layer::AdmissionLayer;
+use super::report::{Reporter, Reports};
 use super::service::AdmissionService;
 use crate::sync::{Arc, AtomicBool, Ordering};
 use crate::AdmitError;
@@ -187,13 +188,16 @@ impl Refusals {
 pub struct HttpAdmissionLayer<C> {
     layer: AdmissionLayer<C>,
     refusals: Refusals,
+    reports: Reports,
     seen: Arc<Seen>,
 }
 
 /// What a layer has learned about its surroundings, shared by every
-/// service and future it makes.
-#[derive(Debug, Default)]
+/// service and future it makes; and where its responses' reports come
+/// from.
+#[derive(Debug)]
 struct Seen {
+    reporter: Reporter,
     /// The closed-queue warning was logged.
     warned_closed: AtomicBool,
     /// A refusal could not be paced because the runtime has no timers:
@@ -207,10 +211,16 @@ impl<C> HttpAdmissionLayer<C> {
     pub const DEFAULT_REFUSAL_PACE: Duration = Duration::from_millis(50);
 
     pub(super) fn new(layer: AdmissionLayer<C>) -> Self {
+        let reporter = Reporter::new(layer.queue().clone(), layer.owner());
         HttpAdmissionLayer {
             layer,
             refusals: Refusals::default(),
-            seen: Arc::default(),
+            reports: Reports::default(),
+            seen: Arc::new(Seen {
+                reporter,
+                warned_closed: AtomicBool::new(false),
+                no_timers: AtomicBool::new(false),
+            }),
         }
     }
 
@@ -266,6 +276,69 @@ impl<C> HttpAdmissionLayer<C> {
         self
     }
 
+    /// Whether every response, refusals included, carries the queue's
+    /// admission level in [`LEVEL_HEADER`](super::LEVEL_HEADER) (default:
+    /// on): the lowest priority the queue still admits now, which callers
+    /// behind a [`DownstreamLayer`](super::client::DownstreamLayer) learn,
+    /// so that they drop work below it before sending it (DAGOR's level).
+    ///
+    /// The level comes from the outcomes of the queue's recent requests,
+    /// counted per priority in windows of at least 20 ms: admitted, or
+    /// refused for capacity (a full queue, early rejection, a deadline that
+    /// expired while waiting; no other refusal says anything about room).
+    /// A priority is *shed* when, over the current window and the one
+    /// before, its refusals outnumber its admissions. The level is one
+    /// above the highest priority of the run of shed priorities that starts
+    /// at the lowest priority with outcomes, else `-128` (everything is
+    /// admitted); it never exceeds `127`, the top of the ladder. So a
+    /// higher priority refused for reasons of its own (a deadline too
+    /// short for the wait) while lower ones are admitted does not lift the
+    /// level, and a priority nobody sends any more is forgotten, and so
+    /// tried again, within two windows.
+    ///
+    /// The queue works the level out when it counts an outcome that can
+    /// change it and publishes it in an atomic, so writing it costs a
+    /// response one atomic load and one header, no lock, no clock read and
+    /// no allocation (the value is a static string); see
+    /// `examples/refusal_cost.rs` for its share of a refusal's cost.
+    pub fn admission_level_header(mut self, on: bool) -> Self {
+        self.reports.level = on;
+        self
+    }
+
+    /// Whether every response, refusals included, carries a load report in
+    /// [`LOAD_HEADER`](super::LOAD_HEADER) (`endpoint-load-metrics`, ORCA's
+    /// text form; default: off): the CPU utilization of the controller
+    /// this layer owns (when built with
+    /// [`AdmissionLayer::for_controller`]), the completion rate, slots in
+    /// flight, the queue length and the recent median wait; see
+    /// [`LoadReport`](super::LoadReport). For balancers that steer by load
+    /// (Envoy's and gRPC's weighted round robin read this header). The
+    /// report is made at most once a millisecond (the controller's tick)
+    /// and shared by the responses in between: a clock read, a leaf lock
+    /// and a reference count per response.
+    pub fn load_reports(mut self, on: bool) -> Self {
+        self.reports.load = on;
+        self
+    }
+
+    /// Reports, as this service's admission level, the highest of its
+    /// queue's own and the levels `downstreams` believes now for the
+    /// endpoints it calls (DAGOR's levels carried upstream): for a service
+    /// whose requests call each of those endpoints, which therefore cannot
+    /// serve work below their levels, and whose own callers should then
+    /// not send it. A handler refuses such work before doing any of its own
+    /// by checking [`Downstreams::level`](super::client::Downstreams::level).
+    /// Costs each response one lock and one clock read per endpoint.
+    pub fn report_downstream_levels(mut self, downstreams: &super::client::Downstreams) -> Self {
+        self.seen = Arc::new(Seen {
+            reporter: self.seen.reporter.with_downstreams(downstreams.clone()),
+            warned_closed: AtomicBool::new(self.seen.warned_closed.load(Ordering::Relaxed)),
+            no_timers: AtomicBool::new(self.seen.no_timers.load(Ordering::Relaxed)),
+        });
+        self
+    }
+
     /// How refusals are answered.
     pub fn refusals(&self) -> Refusals {
         self.refusals
@@ -285,6 +358,7 @@ impl<S, C: Clone> Layer<S> for HttpAdmissionLayer<C> {
         HttpAdmissionService {
             inner: self.layer.layer(inner),
             refusals: self.refusals,
+            reports: self.reports,
             seen: self.seen.clone(),
         }
     }
@@ -305,6 +379,7 @@ impl<C> fmt::Debug for HttpAdmissionLayer<C> {
 pub struct HttpAdmissionService<S, C> {
     inner: AdmissionService<S, C>,
     refusals: Refusals,
+    reports: Reports,
     seen: Arc<Seen>,
 }
 
@@ -328,6 +403,7 @@ where
             grpc,
             inner: self.inner.call(request),
             refusals: self.refusals,
+            reports: self.reports,
             seen: self.seen.clone(),
             paced: None,
             pause: None,
@@ -351,6 +427,7 @@ pub struct HttpResponseFuture<S: Service<Req>, Req> {
     #[pin]
     inner: ResponseFuture<S, Req>,
     refusals: Refusals,
+    reports: Reports,
     seen: Arc<Seen>,
     /// Answer a refusal the gRPC way.
     grpc: bool,
@@ -380,7 +457,12 @@ where
                 }
             }
             let error = match ready!(this.inner.as_mut().poll(cx)) {
-                Ok(response) => return Poll::Ready(Ok(response)),
+                Ok(mut response) => {
+                    this.seen
+                        .reporter
+                        .stamp(*this.reports, response.headers_mut());
+                    return Poll::Ready(Ok(response));
+                }
                 Err(AdmissionError::Inner(error)) => return Poll::Ready(Err(error)),
                 Err(AdmissionError::Rejected(error)) => error,
             };
@@ -393,11 +475,14 @@ where
                      was its Controller dropped? (AdmissionLayer::for_controller keeps it)"
                 );
             }
-            let response = if *this.grpc {
+            let mut response = if *this.grpc {
                 this.refusals.grpc_response(&error)
             } else {
                 this.refusals.response(&error)
             };
+            this.seen
+                .reporter
+                .stamp(*this.reports, response.headers_mut());
             let pace = this.refusals.pace_for(&error);
             if pace.is_zero() || this.seen.no_timers.load(Ordering::Relaxed) {
                 return Poll::Ready(Ok(response));

@@ -69,6 +69,12 @@ impl<C> AdmissionLayer<C> {
         self.owner.as_deref()
     }
 
+    /// The controller this layer owns, shared, for the load reports of the
+    /// HTTP mode.
+    pub(super) fn owner(&self) -> Option<StdArc<Controller>> {
+        self.owner.clone()
+    }
+
     /// The queue requests wait in.
     pub fn queue(&self) -> &WorkQueue<SlotGranter> {
         &self.queue

@@ -45,6 +45,16 @@
 //! # tokio::runtime::Runtime::new().unwrap().block_on(async { app().await.unwrap(); });
 //! ```
 //!
+//! Every HTTP-mode response, refusals included, carries the queue's
+//! admission level in [`LEVEL_HEADER`] (the lowest priority it still
+//! admits now; see [`HttpAdmissionLayer::admission_level_header`]), and
+//! opt-in an ORCA load report in [`LOAD_HEADER`]
+//! ([`HttpAdmissionLayer::load_reports`]). The [`client`] module is the
+//! other end: a layer for outbound calls that learns those levels per
+//! downstream endpoint and refuses below them before sending, throttles
+//! adaptively, retries within a budget, and gives the caller's slot back
+//! while the call is in flight.
+//!
 //! `route_layer` leaves unknown paths (the 404 fallback) outside
 //! admission; `layer` would queue them too. The layer owns the controller
 //! ([`AdmissionLayer::for_controller`]): a controller dropped while its
@@ -142,12 +152,14 @@
 //! ```
 
 mod classify;
+pub mod client;
 mod error;
 mod future;
 mod http;
 mod layer;
 pub mod propagate;
 mod release;
+mod report;
 mod service;
 mod status;
 
@@ -162,5 +174,6 @@ pub use propagate::{
     current_work, format_grpc_timeout, parse_grpc_timeout, PropagateLayer, PropagateService,
 };
 pub use release::{give_way, release_during, release_slot};
+pub use report::{LoadReport, LEVEL_HEADER, LOAD_HEADER};
 pub use service::{AdmissionService, CLASSIFIER_FALLBACK_PRIORITY};
 pub use status::{rejection_response, status_for};

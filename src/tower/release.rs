@@ -135,13 +135,13 @@ pub fn release_slot() -> bool {
 /// outside the layer's scope, while the hold has given the slot back for a
 /// wait, or when it is out already (a second call joined beside a
 /// `release_during` finds it empty).
-fn take_held() -> Option<SlotPermit> {
+pub(super) fn take_held() -> Option<SlotPermit> {
     HELD.try_with(|hold| hold.take_permit()).ok().flatten()
 }
 
 /// Puts a permit asked for again back in the hold it was taken from
 /// (outside that scope, which only `take_held`'s caller could be, the
 /// closure and the permit in it are dropped, which returns the slot).
-fn put_held(permit: SlotPermit) {
+pub(super) fn put_held(permit: SlotPermit) {
     let _ = HELD.try_with(move |hold| hold.put_permit(permit));
 }
