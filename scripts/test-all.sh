@@ -21,12 +21,28 @@ for component in rustfmt clippy; do
   fi
 done
 
+# The quota's Redis tests (tests/quota_redis.rs, examples/fleet_quota.rs)
+# start a redis-server of their own on a loopback port. Installed here
+# where missing (Debian's package), and required: without it those tests
+# fail instead of printing their skip line.
+if ! command -v redis-server >/dev/null 2>&1; then
+  step "installing redis-server"
+  if command -v apt-get >/dev/null 2>&1; then
+    sudo=""
+    if [ "$(id -u)" != 0 ] && command -v sudo >/dev/null 2>&1; then sudo="sudo"; fi
+    $sudo apt-get update -qq >/dev/null
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq redis-server >/dev/null
+  fi
+fi
+export ADMISSION_REQUIRE_REDIS=1
+
 # Every feature except `gpu-tests`, whose tests need a CUDA device (run
 # them with scripts/gpu-check.sh on a GPU machine). `cuda` is built and its
 # no-driver path tested: the backend loads the driver at run time.
 # `bench-internals` only lets benches/gpu_admit.rs (the GPU core, which is
-# crate-private) build, so its bench-smoke test runs here too.
-FEATURES="--features tower,axum,metrics,config,cuda,fjall,bench-internals"
+# crate-private) build, so its bench-smoke test runs here too. `redis`
+# brings the quota's Redis backend and its tests.
+FEATURES="--features tower,axum,metrics,config,cuda,fjall,bench-internals,redis"
 
 step "format"
 cargo fmt --all -- --check

@@ -59,12 +59,23 @@ pub enum AdmitError {
     /// `enable_time`, or no runtime at all), so its deadline could not be
     /// kept. It was taken out of the queue; nothing was admitted.
     TimerUnavailable,
+    /// The request's tenant is over its fleet-wide quota: its quota
+    /// refused it, at once or after it waited (see
+    /// [`Quota`](crate::quota::Quota)). No queue of its own refuses this
+    /// way; the quota turns its tenant queue's refusal into this one.
+    OverQuota {
+        /// When a retry could find quota again: the time this node's share
+        /// of the tenant's refill takes to cover the request and those
+        /// waiting ahead of it.
+        retry_after: Duration,
+    },
 }
 
 impl AdmitError {
     /// A short, stable name for the outcome, for metric labels and logs:
     /// `queue_full`, `closed`, `deadline_passed`, `deadline_exceeded`,
-    /// `would_miss_deadline`, `never_fits` or `timer_unavailable`.
+    /// `would_miss_deadline`, `never_fits`, `timer_unavailable` or
+    /// `over_quota`.
     pub fn reason(&self) -> &'static str {
         match self {
             AdmitError::QueueFull { .. } => "queue_full",
@@ -74,13 +85,14 @@ impl AdmitError {
             AdmitError::WouldMissDeadline { .. } => "would_miss_deadline",
             AdmitError::NeverFits { .. } => "never_fits",
             AdmitError::TimerUnavailable => "timer_unavailable",
+            AdmitError::OverQuota { .. } => "over_quota",
         }
     }
 
     /// One error of each variant, in declaration order, for tests that must
     /// cover them all.
     #[cfg(test)]
-    pub(crate) fn one_of_each() -> [AdmitError; 7] {
+    pub(crate) fn one_of_each() -> [AdmitError; 8] {
         let all = [
             AdmitError::QueueFull { max_waiters: 1 },
             AdmitError::Closed,
@@ -97,6 +109,9 @@ impl AdmitError {
                 capacity: 1,
             },
             AdmitError::TimerUnavailable,
+            AdmitError::OverQuota {
+                retry_after: std::time::Duration::ZERO,
+            },
         ];
         // Exhaustive inside the crate: a new variant fails to compile here
         // until it is added above.
@@ -108,7 +123,8 @@ impl AdmitError {
                 | AdmitError::DeadlineExceeded { .. }
                 | AdmitError::WouldMissDeadline { .. }
                 | AdmitError::NeverFits { .. }
-                | AdmitError::TimerUnavailable => {}
+                | AdmitError::TimerUnavailable
+                | AdmitError::OverQuota { .. } => {}
             }
         }
         all
@@ -147,6 +163,10 @@ impl fmt::Display for AdmitError {
             AdmitError::TimerUnavailable => f.write_str(
                 "the request has a deadline and had to wait, but no tokio timer is available: \
                  build the runtime with `enable_time()` (or `enable_all()`)",
+            ),
+            AdmitError::OverQuota { retry_after } => write!(
+                f,
+                "the tenant is over its quota; retry after {retry_after:?}"
             ),
         }
     }

@@ -22,6 +22,12 @@
 //! | `admission_pool_threads` | gauge | threads | | the pool's own threads (its slot total) |
 //! | `admission_pool_busy` | gauge | threads | | pool threads running a closure, borrowed ones included |
 //! | `admission_pool_borrowed` | gauge | threads | | threads borrowed beyond the total for bypass work |
+//! | `admission_quota_degraded` | gauge | | | 1 while the node cannot reach its [`Quota`](crate::quota::Quota)'s backend and admits on the fallback trickle |
+//! | `admission_quota_tenants` | gauge | tenants | | tenants under quota on this node ([`Quota::record_metrics`](crate::quota::Quota::record_metrics)) |
+//! | `admission_quota_leased_units_total` | counter | units | | quota units leased from the backend |
+//! | `admission_quota_fallback_units_total` | counter | units | | quota units the fallback trickle added while degraded |
+//! | `admission_quota_backend_failures_total` | counter | exchanges | | exchanges with the quota backend that failed (error, timeout, panic) |
+//! | `admission_quota_over_quota_total` | counter | requests | | requests refused as over their tenant's quota |
 //!
 //! [`describe`] registers each metric's help text and unit with the
 //! installed recorder (so the Prometheus exporter writes `# HELP` lines);
@@ -208,6 +214,35 @@ pub fn describe() {
             Unit::Count,
             "Threads borrowed beyond the CPU pool's total for bypass work."
         );
+        metrics::describe_gauge!(
+            "admission_quota_degraded",
+            "1 while the node cannot reach its quota backend and admits on the fallback trickle, else 0."
+        );
+        metrics::describe_gauge!(
+            "admission_quota_tenants",
+            Unit::Count,
+            "Tenants under quota on this node."
+        );
+        metrics::describe_counter!(
+            "admission_quota_leased_units_total",
+            Unit::Count,
+            "Quota units leased from the backend."
+        );
+        metrics::describe_counter!(
+            "admission_quota_fallback_units_total",
+            Unit::Count,
+            "Quota units the fallback trickle added while the backend was out of reach."
+        );
+        metrics::describe_counter!(
+            "admission_quota_backend_failures_total",
+            Unit::Count,
+            "Exchanges with the quota backend that failed (error, timeout, panic)."
+        );
+        metrics::describe_counter!(
+            "admission_quota_over_quota_total",
+            Unit::Count,
+            "Requests refused as over their tenant's quota."
+        );
         metrics::describe_counter!(
             "admission_callback_panics_total",
             Unit::Count,
@@ -223,7 +258,7 @@ const RUNGS: [Priority; 8] = Priority::RUNGS;
 /// Every `outcome` label a request can settle with, in the order of
 /// [`QueueKeys`]' tables (a test checks every refusal's reason is here).
 #[cfg(feature = "metrics")]
-const OUTCOMES: [&str; 9] = [
+const OUTCOMES: [&str; 10] = [
     ADMITTED,
     CANCELLED,
     "queue_full",
@@ -233,6 +268,7 @@ const OUTCOMES: [&str; 9] = [
     "would_miss_deadline",
     "never_fits",
     "timer_unavailable",
+    "over_quota",
 ];
 
 /// What the metric macros would register the per-request metrics with.
@@ -476,5 +512,60 @@ pub(crate) fn pool_levels(threads: usize, busy: usize, borrowed: usize) {
         metrics::gauge!("admission_pool_threads").set(threads as f64);
         metrics::gauge!("admission_pool_busy").set(busy as f64);
         metrics::gauge!("admission_pool_borrowed").set(borrowed as f64);
+    });
+}
+
+/// Whether the quota's node is degraded (on its fallback trickle).
+#[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
+pub(crate) fn quota_degraded(degraded: bool) {
+    #[cfg(feature = "metrics")]
+    to_recorder(|| {
+        metrics::gauge!("admission_quota_degraded").set(if degraded { 1.0 } else { 0.0 });
+    });
+}
+
+/// The quota's levels (only called with the feature on, like
+/// [`queue_levels`]).
+#[cfg(feature = "metrics")]
+pub(crate) fn quota_levels(degraded: bool, tenants: usize) {
+    quota_degraded(degraded);
+    to_recorder(|| {
+        metrics::gauge!("admission_quota_tenants").set(tenants as f64);
+    });
+}
+
+/// Units leased from the quota backend.
+#[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
+pub(crate) fn quota_leased_units(units: u64) {
+    #[cfg(feature = "metrics")]
+    if units > 0 {
+        to_recorder(|| {
+            metrics::counter!("admission_quota_leased_units_total").increment(units);
+        });
+    }
+}
+
+/// Units the fallback trickle added.
+#[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
+pub(crate) fn quota_fallback_units(units: u64) {
+    #[cfg(feature = "metrics")]
+    to_recorder(|| {
+        metrics::counter!("admission_quota_fallback_units_total").increment(units);
+    });
+}
+
+/// An exchange with the quota backend failed.
+pub(crate) fn quota_backend_failure() {
+    #[cfg(feature = "metrics")]
+    to_recorder(|| {
+        metrics::counter!("admission_quota_backend_failures_total").increment(1);
+    });
+}
+
+/// A request was refused as over its tenant's quota.
+pub(crate) fn quota_over_quota() {
+    #[cfg(feature = "metrics")]
+    to_recorder(|| {
+        metrics::counter!("admission_quota_over_quota_total").increment(1);
     });
 }

@@ -149,6 +149,19 @@
 //! through `cudarc` behind the `cuda` feature; a deterministic simulated
 //! backend with fault injection is what the tests run on.
 //!
+//! # Across a fleet: tenant quotas
+//!
+//! Admission is node-local; a tenant's plan is not. A [`quota::Quota`]
+//! bounds each tenant's rate fleet-wide while keeping every decision on
+//! the node: per tenant, a token bucket in a store the fleet already has
+//! (Redis, feature `redis`; in-process for one node), leased in batches by
+//! a thread of the quota's own into a token queue per tenant on the node.
+//! [`Quota::admit`](quota::Quota::admit) takes the tenant's units there
+//! (waiting in priority order when they run out, refused with
+//! [`AdmitError::OverQuota`] and a `retry_after` from the refill), then
+//! waits for the node's capacity as ever. When the store is out of reach,
+//! each node falls back to a fixed trickle and says so in its snapshot.
+//!
 //! # Never the failure
 //!
 //! An admission controller is a safety device: when it fails, it takes the
@@ -244,6 +257,10 @@
 //! * [`grant`]: the [`Granter`](grant::Granter) and
 //!   [`Requester`](grant::Requester) interfaces and the slot and token
 //!   granters: a resource of your own is a granter.
+//! * [`quota`]: tenant quotas across a fleet: [`Quota`](quota::Quota)
+//!   leases units of per-tenant token buckets from a backend (in-process;
+//!   Redis with feature `redis`) on a thread of its own and admits
+//!   locally, composed in front of a node's capacity.
 //! * [`observe`]: snapshots and wait-time histograms.
 //! * [`export`]: metrics through the `metrics` facade (feature `metrics`).
 //! * `tower` (feature `tower`): `AdmissionLayer`, admission as tower
@@ -276,6 +293,7 @@ pub mod observe;
 mod policy;
 pub mod pool;
 mod queue;
+pub mod quota;
 mod sync;
 mod ticker;
 mod timer;

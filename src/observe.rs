@@ -145,6 +145,11 @@ pub struct Refusals {
     pub never_fits: u64,
     /// [`AdmitError::TimerUnavailable`].
     pub timer_unavailable: u64,
+    /// [`AdmitError::OverQuota`]. Always 0 in a queue's own snapshot: no
+    /// queue refuses this way (a [`Quota`](crate::quota::Quota) turns its
+    /// tenant queues' refusals into it, and counts them per tenant in its
+    /// [`QuotaSnapshot`](crate::quota::QuotaSnapshot)).
+    pub over_quota: u64,
     /// Dropped by the caller before they saw an outcome (waiting, or after a
     /// grant or a refusal they never polled for).
     pub cancelled: u64,
@@ -160,6 +165,7 @@ impl Refusals {
             AdmitError::WouldMissDeadline { .. } => &mut self.would_miss_deadline,
             AdmitError::NeverFits { .. } => &mut self.never_fits,
             AdmitError::TimerUnavailable => &mut self.timer_unavailable,
+            AdmitError::OverQuota { .. } => &mut self.over_quota,
         };
         *counter += 1;
     }
@@ -167,7 +173,7 @@ impl Refusals {
     /// Each count with its name: the refusals as [`AdmitError::reason`]
     /// names them, then `cancelled`. `would_miss_on_hold` is not among
     /// them: it is a part of `would_miss_deadline`, not a reason of its own.
-    pub fn by_reason(&self) -> [(&'static str, u64); 8] {
+    pub fn by_reason(&self) -> [(&'static str, u64); 9] {
         [
             ("queue_full", self.queue_full),
             ("closed", self.closed),
@@ -176,6 +182,7 @@ impl Refusals {
             ("would_miss_deadline", self.would_miss_deadline),
             ("never_fits", self.never_fits),
             ("timer_unavailable", self.timer_unavailable),
+            ("over_quota", self.over_quota),
             ("cancelled", self.cancelled),
         ]
     }
@@ -398,6 +405,7 @@ mod tests {
             would_miss_on_hold: 1,
             never_fits: 1,
             timer_unavailable: 1,
+            over_quota: 1,
             cancelled: 1,
         };
         assert_eq!(counted.refusals, expected);
@@ -406,7 +414,7 @@ mod tests {
         let reasons: Vec<&str> = refusals.iter().map(AdmitError::reason).collect();
         assert_eq!(names[..reasons.len()], reasons[..]);
         assert_eq!(names[reasons.len()..], ["cancelled"]);
-        assert_eq!(counted.errored, 8);
+        assert_eq!(counted.errored, 9);
         assert_eq!(counted.refusals.total(), counted.errored);
     }
 }

@@ -12,9 +12,11 @@ use tower_service::Service;
 use super::error::AdmissionError;
 use super::propagate::with_work;
 use super::release::holding;
-use crate::queue::{Admit, Hold, Run};
+use crate::queue::{Admit, Hold, Run, SlotPermit};
+use crate::quota::QuotaAdmit;
 use crate::sync::StdArc;
 use crate::work::WorkInfo;
+use crate::AdmitError;
 use tokio::task::futures::TaskLocalFuture;
 
 /// The future returned by [`AdmissionService`](super::AdmissionService).
@@ -27,11 +29,30 @@ pub struct ResponseFuture<S: Service<Req>, Req> {
     state: State<S, Req>,
 }
 
+/// How a request is admitted: through the queue, or its tenant's quota
+/// and then the queue.
+#[pin_project(project = AdmissionProj)]
+pub(super) enum Admission {
+    Queue(#[pin] Admit),
+    Quota(#[pin] QuotaAdmit),
+}
+
+impl Future for Admission {
+    type Output = Result<SlotPermit, AdmitError>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        match self.project() {
+            AdmissionProj::Queue(admit) => admit.poll(cx),
+            AdmissionProj::Quota(admit) => admit.poll(cx),
+        }
+    }
+}
+
 #[pin_project(project = StateProj)]
 enum State<S: Service<Req>, Req> {
     Admitting {
         #[pin]
-        admit: Admit,
+        admit: Admission,
         call: Option<(S, Req, WorkInfo)>,
     },
     Running {
@@ -44,7 +65,7 @@ enum State<S: Service<Req>, Req> {
 }
 
 impl<S: Service<Req>, Req> ResponseFuture<S, Req> {
-    pub(super) fn new(admit: Admit, inner: S, request: Req, work: WorkInfo) -> Self {
+    pub(super) fn new(admit: Admission, inner: S, request: Req, work: WorkInfo) -> Self {
         ResponseFuture {
             state: State::Admitting {
                 admit,

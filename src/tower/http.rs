@@ -88,6 +88,7 @@ fn millis_value(millis: u64) -> HeaderValue {
 const GRPC_UNAVAILABLE: &str = "14";
 const GRPC_DEADLINE_EXCEEDED: &str = "4";
 const GRPC_INTERNAL: &str = "13";
+const GRPC_RESOURCE_EXHAUSTED: &str = "8";
 
 /// Whether `request` is a gRPC call (its content type is
 /// `application/grpc`, possibly with a `+proto`-style suffix).
@@ -103,14 +104,16 @@ impl Refusals {
     /// (HTTP 200, the status in `grpc-status`), as gRPC clients expect.
     /// Capacity pressure and a closed queue are `UNAVAILABLE` (which gRPC
     /// clients may retry), with the queue's wait estimate as
-    /// `grpc-retry-pushback-ms` (gRPC's `Retry-After`); a deadline is
-    /// `DEADLINE_EXCEEDED`; a runtime without timers `INTERNAL`. The
+    /// `grpc-retry-pushback-ms` (gRPC's `Retry-After`); a tenant over its
+    /// quota is `RESOURCE_EXHAUSTED`, with the quota's estimate; a deadline
+    /// is `DEADLINE_EXCEEDED`; a runtime without timers `INTERNAL`. The
     /// reason is in `grpc-message` and [`REASON_HEADER`].
     pub fn grpc_response<B: Default>(&self, error: &AdmitError) -> Response<B> {
         let (status, retry) = super::status_for(error, self.retry_after);
-        let code = match status {
-            StatusCode::GATEWAY_TIMEOUT => GRPC_DEADLINE_EXCEEDED,
-            StatusCode::INTERNAL_SERVER_ERROR => GRPC_INTERNAL,
+        let code = match (error, status) {
+            (AdmitError::OverQuota { .. }, _) => GRPC_RESOURCE_EXHAUSTED,
+            (_, StatusCode::GATEWAY_TIMEOUT) => GRPC_DEADLINE_EXCEEDED,
+            (_, StatusCode::INTERNAL_SERVER_ERROR) => GRPC_INTERNAL,
             _ => GRPC_UNAVAILABLE,
         };
         let mut response = Response::new(B::default());
@@ -135,7 +138,9 @@ impl Refusals {
         response
     }
 
-    /// The response to `error`, with a body of `B::default()`.
+    /// The response to `error`, with a body of `B::default()`. A tenant
+    /// over its quota is always `429 Too Many Requests`, with the quota's
+    /// `Retry-After`: it is the tenant's rate, not the node, at fault.
     pub fn response<B: Default>(&self, error: &AdmitError) -> Response<B> {
         let (status, retry) = super::status_for(error, self.retry_after);
         let capacity = matches!(
@@ -162,7 +167,8 @@ impl Refusals {
     /// [`HttpAdmissionLayer::pace_refusals`]): the layer's pace, but never
     /// longer than half the request's own time left (the client must hear
     /// the refusal, with its retry hint, before its deadline fires), nor
-    /// than the wait the queue expected; zero for every other refusal.
+    /// than the wait the queue expected; over quota, the pace but never
+    /// longer than the quota's `retry_after`; zero for every other refusal.
     pub fn pace_for(&self, error: &AdmitError) -> Duration {
         match error {
             AdmitError::WouldMissDeadline {
@@ -170,6 +176,7 @@ impl Refusals {
                 remaining,
             } => self.pace.min(*expected).min(*remaining / 2),
             AdmitError::QueueFull { .. } => self.pace,
+            AdmitError::OverQuota { retry_after } => self.pace.min(*retry_after),
             _ => Duration::ZERO,
         }
     }

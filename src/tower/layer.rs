@@ -10,6 +10,7 @@ use crate::cpu::Controller;
 use crate::grant::SlotGranter;
 use crate::health::{Boundary, ComponentHealth};
 use crate::queue::WorkQueue;
+use crate::quota::Quota;
 use crate::sync::StdArc;
 
 /// Applies admission control to a service; see the [module docs](super).
@@ -37,6 +38,8 @@ pub struct AdmissionLayer<C> {
     /// controller closes its queue when dropped, so the layer (and every
     /// service it builds) keeps it alive.
     owner: Option<StdArc<Controller>>,
+    /// Tenant quotas checked before the queue, if attached.
+    quota: Option<Quota>,
 }
 
 impl<C> AdmissionLayer<C> {
@@ -51,6 +54,7 @@ impl<C> AdmissionLayer<C> {
             classify,
             boundary: classifier_boundary(),
             owner: None,
+            quota: None,
         }
     }
 
@@ -80,6 +84,40 @@ impl<C> AdmissionLayer<C> {
         &self.queue
     }
 
+    /// Admits every request through its tenant's [`Quota`] (one unit a
+    /// request) before the queue: see [`Quota::admit`]. A request over
+    /// quota is refused with
+    /// [`AdmitError::OverQuota`](crate::AdmitError::OverQuota), which the
+    /// HTTP mode answers with `429 Too Many Requests` and a `Retry-After`
+    /// from the rate the tenant's quota refills at on this node (gRPC:
+    /// `RESOURCE_EXHAUSTED`).
+    ///
+    /// ```
+    /// use admission::quota::{Quota, TenantQuota};
+    /// use admission::tower::{AdmissionLayer, HttpClassifier};
+    /// use admission::WorkQueue;
+    ///
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let quota = Quota::builder()
+    ///     .default_quota(TenantQuota::new(100, 200)?)
+    ///     .build()?;
+    /// let layer = AdmissionLayer::new(WorkQueue::new(8)?, HttpClassifier::new())
+    ///     .with_quota(quota)
+    ///     .http();
+    /// # drop(layer);
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn with_quota(mut self, quota: Quota) -> Self {
+        self.quota = Some(quota);
+        self
+    }
+
+    /// The quota requests are admitted through first, if any.
+    pub fn quota(&self) -> Option<&Quota> {
+        self.quota.as_ref()
+    }
+
     /// The classifier's panics, over every service this layer built.
     pub fn classifier_health(&self) -> ComponentHealth {
         self.boundary.health()
@@ -103,6 +141,7 @@ impl<S, C: Clone> Layer<S> for AdmissionLayer<C> {
             self.classify.clone(),
             self.boundary.clone(),
             self.owner.clone(),
+            self.quota.clone(),
         )
     }
 }
@@ -113,6 +152,7 @@ impl<C> fmt::Debug for AdmissionLayer<C> {
             .field("queue", &self.queue)
             .field("classifier", &self.boundary)
             .field("owns_controller", &self.owner.is_some())
+            .field("quota", &self.quota)
             .finish_non_exhaustive()
     }
 }

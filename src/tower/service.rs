@@ -7,11 +7,12 @@ use tower_service::Service;
 
 use super::classify::Classify;
 use super::error::AdmissionError;
-use super::future::ResponseFuture;
+use super::future::{Admission, ResponseFuture};
 use crate::cpu::Controller;
 use crate::grant::SlotGranter;
 use crate::health::{Boundary, ComponentHealth};
 use crate::queue::WorkQueue;
+use crate::quota::Quota;
 use crate::sync::StdArc;
 use crate::work::{Priority, TenantId, WorkInfo};
 
@@ -76,13 +77,14 @@ pub struct AdmissionService<S, C> {
     /// Keeps the controller (and so the queue) open; see
     /// [`AdmissionLayer::for_controller`](super::AdmissionLayer::for_controller).
     _owner: Option<StdArc<Controller>>,
+    quota: Option<Quota>,
 }
 
 impl<S, C> AdmissionService<S, C> {
     /// Wraps `inner`. A panicking `classify` is answered as described on
     /// [`AdmissionLayer`](super::AdmissionLayer).
     pub fn new(inner: S, queue: WorkQueue<SlotGranter>, classify: C) -> Self {
-        Self::with_parts(inner, queue, classify, classifier_boundary(), None)
+        Self::with_parts(inner, queue, classify, classifier_boundary(), None, None)
     }
 
     pub(super) fn with_parts(
@@ -91,6 +93,7 @@ impl<S, C> AdmissionService<S, C> {
         classify: C,
         boundary: StdArc<Boundary>,
         owner: Option<StdArc<Controller>>,
+        quota: Option<Quota>,
     ) -> Self {
         AdmissionService {
             inner,
@@ -98,6 +101,7 @@ impl<S, C> AdmissionService<S, C> {
             classify,
             boundary,
             _owner: owner,
+            quota,
         }
     }
 
@@ -145,7 +149,11 @@ where
         // Keep the instance that was polled ready for this request.
         let clone = self.inner.clone();
         let ready = std::mem::replace(&mut self.inner, clone);
-        ResponseFuture::new(self.queue.admit(work.clone()), ready, request, work)
+        let admission = match &self.quota {
+            Some(quota) => Admission::Quota(quota.admit(&self.queue, work.clone())),
+            None => Admission::Queue(self.queue.admit(work.clone())),
+        };
+        ResponseFuture::new(admission, ready, request, work)
     }
 }
 

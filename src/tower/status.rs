@@ -6,7 +6,9 @@
 //! Requests` with a `Retry-After` hint, a closed queue is `503 Service
 //! Unavailable` (the node is going away), and a deadline that passed is
 //! `504 Gateway Timeout`. A request that can never fit is `503` without a
-//! hint, and a runtime without timers, a server fault, `500`.
+//! hint, and a runtime without timers, a server fault, `500`. A tenant over
+//! its [quota](crate::quota) is `429` with the quota's own `Retry-After`
+//! (the time its refill takes to cover the request).
 
 use std::time::Duration;
 
@@ -15,7 +17,8 @@ use http::{header, HeaderValue, Response, StatusCode};
 use crate::AdmitError;
 
 /// The status for a refused request, and how long to suggest waiting before
-/// a retry (none where a retry would not help).
+/// a retry (none where a retry would not help): `retry_after`, or, over
+/// quota, the quota's own estimate.
 pub fn status_for(error: &AdmitError, retry_after: Duration) -> (StatusCode, Option<Duration>) {
     match error {
         AdmitError::QueueFull { .. } | AdmitError::WouldMissDeadline { .. } => {
@@ -29,6 +32,10 @@ pub fn status_for(error: &AdmitError, retry_after: Duration) -> (StatusCode, Opt
         AdmitError::NeverFits { .. } => (StatusCode::SERVICE_UNAVAILABLE, None),
         // The server is misconfigured; the client did nothing wrong.
         AdmitError::TimerUnavailable => (StatusCode::INTERNAL_SERVER_ERROR, None),
+        // The tenant's quota refills at a known rate: its own hint.
+        AdmitError::OverQuota { retry_after } => {
+            (StatusCode::TOO_MANY_REQUESTS, Some(*retry_after))
+        }
         // `AdmitError` is non-exhaustive: an outcome added later is capacity
         // pressure until it is given its own mapping.
         #[allow(unreachable_patterns)]
@@ -118,6 +125,13 @@ mod tests {
                 AdmitError::DeadlineExceeded { waited: second },
                 StatusCode::GATEWAY_TIMEOUT,
                 false,
+            ),
+            (
+                AdmitError::OverQuota {
+                    retry_after: Duration::from_millis(2100),
+                },
+                StatusCode::TOO_MANY_REQUESTS,
+                true,
             ),
         ];
         for (error, status, retry) in rows {
