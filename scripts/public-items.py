@@ -47,6 +47,7 @@ def expand(use: str):
 
 def items_of(root: str):
     items = []
+    module_of = {}
     for directory, _, files in os.walk(root):
         relative = os.path.relpath(directory, os.path.dirname(root))
         module = relative.replace(os.sep, "::")
@@ -58,7 +59,9 @@ def items_of(root: str):
                 for reexport in re.findall(r'<code>pub use (.*?);</code>', page, re.S):
                     text = html.unescape(re.sub(r"<[^>]+>", "", reexport))
                     for name in expand(text):
-                        items.append(f"reexport {module}::{name.split('::')[-1]} = {name}")
+                        line = f"reexport {module}::{name.split('::')[-1]} = {name}"
+                        items.append(line)
+                        module_of[line] = module
                 continue
             match = ITEM_PAGE.match(name)
             if not match:
@@ -72,6 +75,7 @@ def items_of(root: str):
                 continue
             full = f"{module}::{item}"
             items.append(f"{kind} {full}")
+            module_of[f"{kind} {full}"] = module
             page = inherent_part(page)
             for member_kind, member in re.findall(
                 r'id="(method|tymethod|associatedconstant|associatedtype|structfield|variant)\.([A-Za-z_0-9]+)"',
@@ -79,27 +83,34 @@ def items_of(root: str):
             ):
                 label = {"tymethod": "method", "structfield": "field"}.get(member_kind, member_kind)
                 items.append(f"{label} {full}::{member}")
-    return sorted(set(items))
+                module_of[f"{label} {full}::{member}"] = module
+    return sorted(set(items)), module_of
 
 
 def main(argv):
     root = os.path.join("target", "doc", CRATE)
     if not os.path.isdir(root):
         sys.exit(f"{root} not found: run `cargo doc --no-deps` first")
-    items = items_of(root)
+    items, module_of = items_of(root)
     if "--count" in argv:
+        # Per top-level module, fields and variants apart: the surface a
+        # reader learns is the items; fields and variants come with them.
         per_module = Counter()
+        members = Counter()
         kinds = Counter()
         for line in items:
-            kind, path = line.split(" ", 1)
-            parts = path.split(" = ")[0].split("::")
-            per_module[parts[1] if len(parts) > 2 else "(root)"] += 1
+            kind = line.split(" ", 1)[0]
+            parts = module_of[line].split("::")
+            module = parts[1] if len(parts) > 1 else "(root)"
+            if kind in ("field", "variant"):
+                members[module] += 1
+            else:
+                per_module[module] += 1
             kinds[kind] += 1
-        without = sum(n for kind, n in kinds.items() if kind not in ("field", "variant"))
-        print(f"{'(items without fields and variants)':12} {without}")
-        for module, count in sorted(per_module.items()):
-            print(f"{module:12} {count}")
-        print(f"{'total':12} {len(items)}")
+        print(f"{'module':12} {'items':>6} {'fields+variants':>16}")
+        for module in sorted(set(per_module) | set(members)):
+            print(f"{module:12} {per_module[module]:6} {members[module]:16}")
+        print(f"{'total':12} {sum(per_module.values()):6} {sum(members.values()):16}")
         print("by kind: " + ", ".join(f"{k} {n}" for k, n in sorted(kinds.items())))
         return 0
     if "--check" in argv:

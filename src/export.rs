@@ -12,7 +12,7 @@
 //! | `admission_cpu_runnable_per_worker` | gauge | tasks | | the CPU signal's last sample |
 //! | `admission_cpu_idle` | gauge | | | 1 while the CPU controller is idle (not enforcing) |
 //! | `admission_cpu_global_queue_backlogged_windows_total` | counter | windows | | windows of the CPU controller's active ticks in which tasks kept waiting in tokio's global queue, before admission could order them (see [`cpu::configure_runtime`](crate::cpu::configure_runtime)) |
-//! | `admission_io_tokens_available` | gauge | bytes | `queue`, `class` | an IO token class's balance (negative in debt, `+Inf` while unlimited; [`record_io_tokens`]) |
+//! | `admission_io_tokens_available` | gauge | bytes | `queue`, `class` | an IO token class's balance (negative in debt, `+Inf` while unlimited; [`TokenQueues::record_metrics`](crate::TokenQueues::record_metrics)) |
 //! | `admission_gpu_managed_bytes` | gauge | bytes | `device` | a GPU ledger's managed capacity ([`record_gpu_ledger`], [`QueryService::record_metrics`](crate::gpu::QueryService::record_metrics)) |
 //! | `admission_gpu_granted_bytes` | gauge | bytes | `device` | bytes committed to running attempts |
 //! | `admission_gpu_cache_bytes` | gauge | bytes | `device` | resident cache bytes, evictable and pinned |
@@ -398,26 +398,18 @@ pub(crate) fn queue_levels(
     });
 }
 
-/// Sets `admission_io_tokens_available` for both classes of `queues`, from
-/// their granters' snapshots. The [`io::Controller`](crate::io::Controller)
-/// calls it on every tick; with token queues of your own, call it where the
-/// budgets change (after `add_tokens`) or from the scrape handler.
-/// Does nothing without the `metrics` feature.
-#[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
-pub fn record_io_tokens(queues: &crate::queue::TokenQueues) {
-    #[cfg(feature = "metrics")]
-    for (class, queue) in [("regular", queues.regular()), ("elastic", queues.elastic())] {
-        let snapshot = queue.granter_snapshot();
-        let available = if snapshot.unlimited {
-            f64::INFINITY
-        } else {
-            snapshot.available as f64
-        };
-        to_recorder(|| {
-            metrics::gauge!("admission_io_tokens_available", "queue" => queue.name().to_owned(), "class" => class)
-                .set(available);
-        });
-    }
+/// One IO token class's balance (`+Inf` while unlimited).
+#[cfg(feature = "metrics")]
+pub(crate) fn io_tokens(queue: &str, class: &'static str, available: i64, unlimited: bool) {
+    let available = if unlimited {
+        f64::INFINITY
+    } else {
+        available as f64
+    };
+    to_recorder(|| {
+        metrics::gauge!("admission_io_tokens_available", "queue" => queue.to_owned(), "class" => class)
+            .set(available);
+    });
 }
 
 /// Sets the `admission_gpu_*` gauges of one device from its ledger's

@@ -240,6 +240,60 @@
 //! # }
 //! ```
 //!
+//! # In a service
+//!
+//! With the `tower` and `axum` features, [`AdmissionLayer`](tower::AdmissionLayer)
+//! over a [`cpu::Controller`] admits every request of a router. Its HTTP
+//! mode answers refusals itself (`503` with `Retry-After`; `grpc-status`
+//! for gRPC calls); the classifier maps routes to priorities and gives every
+//! request a deadline. Handlers need no annotation: the slot is given back
+//! while a handler waits (on a database, a downstream call) and asked for
+//! again, in order, when it computes.
+//!
+//! ```
+//! # #[cfg(all(feature = "tower", feature = "axum"))]
+//! # async fn serve() -> Result<(), Box<dyn std::error::Error>> {
+//! use std::time::Duration;
+//!
+//! use admission::cpu::Controller;
+//! use admission::tower::{AdmissionLayer, HttpClassifier};
+//! use admission::Priority;
+//! use axum::{routing::get, Router};
+//!
+//! let controller = Controller::for_runtime(&tokio::runtime::Handle::current()).build()?;
+//! let classifier = HttpClassifier::new()
+//!     .default_timeout(Duration::from_millis(100))?
+//!     .route("/search", Priority::USER_HIGH)
+//!     .route("/export", Priority::USER_LOW);
+//! let app: Router = Router::new()
+//!     .route("/search", get(|| async { "results" }))
+//!     .route("/export", get(|| async { "a large file" }))
+//!     .route_layer(AdmissionLayer::for_controller(controller, classifier).http());
+//!
+//! let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+//! # drop((listener, app)); return Ok(());
+//! # #[allow(unreachable_code)]
+//! axum::serve(listener, app).await?;
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! # Which entry point
+//!
+//! | the work | the entry point |
+//! |---|---|
+//! | handlers that compute and yield, behind tower (axum, tonic, hyper) | [`cpu::Controller`] behind [`tower::AdmissionLayer`] (features `tower`, `axum` for routes) |
+//! | handlers of your own, without tower | [`cpu::Controller::admit`], or a plain [`WorkQueue`] with a fixed total |
+//! | work that never yields (parsing, compression) | [`pool::CpuPool`] |
+//! | writes to an LSM (byte tokens from its debt) | [`io::Controller`] (feature `fjall` for fjall) |
+//! | GPU queries (memory grants per device) | [`gpu::QueryService`] |
+//! | a tenant's rate across a fleet | [`quota::Quota`] (feature `redis` for Redis) |
+//! | calls to other services (their levels, retry budgets) | `tower::client` (feature `tower`) |
+//! | a resource of your own | a [`Granter`](grant::Granter) under a [`WorkQueue`] |
+//!
+//! Build the documentation with `cargo doc --all-features --open` to see
+//! the feature-gated modules.
+//!
 //! # Modules
 //!
 //! At the crate root, the vocabulary every user meets: [`WorkQueue`] and its
@@ -275,6 +329,7 @@
 // opts back in with `#[allow(unsafe_code)]`; every other build forbids it.
 #![cfg_attr(not(feature = "cuda"), forbid(unsafe_code))]
 #![cfg_attr(feature = "cuda", deny(unsafe_code))]
+#![cfg_attr(docsrs, feature(doc_cfg))]
 #![warn(
     missing_docs,
     missing_debug_implementations,
@@ -298,6 +353,7 @@ mod sync;
 mod ticker;
 mod timer;
 #[cfg(feature = "tower")]
+#[cfg_attr(docsrs, doc(cfg(feature = "tower")))]
 pub mod tower;
 mod work;
 

@@ -62,7 +62,7 @@ async fn a_panicking_classifier_serves_the_request_at_the_lowest_trust() {
     let work = service.clone().oneshot(0).await.unwrap();
     assert_eq!(
         (work.tenant(), work.priority()),
-        (TenantId::SYSTEM, Priority::USER_LOW)
+        (TenantId::ANONYMOUS, Priority::USER_LOW)
     );
     assert_eq!(queue.snapshot().granter.used, 0, "the slot came back");
 }
@@ -121,8 +121,8 @@ fn the_fallback_is_the_lowest_rung_for_user_requests() {
 
 #[tokio::test(start_paused = true)]
 async fn hostile_headers_fall_back_to_the_defaults() {
-    use admission::tower::propagate::{GRPC_TIMEOUT_HEADER, PRIORITY_HEADER, TENANT_HEADER};
     use admission::tower::HttpClassifier;
+    use admission::tower::{GRPC_TIMEOUT_HEADER, PRIORITY_HEADER, TENANT_HEADER};
     use admission::{Priority, TenantId};
     use http::HeaderValue;
 
@@ -151,7 +151,7 @@ async fn hostile_headers_fall_back_to_the_defaults() {
         assert_eq!(
             (work.tenant(), work.priority(), work.deadline()),
             (
-                TenantId::SYSTEM,
+                TenantId::ANONYMOUS,
                 Priority::NORMAL,
                 Some(work.create_time() + HttpClassifier::DEFAULT_TIMEOUT)
             ),

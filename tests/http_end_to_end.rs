@@ -123,8 +123,8 @@ async fn headers_map_to_the_work_class() {
         .request(get_request(address, "/", &[]))
         .await
         .unwrap();
-    // No deadline header: the classifier's default timeout.
-    assert_eq!(text(plain).await, "1 normal Some(1s)");
+    // No headers: the anonymous tenant (0), the classifier's default timeout.
+    assert_eq!(text(plain).await, "0 normal Some(1s)");
 }
 
 #[tokio::test]
@@ -189,7 +189,7 @@ async fn under_overload_low_priority_gets_429_while_high_priority_succeeds() {
     release.store(true, Ordering::SeqCst);
     let high = high.await.unwrap().unwrap();
     assert_eq!(high.status(), 200);
-    assert_eq!(text(high).await, "1 user-high Some(1s)");
+    assert_eq!(text(high).await, "0 user-high Some(1s)");
     assert_eq!(blocked.await.unwrap().unwrap().status(), 200);
 }
 

@@ -248,7 +248,7 @@ fn exposition() -> String {
                     .unwrap();
             io.set_limits(Some(1_000), None).unwrap();
             io.add_tokens(300, 0);
-            admission::export::record_io_tokens(&io);
+            io.record_metrics();
             admission::export::record_gpu_ledger(&gpu_ledger_report_of(&gpu_service()));
         });
     });
@@ -521,7 +521,7 @@ fn io_token_balances_are_gauges_per_class_infinite_while_unlimited() {
     let ((), unlimited) = recorded(|| {
         let queues =
             TokenQueues::with_builder(WorkQueue::builder().name("io"), 1_000, 500).unwrap();
-        admission::export::record_io_tokens(&queues);
+        queues.record_metrics();
     });
     let infinite = Some(f64::INFINITY);
     assert_eq!(balances(&unlimited), (infinite, infinite));
@@ -531,7 +531,7 @@ fn io_token_balances_are_gauges_per_class_infinite_while_unlimited() {
             TokenQueues::with_builder(WorkQueue::builder().name("io"), 1_000, 500).unwrap();
         queues.set_limits(Some(1_000), Some(500)).unwrap();
         queues.add_tokens(300, 200);
-        admission::export::record_io_tokens(&queues);
+        queues.record_metrics();
         // The gauges mirror the granters' own snapshots.
         let available = |queue: &WorkQueue<admission::grant::TokenGranter>| {
             Some(queue.granter_snapshot().available as f64)

@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use admission::cpu::Controller;
 use admission::tower::{
-    current_work, AdmissionError, AdmissionLayer, HttpAdmissionLayer, HttpClassifier, Refusals,
-    REASON_HEADER,
+    current_work, AdmissionError, AdmissionLayer, HttpAdmissionLayer, HttpClassifier,
+    RefusalPolicy, REASON_HEADER,
 };
 use admission::{AdmitError, Priority, WorkInfo, WorkQueue};
 use axum::body::Body;
@@ -93,7 +93,7 @@ async fn the_refusal_status_may_be_429() {
 
 #[test]
 fn retry_after_comes_from_the_queues_wait_estimate_within_bounds() {
-    let refusals = Refusals::default();
+    let refusals = RefusalPolicy::default();
     let retry_after = |error: AdmitError| {
         let response: Response<()> = refusals.response(&error);
         let value = response.headers().get("retry-after").cloned();
@@ -402,7 +402,7 @@ async fn a_grpc_call_is_refused_with_a_grpc_status_and_retry_pushback() {
 
 #[test]
 fn grpc_refusals_map_deadlines_and_push_back_by_the_estimate() {
-    let refusals = Refusals::default();
+    let refusals = RefusalPolicy::default();
     let grpc = |error: AdmitError| {
         let response: Response<()> = refusals.grpc_response(&error);
         let header = |name: &str| {
@@ -472,7 +472,7 @@ async fn capacity_refusals_are_paced_and_nothing_else_is() {
     // Never longer than half the request's time left (the refusal must
     // arrive before the client's own deadline fires), nor the expected
     // wait.
-    let refusals = Refusals::default();
+    let refusals = RefusalPolicy::default();
     let missed = |expected: u64, remaining: u64| AdmitError::WouldMissDeadline {
         expected: Duration::from_millis(expected),
         remaining: Duration::from_millis(remaining),

@@ -7,8 +7,8 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use admission::tower::propagate::{GRPC_TIMEOUT_HEADER, PRIORITY_HEADER, TENANT_HEADER};
 use admission::tower::{Caller, HttpClassifier};
+use admission::tower::{GRPC_TIMEOUT_HEADER, PRIORITY_HEADER, TENANT_HEADER};
 use admission::{Priority, TenantId, WorkInfo};
 use axum::extract::ConnectInfo;
 use http::Request;
@@ -61,7 +61,7 @@ async fn an_untrusted_caller_may_still_ask_for_less() {
     assert_eq!(
         class(&classifier.classify(&modest)),
         (
-            TenantId::SYSTEM,
+            TenantId::ANONYMOUS,
             Priority::BULK_NORMAL,
             Some(Duration::from_millis(20))
         )
@@ -117,7 +117,7 @@ async fn the_predicate_decides_by_peer_address() {
     assert_eq!(
         class(&outside),
         (
-            TenantId::SYSTEM,
+            TenantId::ANONYMOUS,
             Priority::NORMAL,
             Some(Duration::from_millis(100))
         )
@@ -200,4 +200,19 @@ fn a_default_priority_above_the_cap_is_a_construction_error_not_a_silent_cap() {
             .field(),
         "default_timeout"
     );
+}
+
+/// Anonymous callers share one tenant of their own: never the node's own
+/// work, so that fairness weighs them against named tenants, and a header
+/// that names the system tenant lands there too.
+#[tokio::test(start_paused = true)]
+async fn anonymous_callers_are_a_tenant_of_their_own_not_the_system() {
+    let classifier = HttpClassifier::new().trust_all();
+    let anonymous = classifier.classify(&request(&[])).tenant();
+    assert_eq!(anonymous, TenantId::ANONYMOUS);
+    assert_ne!(anonymous, TenantId::SYSTEM);
+    let claims_system = classifier
+        .classify(&request(&[(TENANT_HEADER, "1")]))
+        .tenant();
+    assert_eq!(claims_system, TenantId::ANONYMOUS);
 }

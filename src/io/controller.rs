@@ -417,7 +417,7 @@ impl IoCore {
         }
         // Gauges as this tick leaves them, as the CPU controller does on
         // its ticks: nobody has to call `record_metrics` on a timer.
-        crate::export::record_io_tokens(&self.queues);
+        self.queues.record_metrics();
         Tick {
             new_interval,
             added,

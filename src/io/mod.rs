@@ -96,6 +96,7 @@
 mod controller;
 mod drip;
 #[cfg(feature = "fjall")]
+#[cfg_attr(docsrs, doc(cfg(feature = "fjall")))]
 pub mod fjall;
 mod listener;
 mod stats;

@@ -242,4 +242,18 @@ impl TokenQueues {
         self.regular.close();
         self.elastic.close();
     }
+
+    /// Sets `admission_io_tokens_available` of the [`export`](crate::export)
+    /// module for both classes, from their granters' snapshots. The
+    /// [`io::Controller`](crate::io::Controller) calls it on every tick; with
+    /// token queues of your own, call it where the budgets change (after
+    /// `add_tokens`) or from the scrape handler. Does nothing without the
+    /// `metrics` feature.
+    pub fn record_metrics(&self) {
+        #[cfg(feature = "metrics")]
+        for (class, queue) in [("regular", &self.regular), ("elastic", &self.elastic)] {
+            let snapshot = queue.granter_snapshot();
+            crate::export::io_tokens(queue.name(), class, snapshot.available, snapshot.unlimited);
+        }
+    }
 }

@@ -130,6 +130,7 @@ pub use backend::{
     BackendError, InMemoryBackend, Lease, LeaseBatch, LeaseFuture, Leased, QuotaBackend,
 };
 #[cfg(feature = "redis")]
+#[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub use redis::{RedisBackend, RedisBackendBuilder};
 
 use std::fmt;

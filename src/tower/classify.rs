@@ -112,7 +112,8 @@ impl fmt::Debug for Trust {
 /// [trust model](crate::tower#trust-model)).
 ///
 /// Without headers, requests get the classifier's defaults: the default
-/// tenant ([`TenantId::SYSTEM`] unless set), the route's priority or the
+/// tenant ([`TenantId::ANONYMOUS`] unless set: anonymous traffic is one
+/// tenant of its own, fair against named tenants), the route's priority or the
 /// default priority ([`Priority::NORMAL`] unless set), and the default
 /// timeout (none unless set; without one, a request waits as long as it
 /// takes and early rejection never refuses it).
@@ -140,7 +141,7 @@ impl Default for HttpClassifier {
     fn default() -> Self {
         HttpClassifier {
             config: StdArc::new(Config {
-                default_tenant: TenantId::SYSTEM,
+                default_tenant: TenantId::ANONYMOUS,
                 default_priority: Priority::NORMAL,
                 max_priority: Priority::USER_HIGH,
                 default_timeout: Some(HttpClassifier::DEFAULT_TIMEOUT),
@@ -396,7 +397,7 @@ mod tests {
         assert_eq!(
             (plain.tenant(), plain.priority(), plain.deadline()),
             (
-                TenantId::SYSTEM,
+                TenantId::ANONYMOUS,
                 Priority::USER_LOW,
                 Some(Instant::now() + HttpClassifier::DEFAULT_TIMEOUT)
             )
@@ -430,7 +431,7 @@ mod tests {
         assert_eq!(
             (garbage.tenant(), garbage.priority(), garbage.deadline()),
             (
-                TenantId::SYSTEM,
+                TenantId::ANONYMOUS,
                 Priority::USER_LOW,
                 Some(garbage.create_time() + HttpClassifier::DEFAULT_TIMEOUT)
             )

@@ -40,16 +40,16 @@ pub const REASON_HEADER: &str = "x-admission-reason";
 /// `application/grpc`) is refused the gRPC way instead; see
 /// [`grpc_response`](Self::grpc_response).
 #[derive(Clone, Copy, Debug)]
-pub struct Refusals {
+pub struct RefusalPolicy {
     status: StatusCode,
     retry_after: Duration,
     max_retry_after: Duration,
     pace: Duration,
 }
 
-impl Default for Refusals {
+impl Default for RefusalPolicy {
     fn default() -> Self {
-        Refusals {
+        RefusalPolicy {
             status: StatusCode::SERVICE_UNAVAILABLE,
             retry_after: Duration::from_secs(1),
             max_retry_after: Duration::from_secs(60),
@@ -99,7 +99,7 @@ pub(super) fn is_grpc<B>(request: &Request<B>) -> bool {
         .is_some_and(|value| value.as_bytes().starts_with(b"application/grpc"))
 }
 
-impl Refusals {
+impl RefusalPolicy {
     /// The response to `error` for a gRPC call: a trailers-only response
     /// (HTTP 200, the status in `grpc-status`), as gRPC clients expect.
     /// Capacity pressure and a closed queue are `UNAVAILABLE` (which gRPC
@@ -183,7 +183,7 @@ impl Refusals {
 }
 
 /// The layer of [`AdmissionLayer::http`]: refused requests are answered
-/// with a response (see [`Refusals`]) instead of an error, so the service's
+/// with a response (see [`RefusalPolicy`]) instead of an error, so the service's
 /// error type is the inner service's, and axum's `Router::layer` (which
 /// wants `Infallible`) takes the layer as it is.
 ///
@@ -194,7 +194,7 @@ impl Refusals {
 #[derive(Clone)]
 pub struct HttpAdmissionLayer<C> {
     layer: AdmissionLayer<C>,
-    refusals: Refusals,
+    refusals: RefusalPolicy,
     reports: Reports,
     seen: Arc<Seen>,
 }
@@ -221,7 +221,7 @@ impl<C> HttpAdmissionLayer<C> {
         let reporter = Reporter::new(layer.queue().clone(), layer.owner());
         HttpAdmissionLayer {
             layer,
-            refusals: Refusals::default(),
+            refusals: RefusalPolicy::default(),
             reports: Reports::default(),
             seen: Arc::new(Seen {
                 reporter,
@@ -347,7 +347,7 @@ impl<C> HttpAdmissionLayer<C> {
     }
 
     /// How refusals are answered.
-    pub fn refusals(&self) -> Refusals {
+    pub fn refusals(&self) -> RefusalPolicy {
         self.refusals
     }
 
@@ -385,7 +385,7 @@ impl<C> fmt::Debug for HttpAdmissionLayer<C> {
 #[derive(Clone)]
 pub struct HttpAdmissionService<S, C> {
     inner: AdmissionService<S, C>,
-    refusals: Refusals,
+    refusals: RefusalPolicy,
     reports: Reports,
     seen: Arc<Seen>,
 }
@@ -433,7 +433,7 @@ impl<S: fmt::Debug, C> fmt::Debug for HttpAdmissionService<S, C> {
 pub struct HttpResponseFuture<S: Service<Req>, Req> {
     #[pin]
     inner: ResponseFuture<S, Req>,
-    refusals: Refusals,
+    refusals: RefusalPolicy,
     reports: Reports,
     seen: Arc<Seen>,
     /// Answer a refusal the gRPC way.

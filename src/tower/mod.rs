@@ -22,7 +22,7 @@
 //!
 //! **HTTP mode** ([`AdmissionLayer::http`]): a refused request is answered with
 //! a response (503 by default, or 429, with `Retry-After` from the queue's
-//! wait estimate and the reason in [`REASON_HEADER`]; see [`Refusals`]),
+//! wait estimate and the reason in [`REASON_HEADER`]; see [`RefusalPolicy`]),
 //! and the service keeps the inner service's error type, so axum's
 //! `Router::layer` takes it as it is. A gRPC call (tonic behind the same
 //! layer) is refused the gRPC way: `grpc-status` UNAVAILABLE or
@@ -75,18 +75,39 @@
 //! overload per request instead (a full queue, or, with early rejection, a
 //! deadline the request would miss, is refused at once).
 //!
+//! # Propagation
+//!
+//! A request's class is decided once, at the edge, and every service it
+//! fans out to should honour the same class (the cross-service idea of
+//! DAGOR): a low-priority batch call must not become normal priority one hop
+//! later. The convention is two headers, [`TENANT_HEADER`] and
+//! [`PRIORITY_HEADER`], plus the remaining deadline as `grpc-timeout`
+//! ([`GRPC_TIMEOUT_HEADER`]):
+//!
+//! * on the server side, [`HttpClassifier`] reads them into a
+//!   [`WorkInfo`](crate::WorkInfo), believing them as far as it trusts the
+//!   caller (see the [trust model](#trust-model)), and [`AdmissionService`]
+//!   makes the admitted request's `WorkInfo` the task's current one
+//!   ([`current_work`]) while its handler runs;
+//! * on the client side, [`PropagateLayer`] stamps every outgoing request
+//!   made from inside such a handler with the current tenant, priority and
+//!   what is left of the deadline ([`stamp`] does it for one request).
+//!
+//! Headers that do not parse are ignored (the classifier's defaults apply),
+//! never an error: a malformed header is not a reason to fail a request.
+//!
 //! # Trust model
 //!
 //! A request's class decides who waits for whom, so whatever a caller may
 //! claim about itself is a privilege. [`HttpClassifier`] reads three
-//! headers ([`TENANT_HEADER`](propagate::TENANT_HEADER),
-//! [`PRIORITY_HEADER`](propagate::PRIORITY_HEADER) and a `grpc-timeout`
+//! headers ([`TENANT_HEADER`],
+//! [`PRIORITY_HEADER`] and a `grpc-timeout`
 //! deadline) and believes them only as far as the caller is trusted:
 //!
 //! | | trusted caller | untrusted caller |
 //! |---|---|---|
 //! | priority header | honoured up to [`max_priority`](HttpClassifier::max_priority) | honoured only to go *lower* than the route's or the default priority |
-//! | tenant header | honoured, except reserved ids ([`TenantId::SYSTEM`](crate::TenantId::SYSTEM) and those added with [`reserve_tenant`](HttpClassifier::reserve_tenant)) | ignored: the default tenant |
+//! | tenant header | honoured, except reserved ids ([`TenantId::SYSTEM`](crate::TenantId::SYSTEM) and those added with [`reserve_tenant`](HttpClassifier::reserve_tenant)) | ignored: the default tenant ([`TenantId::ANONYMOUS`](crate::TenantId::ANONYMOUS) unless set) |
 //! | deadline header | honoured | honoured only to be *shorter* than the [`default_timeout`](HttpClassifier::default_timeout) |
 //!
 //! Whether a caller is trusted is the application's decision, made by the
@@ -96,7 +117,7 @@
 //! header a proxy signs, anything. Without a predicate nobody is trusted,
 //! so a service exposed as it is cannot be told "I am high priority" by
 //! whoever connects. Services behind it that receive propagated headers
-//! (see [`propagate`]) trust their upstream, for example
+//! (see [propagation](#propagation)) trust their upstream, for example
 //! with [`trust_all`](HttpClassifier::trust_all) on an internal network.
 //!
 //! Even a trusted caller chooses its tenant id; where that id is not
@@ -131,7 +152,7 @@
 //! Priority and tenant travel with the request between services:
 //! [`HttpClassifier`] reads them (and a deadline) from headers, the admitted
 //! request's class is the handler task's [`current_work`], and
-//! [`PropagateLayer`] stamps outgoing requests with it; see [`propagate`].
+//! [`PropagateLayer`] stamps outgoing requests with it; see [propagation](#propagation).
 //!
 //! ```
 //! use admission::tower::AdmissionLayer;
@@ -157,7 +178,7 @@ mod error;
 mod future;
 mod http;
 mod layer;
-pub mod propagate;
+mod propagate;
 mod release;
 mod report;
 mod service;
@@ -167,11 +188,12 @@ pub use classify::{Caller, Classify, HttpClassifier};
 pub use error::AdmissionError;
 pub use future::ResponseFuture;
 pub use http::{
-    HttpAdmissionLayer, HttpAdmissionService, HttpResponseFuture, Refusals, REASON_HEADER,
+    HttpAdmissionLayer, HttpAdmissionService, HttpResponseFuture, RefusalPolicy, REASON_HEADER,
 };
 pub use layer::AdmissionLayer;
 pub use propagate::{
-    current_work, format_grpc_timeout, parse_grpc_timeout, PropagateLayer, PropagateService,
+    current_work, format_grpc_timeout, parse_grpc_timeout, stamp, PropagateLayer, PropagateService,
+    GRPC_TIMEOUT_HEADER, PRIORITY_HEADER, TENANT_HEADER,
 };
 pub use release::{give_way, release_during, release_slot};
 pub use report::{LoadReport, LEVEL_HEADER, LOAD_HEADER};

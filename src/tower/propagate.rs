@@ -128,7 +128,7 @@ pub(super) fn header<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> 
 }
 
 /// Stamps outgoing HTTP requests with the current work's tenant, priority
-/// and remaining deadline; see the [module docs](self).
+/// and remaining deadline; see [propagation](crate::tower#propagation).
 #[derive(Clone, Copy, Debug, Default)]
 pub struct PropagateLayer;
 

@@ -25,7 +25,7 @@ pub const CLASSIFIER_FALLBACK_PRIORITY: Priority = Priority::USER_LOW;
 
 /// What [`CLASSIFIER_FALLBACK_PRIORITY`] is called in health records.
 const CLASSIFIER_ON_FAILURE: &str =
-    "the request is admitted as the default tenant at user-low priority, no deadline";
+    "the request is admitted as the anonymous tenant at user-low priority, no deadline";
 
 pub(super) fn classifier_boundary() -> StdArc<Boundary> {
     StdArc::new(Boundary::new("classifier", CLASSIFIER_ON_FAILURE))
@@ -33,9 +33,10 @@ pub(super) fn classifier_boundary() -> StdArc<Boundary> {
 
 /// The class of a request whose classifier panicked: the least trust a
 /// request can be given without being refused. Never a bypass, never a
-/// tenant the request did not name, never above user-low priority.
+/// tenant the request did not name (the anonymous one, not the node's own
+/// [`TenantId::SYSTEM`]), never above user-low priority.
 fn lowest_trust() -> WorkInfo {
-    WorkInfo::new(TenantId::default(), CLASSIFIER_FALLBACK_PRIORITY)
+    WorkInfo::new(TenantId::ANONYMOUS, CLASSIFIER_FALLBACK_PRIORITY)
 }
 
 /// Admits each request through a [`WorkQueue`] before calling the inner

@@ -12,8 +12,15 @@ use crate::error::ConfigError;
 pub struct TenantId(u64);
 
 impl TenantId {
-    /// The system tenant: the node's own work, and the default tenant.
+    /// The system tenant: the node's own work, and the default tenant of a
+    /// [`WorkInfo`](crate::WorkInfo) built without one.
     pub const SYSTEM: TenantId = TenantId(1);
+
+    /// Callers that name no tenant, or whose tenant is not believed: the
+    /// HTTP classifier's default, so that anonymous traffic competes as one
+    /// tenant of its own, beside named tenants, and never as the node's own
+    /// [`SYSTEM`](Self::SYSTEM) work.
+    pub const ANONYMOUS: TenantId = TenantId(0);
 
     /// A tenant from its numeric id.
     pub const fn new(id: u64) -> Self {

@@ -20,7 +20,7 @@ use crate::work::Priority;
 /// [`DownstreamsBuilder::endpoint`](super::DownstreamsBuilder::endpoint)):
 ///
 /// 1. takes the request's priority from its
-///    [`PRIORITY_HEADER`](crate::tower::propagate::PRIORITY_HEADER) if it
+///    [`PRIORITY_HEADER`](crate::tower::PRIORITY_HEADER) if it
 ///    has one, else from the work the calling task serves
 ///    ([`current_work`]); a request of no known priority is never refused
 ///    for a level;
