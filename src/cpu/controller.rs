@@ -354,6 +354,18 @@ impl Controller {
     }
 
     /// Asks for admission; see [`WorkQueue::admit`].
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropping the future at any point loses no capacity: a queued request
+    /// leaves the queue, and a grant it had not yet seen goes to the next
+    /// waiter.
+    ///
+    /// # Errors
+    ///
+    /// As [`WorkQueue::admit`]: an [`AdmitError`](crate::AdmitError) for a full
+    /// or closed queue, the request's deadline, early rejection or a request
+    /// larger than `max_slots`.
     pub fn admit(&self, work: WorkInfo) -> Admit<SlotGranter> {
         self.core.queue.admit(work)
     }
@@ -846,6 +858,13 @@ impl ControllerBuilder {
 
     /// Validates the settings, starts the sampler thread (unless manual)
     /// and returns the controller.
+    ///
+    /// # Errors
+    ///
+    /// [`ConfigError`] naming the first setting out of its range (`min_slots`,
+    /// `max_slots`, `initial_slots`, `period`, `threshold`, `poll_estimate`,
+    /// `idle_below`, `idle_period`, or the queue's), or `sampler` if the
+    /// sampler's OS thread cannot be started.
     pub fn build(self) -> Result<Controller, ConfigError> {
         self.validate()?;
         let (mut signal, runtime, source): (Box<dyn CpuSignal>, _, _) = match self.signal {

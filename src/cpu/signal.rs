@@ -141,6 +141,11 @@ impl RuntimeSignal {
     /// `tokio_unstable` builds measures that), [`SignalSource::QueueDepths`]
     /// only with `tokio_unstable`, a [`ConfigError`] naming `signal_source`
     /// otherwise.
+    ///
+    /// # Errors
+    ///
+    /// [`ConfigError`] naming `signal_source` if the source needs per-worker
+    /// queue depths and the build lacks `--cfg tokio_unstable`.
     pub fn with_source(handle: &Handle, source: SignalSource) -> Result<Self, ConfigError> {
         match source {
             SignalSource::GlobalQueueAndProbe => Ok(Self::probing(handle)),

@@ -71,6 +71,11 @@ impl SlotGranter {
     /// A granter with `total` slots, or a [`ConfigError`] naming
     /// `total_slots` if `total` exceeds [`MAX_TOTAL`](Self::MAX_TOTAL).
     /// A total of zero is valid: nothing is admitted until it is raised.
+    ///
+    /// # Errors
+    ///
+    /// [`ConfigError`] naming `total_slots` if `total` exceeds
+    /// [`MAX_TOTAL`](Self::MAX_TOTAL).
     pub fn new(total: u64) -> Result<Self, ConfigError> {
         Self::check_total(total)?;
         Ok(SlotGranter {
@@ -132,6 +137,11 @@ impl SlotGranter {
     /// [`AdmitError::NeverFits`](crate::AdmitError::NeverFits). Without a
     /// ceiling the current total is the bound (none while it is zero: a
     /// total of zero pauses admission).
+    ///
+    /// # Errors
+    ///
+    /// [`ConfigError`] naming `ceiling` if it exceeds
+    /// [`MAX_TOTAL`](Self::MAX_TOTAL).
     pub fn set_ceiling(&self, ceiling: u64) -> Result<(), ConfigError> {
         if ceiling > Self::MAX_TOTAL {
             return Err(ConfigError::out_of_range(
@@ -150,6 +160,11 @@ impl SlotGranter {
     /// on the queue afterwards, or use
     /// [`WorkQueue::set_total_slots`](crate::WorkQueue::set_total_slots),
     /// which does both.
+    ///
+    /// # Errors
+    ///
+    /// [`ConfigError`] naming `total_slots` if `total` exceeds
+    /// [`MAX_TOTAL`](Self::MAX_TOTAL); the total is then unchanged.
     pub fn set_total(&self, total: u64) -> Result<(), ConfigError> {
         Self::check_total(total)?;
         self.total.store(total, Ordering::Release);

@@ -263,6 +263,10 @@ impl TokenGranter {
     /// A regular-class granter with a bucket of its own that starts
     /// unlimited (a healthy store has no budget) and banks at most `burst`
     /// tokens once limited; a [`ConfigError`] naming `burst` if it is zero.
+    ///
+    /// # Errors
+    ///
+    /// [`ConfigError`] naming `burst` if it is zero.
     pub fn new(burst: u64) -> Result<Self, ConfigError> {
         let burst = Self::nonzero_burst("burst", burst)?;
         Ok(Self::nonzero_pair(burst, burst).0)
@@ -327,6 +331,11 @@ impl TokenGranter {
     /// Sets the most this class can bank (for example an interval's tokens
     /// over 60, as upstream does); a [`ConfigError`] naming `burst` if it is
     /// zero.
+    ///
+    /// # Errors
+    ///
+    /// [`ConfigError`] naming `burst` if it is zero; the burst is then
+    /// unchanged.
     pub fn set_burst(&self, burst: u64) -> Result<(), ConfigError> {
         self.set_nonzero_burst(Self::nonzero_burst("burst", burst)?);
         Ok(())

@@ -201,6 +201,18 @@ impl Controller {
 
     /// Asks for admission for `work`'s [`requested`](WorkInfo::requested)
     /// bytes in the queue of its class (elastic below priority zero).
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropping the future at any point loses no capacity: a queued request
+    /// leaves the queue, and a grant it had not yet seen goes to the next
+    /// waiter.
+    ///
+    /// # Errors
+    ///
+    /// As [`WorkQueue::admit`](crate::WorkQueue::admit): an
+    /// [`AdmitError`](crate::AdmitError) for a full or closed queue, the
+    /// request's deadline, or more bytes than one burst can ever hold.
     pub fn admit(&self, work: WorkInfo) -> Admit<TokenGranter> {
         self.core.queues.admit(work)
     }

@@ -27,7 +27,7 @@
 //! controller reads it every tick; the table ids are then compared a
 //! millisecond apart and the derived counters miss little.
 //!
-//! [`FjallStats::report`] adds what fjall reports about compaction progress
+//! [`FjallStats::snapshot`] adds what fjall reports about compaction progress
 //! and disk growth, for observability; it is not an admission input.
 //!
 //! fjall 3 needs Rust 1.90, above this crate's 1.85, so the adapter is
@@ -65,7 +65,7 @@ pub struct FjallStats {
 /// What fjall reports about a keyspace beyond [`LsmStats`]: compaction
 /// progress and disk growth.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct FjallReport {
+pub struct FjallSnapshot {
     /// The admission inputs, as of this reading.
     pub stats: LsmStats,
     /// The keyspace's size on disk, all levels.
@@ -141,10 +141,10 @@ impl FjallStats {
     }
 
     /// Takes a reading and adds fjall's compaction and disk figures.
-    pub fn report(&mut self) -> FjallReport {
+    pub fn snapshot(&mut self) -> FjallSnapshot {
         let stats = self.read();
         let to_u64 = |n: usize| u64::try_from(n).unwrap_or(u64::MAX);
-        FjallReport {
+        FjallSnapshot {
             stats,
             disk_bytes: self.keyspace.disk_space(),
             tables: to_u64(self.keyspace.table_count()),

@@ -160,6 +160,12 @@ impl CpuPoolBuilder {
     /// Called inside a tokio runtime, it also counts that runtime's workers
     /// to choose [`collect_grants`](Self::collect_grants) when it was not
     /// set.
+    ///
+    /// # Errors
+    ///
+    /// [`ConfigError`] naming the first setting out of its range (`threads`,
+    /// `max_borrowed`, `spin_before_wait`, `thread_name`, the queue's
+    /// settings), or `threads` if the OS refuses to start a thread.
     pub fn build(self) -> Result<CpuPool, ConfigError> {
         let threads = match self.threads {
             Some(threads) => threads,

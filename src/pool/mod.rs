@@ -365,9 +365,20 @@ impl CpuPool {
     /// Runs `f` on a pool thread once `work` is admitted.
     ///
     /// Nothing happens until the returned future is polled; it resolves to
-    /// what `f` returned or to a [`PoolError`]. Dropping it before `f` has
-    /// started means `f` never runs and its slot goes to the next waiter;
-    /// dropping it after `f` started lets `f` finish and drops its result.
+    /// what `f` returned or to a [`PoolError`].
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropping the task before `f` has started means `f` never runs and its
+    /// slot goes to the next waiter; dropping it after `f` started lets `f`
+    /// finish on its thread and drops its result.
+    ///
+    /// # Errors
+    ///
+    /// The task resolves to [`PoolError::Admit`] with the queue's
+    /// [`AdmitError`](crate::AdmitError) when `work` is not admitted,
+    /// [`PoolError::Panicked`] when `f` panicked, or [`PoolError::Closed`] when
+    /// the pool shut down first.
     pub fn spawn<F, T>(&self, work: WorkInfo, f: F) -> PoolTask<T>
     where
         F: FnOnce() -> T + Send + 'static,

@@ -194,6 +194,11 @@ impl<G: Granter> fmt::Debug for WorkQueue<G> {
 
 impl WorkQueue<SlotGranter> {
     /// A slot queue with `total_slots` slots and default settings.
+    ///
+    /// # Errors
+    ///
+    /// [`ConfigError`] naming `total_slots` if it exceeds
+    /// [`SlotGranter::MAX_TOTAL`](crate::grant::SlotGranter::MAX_TOTAL).
     pub fn new(total_slots: u64) -> Result<Self, ConfigError> {
         Self::builder().total_slots(total_slots).build()
     }
@@ -209,6 +214,12 @@ impl WorkQueue<SlotGranter> {
     /// Waiters asking for more slots than the new total (and the
     /// [ceiling](SlotGranter::set_ceiling), if one is set) fail with
     /// [`AdmitError::NeverFits`](crate::AdmitError::NeverFits).
+    ///
+    /// # Errors
+    ///
+    /// [`ConfigError`] naming `total_slots` if `total` exceeds
+    /// [`SlotGranter::MAX_TOTAL`](crate::grant::SlotGranter::MAX_TOTAL); the
+    /// total is then unchanged.
     pub fn set_total_slots(&self, total: u64) -> Result<(), ConfigError> {
         self.shared.granter.set_total(total)?;
         self.shared.with_state(|queue, grants, wakes| {
@@ -292,9 +303,44 @@ impl<G: Granter> WorkQueue<G> {
     ///
     /// Nothing happens until the returned future is polled. It resolves to a
     /// [`SlotPermit`] that holds the admitted capacity until it is dropped, or
-    /// to an [`AdmitError`](crate::AdmitError). Dropping the future at any
-    /// point loses no capacity: a queued request leaves the queue, and a
-    /// grant it had not yet seen goes to the next waiter.
+    /// to an [`AdmitError`](crate::AdmitError).
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropping the future at any point loses no capacity: a queued request
+    /// leaves the queue, and a grant it had not yet seen goes to the next
+    /// waiter.
+    ///
+    /// # Errors
+    ///
+    /// The future resolves to an [`AdmitError`](crate::AdmitError): `QueueFull`
+    /// when `max_waiters` requests wait already, `Closed` for a closed queue,
+    /// `DeadlinePassed` or `DeadlineExceeded` for the request's deadline,
+    /// `WouldMissDeadline` with early rejection, `NeverFits` for more than the
+    /// queue can ever grant one request, `TimerUnavailable` for a deadline
+    /// where no tokio timer runs.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// use std::time::Duration;
+    /// use admission::{AdmitError, Priority, TenantId, WorkInfo, WorkQueue};
+    ///
+    /// let queue = WorkQueue::new(1)?;
+    /// let first = queue.admit(WorkInfo::new(TenantId::new(1), Priority::NORMAL)).await?;
+    /// // The only slot is held: a request that cannot wait 10 ms is refused.
+    /// let hurried = WorkInfo::builder()
+    ///     .tenant(TenantId::new(2))
+    ///     .timeout(Duration::from_millis(10))
+    ///     .build();
+    /// let refused = queue.admit(hurried).await;
+    /// assert!(matches!(refused, Err(AdmitError::DeadlineExceeded { .. })));
+    /// drop(first);
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn admit(&self, work: WorkInfo) -> Admit<G> {
         Admit::new(self.shared.clone(), work)
     }
@@ -697,12 +743,24 @@ impl WorkQueueBuilder {
     }
 
     /// A slot queue.
+    ///
+    /// # Errors
+    ///
+    /// [`ConfigError`] naming the first setting out of its range
+    /// (`total_slots`, `max_waiters`, `max_tenants`, `elastic_share`,
+    /// `grant_burst`, `grant_burst_timeout`, `reset_period`, `name`), with
+    /// the range it broke.
     pub fn build(self) -> Result<WorkQueue<SlotGranter>, ConfigError> {
         let granter = SlotGranter::new(self.total_slots)?;
         self.build_with(granter)
     }
 
     /// A queue in front of any granter.
+    ///
+    /// # Errors
+    ///
+    /// [`ConfigError`] naming the first setting out of its range, as
+    /// [`build`](Self::build).
     pub fn build_with<G: Granter>(self, granter: G) -> Result<WorkQueue<G>, ConfigError> {
         if self.max_waiters == 0 {
             return Err(ConfigError::new(

@@ -160,6 +160,20 @@ impl SlotPermit<SlotGranter> {
     /// [`Admit`] does. In metrics and snapshots each call counts one more
     /// request, and one more [`resumed`](crate::observe::PrioritySnapshot::resumed).
     ///
+    /// # Cancel safety
+    ///
+    /// Dropping the returned future drops `wait` and returns nothing twice: the
+    /// slots were given back when it was made, and a request for them again
+    /// leaves the queue (a grant it had not seen goes to the next waiter).
+    ///
+    /// # Errors
+    ///
+    /// The second value is the [`AdmitError`] that refused the slots when
+    /// `wait` had finished: its deadline, or a closed queue. The wait's output
+    /// comes back either way.
+    ///
+    /// # Examples
+    ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> Result<(), admission::AdmitError> {
@@ -254,8 +268,17 @@ impl SlotPermit<SlotGranter> {
     /// and in the tenant's usage under
     /// [`Usage::Granted`](crate::Usage::Granted).
     ///
-    /// Cancel-safe: dropping the returned future, before or after it gave
-    /// way, leaves the queue as dropping the permit or an [`Admit`] does.
+    /// # Cancel safety
+    ///
+    /// Dropping the returned future, before or after it gave way, leaves the
+    /// queue as dropping the permit or an [`Admit`] does.
+    ///
+    /// # Errors
+    ///
+    /// The [`AdmitError`] that refused the slot when the work asked for it
+    /// again after giving way: its deadline, or a closed queue.
+    ///
+    /// # Examples
     ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]

@@ -36,6 +36,10 @@ impl WorkQueue<TokenGranter> {
     /// when the work completes.
     ///
     /// A `burst` of zero is refused with a [`ConfigError`] naming `burst`.
+    ///
+    /// # Errors
+    ///
+    /// [`ConfigError`] naming `burst` if it is zero.
     pub fn tokens(burst: u64) -> Result<Self, ConfigError> {
         token_builder(WorkQueueBuilder::default()).build_with(TokenGranter::new(burst)?)
     }
@@ -55,6 +59,11 @@ impl WorkQueue<TokenGranter> {
     /// banked, or (`None`) off: unlimited admission, every waiter granted at
     /// once. `Some(0)` is refused with a [`ConfigError`] naming `burst`, and
     /// changes nothing.
+    ///
+    /// # Errors
+    ///
+    /// [`ConfigError`] naming `burst` if it is `Some(0)`; the limit is then
+    /// unchanged.
     pub fn set_token_limit(&self, burst: Option<u64>) -> Result<(), ConfigError> {
         let burst = burst
             .map(|burst| TokenGranter::nonzero_burst("burst", burst))
@@ -140,6 +149,11 @@ impl TokenQueues {
     /// `regular_burst` or `elastic_burst`. Both are named `io` for metrics
     /// (their priorities, and the `class` label of the token gauges, keep
     /// them apart).
+    ///
+    /// # Errors
+    ///
+    /// [`ConfigError`] naming `regular_burst` or `elastic_burst`, whichever is
+    /// zero.
     pub fn new(regular_burst: u64, elastic_burst: u64) -> Result<Self, ConfigError> {
         Self::with_builder(
             WorkQueueBuilder::default().name("io"),
@@ -183,6 +197,18 @@ impl TokenQueues {
 
     /// Asks for admission for `work` (its [`requested`](WorkInfo::requested)
     /// bytes) in the queue of its class.
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropping the future at any point loses no capacity: a queued request
+    /// leaves the queue, and a grant it had not yet seen goes to the next
+    /// waiter.
+    ///
+    /// # Errors
+    ///
+    /// As [`WorkQueue::admit`]: an [`AdmitError`](crate::AdmitError) for a full
+    /// or closed queue, the request's deadline, or more bytes than one burst
+    /// can ever hold.
     pub fn admit(&self, work: WorkInfo) -> Admit<TokenGranter> {
         self.queue(TokenClass::of(work.priority())).admit(work)
     }

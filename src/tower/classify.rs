@@ -179,6 +179,12 @@ impl HttpClassifier {
     /// [`max_priority`](Self::max_priority) contradicts it and is refused
     /// with a [`ConfigError`] naming `default_priority` (rather than being
     /// capped without a word); to raise both, raise the cap first.
+    ///
+    /// # Errors
+    ///
+    /// [`ConfigError`] naming `default_priority` if it is above
+    /// [`max_priority`](Self::max_priority): a default the cap would cut is a
+    /// mistake, not a silent cap.
     pub fn default_priority(mut self, priority: Priority) -> Result<Self, ConfigError> {
         if priority > self.config.max_priority {
             return Err(ConfigError::new(
@@ -198,6 +204,11 @@ impl HttpClassifier {
     /// [`default_priority`](Self::default_priority) is refused with a
     /// [`ConfigError`] naming `max_priority`; to lower both, lower the
     /// default first.
+    ///
+    /// # Errors
+    ///
+    /// [`ConfigError`] naming `max_priority` if it is below the default
+    /// priority.
     pub fn max_priority(mut self, priority: Priority) -> Result<Self, ConfigError> {
         if priority < self.config.default_priority {
             return Err(ConfigError::new(
@@ -242,6 +253,11 @@ impl HttpClassifier {
     /// or [`no_default_timeout`](Self::no_default_timeout) for work that
     /// may wait without bound. Zero is refused with a [`ConfigError`]
     /// naming `default_timeout`: every request would be refused.
+    ///
+    /// # Errors
+    ///
+    /// [`ConfigError`] naming `default_timeout` if it is zero (use
+    /// [`no_default_timeout`](Self::no_default_timeout) for none).
     pub fn default_timeout(mut self, timeout: Duration) -> Result<Self, ConfigError> {
         if timeout.is_zero() {
             return Err(ConfigError::new(

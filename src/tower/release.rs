@@ -49,6 +49,19 @@ pub(super) fn holding<F: Future>(
 /// `release_during` of the same request has the slot, there is nothing to
 /// give back: `wait` simply runs and `Ok(())` comes back.
 ///
+/// # Cancel safety
+///
+/// Dropping the future drops `wait`; the slot was given back when it started,
+/// and a request for it again leaves the queue.
+///
+/// # Errors
+///
+/// The second value is the [`AdmitError`] that refused the slot when `wait` had
+/// finished (the request's deadline, a closed queue); the request then holds no
+/// slot.
+///
+/// # Examples
+///
 /// ```
 /// # async fn query() -> Vec<u32> { vec![1, 2, 3] }
 /// # async fn handler() -> Result<String, admission::AdmitError> {
@@ -87,6 +100,18 @@ pub async fn release_during<F: IntoFuture>(wait: F) -> (F::Output, Result<(), Ad
 /// after which the request holds no slot and the handler should answer as a
 /// refused request would. Outside a request admitted by the layer, or while
 /// [`release_during`] has the slot, there is nothing to offer: `Ok(())`.
+///
+/// # Cancel safety
+///
+/// Dropping the future while the slot is given away leaves the queue; the
+/// request then holds no slot, as after a refusal.
+///
+/// # Errors
+///
+/// The [`AdmitError`] that refused the slot when the request asked for it again
+/// (its deadline, a closed queue).
+///
+/// # Examples
 ///
 /// ```
 /// # async fn export_batch(_: u32) {}

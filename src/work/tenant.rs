@@ -83,6 +83,11 @@ impl TenantWeight {
     /// let err = TenantWeight::new(0).unwrap_err();
     /// assert!(err.to_string().contains("tenant_weight"));
     /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`ConfigError`] naming `tenant_weight` if it is outside
+    /// [`MIN`](Self::MIN)..=[`MAX`](Self::MAX).
     pub fn new(weight: u32) -> Result<Self, ConfigError> {
         if (Self::MIN.0..=Self::MAX.0).contains(&weight) {
             Ok(TenantWeight(weight))
