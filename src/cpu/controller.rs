@@ -10,21 +10,21 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use tokio::runtime::{Handle, RuntimeMetrics};
-use tokio_metrics::{RuntimeIntervals, RuntimeMonitor};
+use tokio_metrics::RuntimeIntervals;
 
 use super::adjuster::{Adjustment, Hold, SlotAdjuster};
+use super::builder::ControllerBuilder;
 use super::idle::{IdleDetector, Mode};
 use super::inflation::{self, HoldInflation, InflationReading, InflationVerdict};
 use super::signal::{a_worker_is_parked, CpuLoad, CpuSignal, RuntimeSignal, SignalSource};
-use super::tuning::{GlobalQueueBacklog, GlobalQueueWatch, WatchVerdict};
-use crate::error::ConfigError;
+use super::snapshot::{RuntimeSummary, SlotChange, Snapshot, Tick};
+use super::tuning::{GlobalQueueWatch, WatchVerdict};
 use crate::grant::{SlotGranter, SlotSnapshot};
-use crate::health::{Boundary, ComponentHealth};
-use crate::observe::QueueSnapshot;
-use crate::queue::{Admit, Usage, WorkQueue, WorkQueueBuilder};
+use crate::health::Boundary;
+use crate::queue::{Admit, WorkQueue};
 use crate::sync::{Arc, Mutex, Ordering, StdAtomicU64};
 use crate::ticker::Ticker;
-use crate::work::{Priority, WorkInfo};
+use crate::work::WorkInfo;
 
 /// How many slot changes the snapshot remembers.
 const RECENT_DECISIONS: usize = 32;
@@ -37,14 +37,14 @@ const BUSY_SPAN: Duration = Duration::from_millis(10);
 /// The most intervals the busy span keeps, whatever the tick period.
 const BUSY_SPAN_INTERVALS: usize = 256;
 /// The sampler thread's component name.
-const SAMPLER: &str = "cpu_sampler";
+pub(super) const SAMPLER: &str = "cpu_sampler";
 /// The signal's fallback, for health records.
-const SIGNAL_ON_FAILURE: &str =
+pub(super) const SIGNAL_ON_FAILURE: &str =
     "fails closed: enforcing, the slot total held, retried every idle period";
 /// The smallest and largest expected length of one task poll for the
 /// stable probe: below a microsecond every delay reads as a huge backlog,
 /// above a second none ever reads as one.
-const POLL_ESTIMATE_RANGE: std::ops::RangeInclusive<Duration> =
+pub(super) const POLL_ESTIMATE_RANGE: std::ops::RangeInclusive<Duration> =
     Duration::from_micros(1)..=Duration::from_secs(1);
 
 /// Admission control for CPU: a slot [`WorkQueue`] whose total follows the
@@ -80,48 +80,48 @@ const POLL_ESTIMATE_RANGE: std::ops::RangeInclusive<Duration> =
 /// controller.close();
 /// ```
 pub struct Controller {
-    core: Arc<Core>,
-    sampler: Ticker,
+    pub(super) core: Arc<Core>,
+    pub(super) sampler: Ticker,
 }
 
 /// What the sampler thread and the controller's handle share.
-struct Core {
-    queue: WorkQueue<SlotGranter>,
-    adjuster: SlotAdjuster,
-    period: Duration,
-    idle_period: Duration,
-    started: Instant,
-    source: Option<SignalSource>,
+pub(super) struct Core {
+    pub(super) queue: WorkQueue<SlotGranter>,
+    pub(super) adjuster: SlotAdjuster,
+    pub(super) period: Duration,
+    pub(super) idle_period: Duration,
+    pub(super) started: Instant,
+    pub(super) source: Option<SignalSource>,
     /// The panic boundary around the signal, the only user code in a tick.
-    signal_boundary: Boundary,
-    ticking: Mutex<Ticking>,
+    pub(super) signal_boundary: Boundary,
+    pub(super) ticking: Mutex<Ticking>,
     /// The workers' busy share over the trailing busy span, as `f64` bits
     /// (`NO_UTILIZATION` until the first runtime summary): read on every
     /// response that carries a load report, so without the tick's lock.
     /// A report, deciding nothing: `std`'s atomic, outside loom's models.
-    utilization: StdAtomicU64,
+    pub(super) utilization: StdAtomicU64,
 }
 
 /// [`Core::utilization`] before a runtime summary exists: a NaN's bits,
 /// which no busy ratio has.
-const NO_UTILIZATION: u64 = u64::MAX;
+pub(super) const NO_UTILIZATION: u64 = u64::MAX;
 
 /// The sampler's own state; locked for one tick at a time.
-struct Ticking {
-    signal: Box<dyn CpuSignal>,
-    idle: IdleDetector,
-    inflation: HoldInflation,
-    runtime: Option<RuntimeWatch>,
-    stats: Stats,
+pub(super) struct Ticking {
+    pub(super) signal: Box<dyn CpuSignal>,
+    pub(super) idle: IdleDetector,
+    pub(super) inflation: HoldInflation,
+    pub(super) runtime: Option<RuntimeWatch>,
+    pub(super) stats: Stats,
 }
 
-struct RuntimeWatch {
-    intervals: RuntimeIntervals,
-    busy: BusySpan,
-    global_queue: GlobalQueueWatch,
+pub(super) struct RuntimeWatch {
+    pub(super) intervals: RuntimeIntervals,
+    pub(super) busy: BusySpan,
+    pub(super) global_queue: GlobalQueueWatch,
     /// Read every tick for a parked worker: with every slot in use, the
     /// evidence an increase needs (see [`Hold::WorkersBusy`]).
-    metrics: RuntimeMetrics,
+    pub(super) metrics: RuntimeMetrics,
 }
 
 impl RuntimeWatch {
@@ -170,13 +170,13 @@ impl RuntimeWatch {
 /// The workers' busy time over the trailing [`BUSY_SPAN`], from intervals
 /// of any length.
 #[derive(Debug, Default)]
-struct BusySpan {
+pub(super) struct BusySpan {
     /// The latest intervals' busy time and length, oldest first, covering
     /// at least the span once that much time has been seen.
-    recent: VecDeque<(Duration, Duration)>,
+    pub(super) recent: VecDeque<(Duration, Duration)>,
     /// The sums of `recent`.
-    busy: Duration,
-    elapsed: Duration,
+    pub(super) busy: Duration,
+    pub(super) elapsed: Duration,
 }
 
 impl BusySpan {
@@ -204,7 +204,7 @@ impl BusySpan {
 }
 
 /// Where a builder's signal will come from.
-enum SignalChoice {
+pub(super) enum SignalChoice {
     Runtime {
         handle: Handle,
         poll_estimate: Duration,
@@ -214,125 +214,19 @@ enum SignalChoice {
 }
 
 #[derive(Default)]
-struct Stats {
-    inflation: Option<InflationReading>,
-    ticks: u64,
-    last_tick: Option<Instant>,
-    samples: u64,
-    increases: u64,
-    decreases: u64,
-    idle_overruns: u64,
-    last_load: Option<CpuLoad>,
-    last_adjustment: Option<Adjustment>,
-    recent: VecDeque<SlotChange>,
-    runtime: Option<RuntimeSummary>,
-    worker_idled: Option<bool>,
-}
-
-/// One tick's outcome.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct Tick {
-    /// The sample the tick acted on; `None` when the signal panicked (the
-    /// tick then held the total, [`Hold::SignalFailed`], and enforced).
-    pub load: Option<CpuLoad>,
-    /// The mode after the sample.
-    pub mode: Mode,
-    /// What the adjuster decided.
-    pub adjustment: Adjustment,
-    /// The slot levels before the decision.
-    pub slots_before: SlotSnapshot,
-}
-
-/// A change of the slot total, as remembered by the snapshot.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct SlotChange {
-    /// Time since the controller started.
-    pub at: Duration,
-    /// Runnable tasks per worker in the sample that caused it.
-    pub runnable_per_worker: f64,
-    /// The total before the change.
-    pub total_before: u64,
-    /// The change.
-    pub adjustment: Adjustment,
-}
-
-/// Runtime-wide figures from `tokio-metrics`, read every tick: the busy
-/// ratio over the trailing ~10 ms, the queue and task counts at the latest
-/// tick. The busy ratio decides whether longer holds are CPU queueing, so it
-/// slides with every tick: a spike shows as busy workers about 5 ms after
-/// it starts, not after up to 15 ms as with fixed 10 ms intervals (the
-/// overload suite's W4 asks for a spike to be absorbed within 20 ms).
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct RuntimeSummary {
-    /// Worker threads.
-    pub workers: usize,
-    /// Busy time over elapsed time, summed over workers (0..=workers).
-    pub busy_ratio: f64,
-    /// Tasks in the global (inject) queue at the end of the interval.
-    pub global_queue_depth: usize,
-    /// Tasks alive at the end of the interval.
-    pub live_tasks: usize,
-    /// The span the busy ratio covers: about 10 ms; longer after a long
-    /// tick (one while idle), which stays in the span until shorter ones
-    /// cover it.
-    pub elapsed: Duration,
-}
-
-/// The controller's state at one moment.
-#[derive(Clone, Debug)]
-pub struct Snapshot {
-    /// Active (enforcing) or idle.
-    pub mode: Mode,
-    /// Which runtime measurement feeds the signal (`None` for an injected signal).
-    pub source: Option<SignalSource>,
-    /// The latest sample the signal returned.
-    pub load: Option<CpuLoad>,
-    /// The latest decision.
-    pub last_adjustment: Option<Adjustment>,
-    /// Ticks run, including those whose sample failed: while it grows, the
-    /// sampler is alive.
-    pub ticks: u64,
-    /// When the latest tick ran, as time since the controller started.
-    pub last_tick: Option<Duration>,
-    /// Samples the signal returned (ticks whose sample panicked are not
-    /// counted).
-    pub samples: u64,
-    /// Slot increases so far.
-    pub increases: u64,
-    /// Slot decreases so far.
-    pub decreases: u64,
-    /// Times an admission past the total while idle ended idleness (the
-    /// slot granter's overrun alarm, which wakes the sampler at once).
-    pub idle_overruns: u64,
-    /// The most recent changes of the total, oldest first.
-    pub recent: Vec<SlotChange>,
-    /// Runtime-wide figures, when built for a runtime.
-    pub runtime: Option<RuntimeSummary>,
-    /// Whether a worker was parked (had run out of work) as the latest
-    /// tick sampled: an increase needs one ([`Hold::WorkersBusy`]). `None`
-    /// with an injected signal, which has no workers to ask.
-    pub worker_idled: Option<bool>,
-    /// The queue, including slots used and total.
-    pub queue: QueueSnapshot<SlotSnapshot>,
-    /// The latest window of the second signal: admitted work's hold
-    /// inflation over its unloaded value, inversion, and the verdict (see
-    /// the [module documentation](super)); `None` before the first window.
-    pub inflation: Option<InflationReading>,
-    /// Each priority's unloaded hold, the second signal's baseline: the
-    /// mean hold of work admitted with no more slots in flight than the
-    /// runtime has workers.
-    pub hold_baselines: Vec<(Priority, Duration)>,
-    /// The signal's health: panics caught, and whether it is failing now
-    /// (the controller then enforces with the total held).
-    pub signal: ComponentHealth,
-    /// What the controller saw of tokio's global queue, where tasks wait
-    /// before admission can order them (`None` with an injected signal).
-    /// Backlogged windows mean the runtime, not admission, is the queue:
-    /// see [`configure_runtime`](super::configure_runtime).
-    pub global_queue: Option<GlobalQueueBacklog>,
-    /// The sampler thread's health: ticks that panicked as a whole (none
-    /// expected; always healthy for a manual controller).
-    pub sampler: ComponentHealth,
+pub(super) struct Stats {
+    pub(super) inflation: Option<InflationReading>,
+    pub(super) ticks: u64,
+    pub(super) last_tick: Option<Instant>,
+    pub(super) samples: u64,
+    pub(super) increases: u64,
+    pub(super) decreases: u64,
+    pub(super) idle_overruns: u64,
+    pub(super) last_load: Option<CpuLoad>,
+    pub(super) last_adjustment: Option<Adjustment>,
+    pub(super) recent: VecDeque<SlotChange>,
+    pub(super) runtime: Option<RuntimeSummary>,
+    pub(super) worker_idled: Option<bool>,
 }
 
 impl Controller {
@@ -611,7 +505,7 @@ impl Core {
     /// One tick of the sampler thread; returns how long to sleep: the
     /// period while active, the idle period while idle or while the signal
     /// fails.
-    fn sample(&self) -> Duration {
+    pub(super) fn sample(&self) -> Duration {
         let mode = self.tick().mode;
         if mode == Mode::Idle || self.signal_boundary.consecutive_panics() > 0 {
             self.idle_period
@@ -650,403 +544,6 @@ fn combine(
             Err(why) => Adjustment::Hold(why),
         },
         other => other,
-    }
-}
-
-/// Settings for a [`Controller`], validated by [`build`](Self::build).
-#[must_use = "a builder does nothing until `build` is called"]
-pub struct ControllerBuilder {
-    signal: SignalChoice,
-    threshold: u32,
-    min_slots: Option<u64>,
-    max_slots: u64,
-    initial_slots: Option<u64>,
-    period: Duration,
-    idle_period: Duration,
-    idle_below: f64,
-    queue: WorkQueueBuilder,
-    manual: bool,
-    arrivals_first: bool,
-}
-
-impl ControllerBuilder {
-    /// Default overload threshold, in runnable tasks per worker; see the
-    /// [module documentation](super) for how it was chosen.
-    pub(crate) const DEFAULT_THRESHOLD: u32 = 1;
-    /// Default largest total.
-    pub(crate) const DEFAULT_MAX_SLOTS: u64 = 10_000;
-    /// Default sampling period while active.
-    pub(crate) const DEFAULT_PERIOD: Duration = Duration::from_millis(1);
-    /// Default sampling period while idle.
-    pub(crate) const DEFAULT_IDLE_PERIOD: Duration = Duration::from_millis(250);
-    /// Default idle line, in runnable tasks per worker.
-    pub(crate) const DEFAULT_IDLE_BELOW: f64 = 0.1;
-
-    fn new(signal: SignalChoice) -> Self {
-        ControllerBuilder {
-            signal,
-            threshold: Self::DEFAULT_THRESHOLD,
-            min_slots: None,
-            max_slots: Self::DEFAULT_MAX_SLOTS,
-            initial_slots: None,
-            period: Self::DEFAULT_PERIOD,
-            idle_period: Self::DEFAULT_IDLE_PERIOD,
-            idle_below: Self::DEFAULT_IDLE_BELOW,
-            queue: Self::default_queue(),
-            manual: false,
-            arrivals_first: true,
-        }
-    }
-
-    /// Runnable tasks per worker at or above which the total shrinks; it
-    /// grows at or below half of it (1..=1024).
-    pub fn threshold(mut self, threshold: u32) -> Self {
-        self.threshold = threshold;
-        self
-    }
-
-    /// The smallest total (at least 1). Default: one slot per worker
-    /// (capped by `max_slots`): with fewer, a worker would sit idle while
-    /// admitted work waits, and a run-queue signal full of requests that
-    /// are only passing through to wait for admission would otherwise push
-    /// the total there.
-    pub fn min_slots(mut self, min: u64) -> Self {
-        self.min_slots = Some(min);
-        self
-    }
-
-    /// The largest total.
-    pub fn max_slots(mut self, max: u64) -> Self {
-        self.max_slots = max;
-        self
-    }
-
-    /// The starting total (default: one per worker, within the bounds).
-    pub fn initial_slots(mut self, initial: u64) -> Self {
-        self.initial_slots = Some(initial);
-        self
-    }
-
-    /// Sampling period while active (100 µs..=1 s, default 1 ms).
-    pub fn period(mut self, period: Duration) -> Self {
-        self.period = period;
-        self
-    }
-
-    /// Sampling period while idle (from `period` to 60 s, default 250 ms).
-    /// Demand does not wait for it: the first admission past the total
-    /// while idle wakes the sampler.
-    pub fn idle_period(mut self, period: Duration) -> Self {
-        self.idle_period = period;
-        self
-    }
-
-    /// Runnable tasks per worker below which (over a second, and smoothed)
-    /// the node counts as idle; must be above 0 and at most half the
-    /// threshold (default 0.1).
-    pub fn idle_below(mut self, per_worker: f64) -> Self {
-        self.idle_below = per_worker;
-        self
-    }
-
-    /// The queue settings a controller starts from: the
-    /// [`WorkQueueBuilder`] defaults, with early rejection on (it acts only
-    /// on requests that carry a deadline, and a controller's queue times
-    /// every hold anyway), epoch-LIFO scaled to the requests' deadlines
-    /// ([`WorkQueueBuilder::epoch_lifo_from_deadlines`]: it acts only once
-    /// requests carry deadlines and queue past half of them), usage
-    /// counted as [`Usage::Granted`] (with few slots, slots held cannot
-    /// express tenant weights: two slots and weights 1:4 give 1:1 under
-    /// [`Usage::Held`]), and elastic work (bulk and background priorities)
-    /// capped at half the slots while regular work is about
-    /// ([`WorkQueueBuilder::elastic_share`]), and tenants seen for the
-    /// first time starting behind the least-served waiting one
-    /// ([`WorkQueueBuilder::newcomers_start_behind`]: tenant ids often come
-    /// from requests, and a fresh id per request must not buy a place at
-    /// the front); named `cpu` for metrics. Start from this when passing
-    /// your own to [`queue`](Self::queue).
-    ///
-    /// Measured with the overload suite (`examples/overload`, 2 workers,
-    /// stable tokio, `yield_now` handlers): in W2 (three priorities at 3x
-    /// capacity, 5 ms deadlines) goodput was 84.6% of capacity without
-    /// epoch-LIFO against 93.4% with it; in W5 (a foreground at half the
-    /// capacity beside a bulk job in 5 ms chunks) the foreground's p99 was
-    /// 2.9x its value alone without the elastic share against 1.17x with
-    /// it (bulk work that gives way, [`SlotPermit::give_way`](crate::SlotPermit::give_way),
-    /// is not held to the share).
-    pub fn default_queue() -> WorkQueueBuilder {
-        WorkQueueBuilder::default()
-            .early_rejection(true)
-            .epoch_lifo_from_deadlines()
-            .usage(Usage::Granted)
-            .elastic_share(0.5)
-            .newcomers_start_behind(true)
-            .name("cpu")
-    }
-
-    /// Queue settings (bound, reset period...), replacing
-    /// [`default_queue`](Self::default_queue). Its slot total and grant
-    /// pacing are set by the controller.
-    pub fn queue(mut self, queue: WorkQueueBuilder) -> Self {
-        self.queue = queue;
-        self
-    }
-
-    /// For a controller built [`for_runtime`](Controller::for_runtime) on
-    /// stable tokio: the expected length of one task poll, which converts
-    /// the probe's scheduling delay into runnable tasks (1 µs..=1 s); see
-    /// [`RuntimeSignal::with_poll_estimate`]. Checked for every
-    /// runtime controller, used only on stable tokio; ignored with an
-    /// injected signal.
-    pub fn poll_estimate(mut self, poll: Duration) -> Self {
-        if let SignalChoice::Runtime { poll_estimate, .. } = &mut self.signal {
-            *poll_estimate = poll;
-        }
-        self
-    }
-
-    /// For a controller built [`for_runtime`](Controller::for_runtime): how
-    /// its [`RuntimeSignal`] reads the runtime (default: the best this build
-    /// has, [`RuntimeSignal::best_source`]). Choosing
-    /// [`SignalSource::GlobalQueueAndProbe`] in a `tokio_unstable` build
-    /// measures what a crate that depends on this one gets; queue depths on
-    /// stable tokio fail the build with a [`ConfigError`] naming
-    /// `signal_source`. Ignored with an injected signal.
-    pub fn signal_source(mut self, chosen: SignalSource) -> Self {
-        if let SignalChoice::Runtime { source, .. } = &mut self.signal {
-            *source = chosen;
-        }
-        self
-    }
-
-    /// No sampler thread: the controller moves only when
-    /// [`Controller::step`] is called.
-    pub fn manual(mut self) -> Self {
-        self.manual = true;
-        self
-    }
-
-    /// Whether a slot returned on a worker while a task a worker or more
-    /// waits in the runtime's global queue is kept back for the next
-    /// request to ask, so that the worker that returned it takes those
-    /// arrivals in and the queue orders them before the slot is given out
-    /// (default: on).
-    ///
-    /// Tasks spawned or woken from outside the runtime wait in tokio's
-    /// global queue, which a worker with local work reads once every
-    /// ~200 µs of polling; a grant puts the next waiter on the releasing
-    /// worker's own queue, so with handlers that wake themselves between
-    /// chunks no worker runs out of local work, and under overload
-    /// arrivals wait there, unordered, past their deadlines. With this on,
-    /// W2 at 3x with self-waking handlers on tokio's default runtime served
-    /// the high class within its SLO 99.5–99.8% of the time against
-    /// 96.1–98.9% without it (four runs of each, side by side), at a p99 of
-    /// 3.5–4.2 ms against 4.5–5.4 ms, for goodput within the runs' spread
-    /// (`docs/OVERLOAD.md`, "Arrivals first"). At most one slot is kept back at a
-    /// time, and the next request to ask gives it out, whatever it is
-    /// answered, or else the next grant loop: another release, or the
-    /// controller's tick. Turn it off for a
-    /// [`manual`](Self::manual) controller that is not stepped every
-    /// period, whose step is what gives out a slot kept for arrivals that
-    /// were not requests. A runtime built with
-    /// [`configure_runtime`](super::configure_runtime) reads the global
-    /// queue first and seldom leaves a backlog to keep a slot for.
-    pub fn arrivals_first(mut self, on: bool) -> Self {
-        self.arrivals_first = on;
-        self
-    }
-
-    /// Validates the settings, starts the sampler thread (unless manual)
-    /// and returns the controller.
-    ///
-    /// # Errors
-    ///
-    /// [`ConfigError`] naming the first setting out of its range (`min_slots`,
-    /// `max_slots`, `initial_slots`, `period`, `threshold`, `poll_estimate`,
-    /// `idle_below`, `idle_period`, or the queue's), or `sampler` if the
-    /// sampler's OS thread cannot be started.
-    pub fn build(self) -> Result<Controller, ConfigError> {
-        self.validate()?;
-        let (mut signal, runtime, source): (Box<dyn CpuSignal>, _, _) = match self.signal {
-            SignalChoice::Runtime {
-                handle,
-                poll_estimate,
-                source,
-            } => (
-                Box::new(
-                    RuntimeSignal::with_source(&handle, source)?.with_poll_estimate(poll_estimate),
-                ),
-                Some(handle),
-                Some(source),
-            ),
-            SignalChoice::Custom(signal) => (signal, None, None),
-        };
-        let signal_boundary = Boundary::new("cpu_signal", SIGNAL_ON_FAILURE);
-        // A signal that panics here is counted, and the controller starts
-        // with the smallest defaults (one worker), failing closed.
-        let workers = signal_boundary
-            .call(|| signal.sample())
-            .map_or(1, |load| load.workers.max(1));
-        let min_slots = self
-            .min_slots
-            .unwrap_or_else(|| u64::from(workers).min(self.max_slots));
-        let initial = self
-            .initial_slots
-            .unwrap_or(u64::from(workers))
-            .clamp(min_slots, self.max_slots);
-        if let Some(asked) = self.initial_slots {
-            if asked != initial {
-                return Err(ConfigError::out_of_range(
-                    "initial_slots",
-                    asked,
-                    min_slots,
-                    self.max_slots,
-                ));
-            }
-        }
-        // Upstream's grant chain: a burst of workers x max(1, T/4).
-        let burst = u64::from(workers) * u64::from((self.threshold / 4).max(1));
-        let queue = self
-            .queue
-            .total_slots(initial)
-            .grant_burst(usize::try_from(burst).unwrap_or(usize::MAX))
-            .report_work()
-            .arrivals_first(self.arrivals_first)
-            .build()?;
-        // A request for more slots than the total now, but no more than it
-        // may grow to, waits; only a larger one can never fit.
-        queue.granter().set_ceiling(self.max_slots)?;
-        let now = Instant::now();
-        let runtime = runtime.as_ref().map(|handle| RuntimeWatch {
-            intervals: RuntimeMonitor::new(handle).intervals(),
-            busy: BusySpan::default(),
-            global_queue: GlobalQueueWatch::default(),
-            metrics: handle.metrics(),
-        });
-        let core = Arc::new(Core {
-            queue,
-            adjuster: SlotAdjuster::new(self.threshold, min_slots, self.max_slots),
-            period: self.period,
-            idle_period: self.idle_period,
-            started: now,
-            source,
-            signal_boundary,
-            utilization: StdAtomicU64::new(NO_UTILIZATION),
-            ticking: Mutex::new(Ticking {
-                signal,
-                idle: IdleDetector::new(self.idle_below, now),
-                inflation: HoldInflation::default(),
-                runtime,
-                stats: Stats::default(),
-            }),
-        });
-        let sampler = if self.manual {
-            Ticker::manual(SAMPLER)
-        } else {
-            let core = core.clone();
-            Ticker::spawn(
-                "admission-cpu-sampler",
-                SAMPLER,
-                self.idle_period,
-                move || core.sample(),
-            )
-            .map_err(|error| {
-                ConfigError::new(
-                    "sampler",
-                    format!("cannot start the sampler thread: {error}"),
-                )
-            })?
-        };
-        if let Some(thread) = sampler.thread() {
-            core.queue
-                .granter()
-                .set_overrun_alarm(move || thread.unpark());
-        }
-        Ok(Controller { core, sampler })
-    }
-
-    fn validate(&self) -> Result<(), ConfigError> {
-        if let SignalChoice::Runtime { poll_estimate, .. } = &self.signal {
-            if !POLL_ESTIMATE_RANGE.contains(poll_estimate) {
-                return Err(ConfigError::new(
-                    "poll_estimate",
-                    format!(
-                        "{poll_estimate:?} is outside the accepted range {POLL_ESTIMATE_RANGE:?}"
-                    ),
-                ));
-            }
-        }
-        if !(1..=1024).contains(&self.threshold) {
-            return Err(ConfigError::out_of_range(
-                "threshold",
-                self.threshold,
-                1,
-                1024,
-            ));
-        }
-        if self.min_slots == Some(0) {
-            return Err(ConfigError::new(
-                "min_slots",
-                "0 would let the controller shut the node off; use at least 1",
-            ));
-        }
-        let min_slots = self.min_slots.unwrap_or(1);
-        if self.max_slots < min_slots || self.max_slots > SlotGranter::MAX_TOTAL {
-            return Err(ConfigError::out_of_range(
-                "max_slots",
-                self.max_slots,
-                min_slots,
-                SlotGranter::MAX_TOTAL,
-            ));
-        }
-        let period_range = Duration::from_micros(100)..=Duration::from_secs(1);
-        if !period_range.contains(&self.period) {
-            return Err(ConfigError::new(
-                "period",
-                format!(
-                    "{:?} is outside the accepted range {period_range:?}",
-                    self.period
-                ),
-            ));
-        }
-        let idle_range = self.period..=Duration::from_secs(60);
-        if !idle_range.contains(&self.idle_period) {
-            return Err(ConfigError::new(
-                "idle_period",
-                format!(
-                    "{:?} is outside the accepted range {idle_range:?}",
-                    self.idle_period
-                ),
-            ));
-        }
-        let idle_max = f64::from(self.threshold) / 2.0;
-        if !(self.idle_below > 0.0 && self.idle_below <= idle_max) {
-            return Err(ConfigError::new(
-                "idle_below",
-                format!(
-                    "{} is outside the accepted range (0, {idle_max}] (half the threshold)",
-                    self.idle_below
-                ),
-            ));
-        }
-        Ok(())
-    }
-}
-
-impl fmt::Debug for ControllerBuilder {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("ControllerBuilder")
-            .field("threshold", &self.threshold)
-            .field("min_slots", &self.min_slots)
-            .field("max_slots", &self.max_slots)
-            .field("initial_slots", &self.initial_slots)
-            .field("period", &self.period)
-            .field("idle_period", &self.idle_period)
-            .field("idle_below", &self.idle_below)
-            .field("queue", &self.queue)
-            .field("manual", &self.manual)
-            .field("arrivals_first", &self.arrivals_first)
-            .finish_non_exhaustive()
     }
 }
 

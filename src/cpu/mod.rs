@@ -134,6 +134,7 @@
 //! the defaults").
 
 mod adjuster;
+mod builder;
 mod controller;
 mod idle;
 mod inflation;
@@ -141,11 +142,14 @@ mod inflation;
 mod inflation_tests;
 mod probe;
 mod signal;
+mod snapshot;
 mod tuning;
 
 pub use adjuster::{Adjustment, Hold};
-pub use controller::{Controller, ControllerBuilder, RuntimeSummary, SlotChange, Snapshot, Tick};
+pub use builder::ControllerBuilder;
+pub use controller::Controller;
 pub use idle::Mode;
 pub use inflation::{InflationReading, InflationVerdict};
 pub use signal::{CpuLoad, CpuSignal, RuntimeSignal, SignalSource};
+pub use snapshot::{RuntimeSummary, SlotChange, Snapshot, Tick};
 pub use tuning::{configure_runtime, GlobalQueueBacklog};
