@@ -13,7 +13,7 @@
 //! | `admission_cpu_idle` | gauge | | | 1 while the CPU controller is idle (not enforcing) |
 //! | `admission_cpu_global_queue_backlogged_windows_total` | counter | windows | | windows of the CPU controller's active ticks in which tasks kept waiting in tokio's global queue, before admission could order them (see [`cpu::configure_runtime`](crate::cpu::configure_runtime)) |
 //! | `admission_io_tokens_available` | gauge | bytes | `queue`, `class` | an IO token class's balance (negative in debt, `+Inf` while unlimited; [`TokenQueues::record_metrics`](crate::TokenQueues::record_metrics)) |
-//! | `admission_gpu_managed_bytes` | gauge | bytes | `device` | a GPU ledger's managed capacity ([`record_gpu_ledger`], [`QueryService::record_metrics`](crate::gpu::QueryService::record_metrics)) |
+//! | `admission_gpu_managed_bytes` | gauge | bytes | `device` | a GPU ledger's managed capacity ([`QueryService::record_metrics`](crate::gpu::QueryService::record_metrics)) |
 //! | `admission_gpu_granted_bytes` | gauge | bytes | `device` | bytes committed to running attempts |
 //! | `admission_gpu_cache_bytes` | gauge | bytes | `device` | resident cache bytes, evictable and pinned |
 //! | `admission_gpu_active_attempts` | gauge | attempts | `device` | attempts running |
@@ -412,26 +412,26 @@ pub(crate) fn io_tokens(queue: &str, class: &'static str, available: i64, unlimi
     });
 }
 
-/// Sets the `admission_gpu_*` gauges of one device from its ledger's
-/// report ([`DeviceLedger::report`](crate::gpu::DeviceLedger::report));
-/// [`QueryService::record_metrics`](crate::gpu::QueryService::record_metrics)
-/// does it for every device of a service.
-/// Does nothing without the `metrics` feature.
-#[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
-pub fn record_gpu_ledger(report: &crate::gpu::LedgerReport) {
-    #[cfg(feature = "metrics")]
+/// One GPU device's ledger, in plain values (the GPU service reads them
+/// from its ledgers' reports, so this sink knows nothing of GPUs).
+#[cfg(feature = "metrics")]
+pub(crate) fn gpu_ledger(
+    device: u32,
+    managed_bytes: u64,
+    granted_bytes: u64,
+    cache_bytes: u64,
+    active_attempts: u32,
+) {
     to_recorder(|| {
-        let device = report.device.0.to_string();
-        let cache = report
-            .cache_evictable_bytes
-            .saturating_add(report.cache_pinned_bytes);
+        let device = device.to_string();
         metrics::gauge!("admission_gpu_managed_bytes", "device" => device.clone())
-            .set(report.managed_capacity as f64);
+            .set(managed_bytes as f64);
         metrics::gauge!("admission_gpu_granted_bytes", "device" => device.clone())
-            .set(report.live_grants_bytes as f64);
-        metrics::gauge!("admission_gpu_cache_bytes", "device" => device.clone()).set(cache as f64);
+            .set(granted_bytes as f64);
+        metrics::gauge!("admission_gpu_cache_bytes", "device" => device.clone())
+            .set(cache_bytes as f64);
         metrics::gauge!("admission_gpu_active_attempts", "device" => device)
-            .set(f64::from(report.active_attempts));
+            .set(f64::from(active_attempts));
     });
 }
 

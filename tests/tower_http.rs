@@ -11,7 +11,7 @@ use admission::tower::{
     current_work, AdmissionError, AdmissionLayer, HttpAdmissionLayer, HttpClassifier,
     RefusalPolicy, REASON_HEADER,
 };
-use admission::{AdmitError, Priority, WorkInfo, WorkQueue};
+use admission::{AdmitError, Priority, TenantId, WorkInfo, WorkQueue};
 use axum::body::Body;
 use axum::routing::get;
 use axum::Router;
@@ -317,7 +317,10 @@ async fn an_untrusted_long_grpc_timeout_is_refused_early_like_a_short_one() {
         .early_rejection(true)
         .build()
         .unwrap();
-    let work = || WorkInfo::new(Default::default(), Priority::NORMAL);
+    // The backlog belongs to the tenant the callers below are classified
+    // as (no tenant header: anonymous), so it is ahead of them in the
+    // fair-share order and its wait is theirs.
+    let work = || WorkInfo::new(TenantId::ANONYMOUS, Priority::NORMAL);
     let poll = |admit: &mut std::pin::Pin<Box<admission::Admit>>| {
         admit.as_mut().poll(&mut Context::from_waker(Waker::noop()))
     };

@@ -552,7 +552,15 @@ impl QueryService {
     pub fn record_metrics(&self) {
         #[cfg(feature = "metrics")]
         for report in self.device_ledger_reports() {
-            crate::export::record_gpu_ledger(&report);
+            crate::export::gpu_ledger(
+                report.device.0,
+                report.managed_capacity,
+                report.live_grants_bytes,
+                report
+                    .cache_evictable_bytes
+                    .saturating_add(report.cache_pinned_bytes),
+                report.active_attempts,
+            );
         }
     }
 
