@@ -18,10 +18,8 @@ use std::hint::black_box;
 use std::time::Duration;
 
 use admission::gpu::backend::DeviceOrdinal;
-use admission::gpu::bench_internals::CoreBench;
-use admission::gpu::{
-    DeviceProfile, DeviceSet, GrantRequest, MemoryGrant, MemoryOwnership, QueueBounds, WaiterId,
-};
+use admission::gpu::bench_internals::{BenchGrant, CoreBench};
+use admission::gpu::{DeviceProfile, DeviceSet, MemoryOwnership, QueueBounds, WaiterId};
 use criterion::{criterion_group, criterion_main, Criterion};
 
 const GIB: u64 = 1 << 30;
@@ -29,7 +27,7 @@ const DEVICES: u32 = 8;
 const WAITERS: usize = 1_000;
 
 /// Eight full devices (two 8 GiB attempts each) and 1,000 queued waiters.
-fn loaded() -> (CoreBench, Vec<MemoryGrant>, Vec<DeviceOrdinal>) {
+fn loaded() -> (CoreBench, Vec<BenchGrant>, Vec<DeviceOrdinal>) {
     let ordinals: Vec<DeviceOrdinal> = (0..DEVICES).map(DeviceOrdinal).collect();
     let profiles = ordinals
         .iter()
@@ -68,11 +66,7 @@ fn loaded() -> (CoreBench, Vec<MemoryGrant>, Vec<DeviceOrdinal>) {
 }
 
 fn submit(core: &mut CoreBench, devices: &[DeviceOrdinal], hint: Option<u64>) -> WaiterId {
-    let mut request = GrantRequest::resource_only(2 * GIB);
-    if let Some(hint) = hint {
-        request = request.with_working_set_hint(hint);
-    }
-    core.submit(request, devices.to_vec())
+    core.submit(2 * GIB, hint, devices)
         .expect("room in the queue on healthy devices")
 }
 
@@ -91,7 +85,7 @@ fn decision(c: &mut Criterion) {
             let i = next % running.len();
             next = next.wrapping_add(1);
             let grant = running.swap_remove(i);
-            core.release(grant).expect("issued here");
+            assert!(core.release(grant), "issued here");
             let admitted = core
                 .schedule()
                 .expect("the oldest waiter fits the freed slot");

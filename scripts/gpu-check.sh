@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# GPU device checks (tests/gpu_device.rs). Builds the test binary when cargo
+# GPU device checks (src/gpu/backend/cuda_checks.rs, unit tests of the CUDA
+# backend). Builds the library's test binary when cargo
 # is present, or runs a prebuilt one from .devbin/gpu_device (the GPU
 # machine has no cargo). Runs the main checks, then the sticky-fault check
 # alone in its own process (it poisons the CUDA context), and writes logs
@@ -7,8 +8,9 @@
 # step runs under a timeout.
 #
 # Prebuild on a dev machine:
-#   cargo test --release --features cuda,gpu-tests --test gpu_device --no-run
-#   then copy the printed executable to .devbin/gpu_device
+#   cargo test --release --lib --features cuda,gpu-tests --no-run
+#   then copy the printed executable (target/release/deps/admission-*) to
+#   .devbin/gpu_device
 set -u
 cd "$(dirname "$0")/.."
 out="${OUT:-gpu-check-out}"
@@ -36,10 +38,12 @@ ldconfig -p 2>/dev/null | grep -E 'libcuda\.so' | tee -a "$log" || say "libcuda 
 bin=""
 if command -v cargo >/dev/null 2>&1; then
   say "== build"
-  if run 900 cargo test --release --features cuda,gpu-tests --test gpu_device --no-run; then
-    bin=$(cargo test --release --features cuda,gpu-tests --test gpu_device --no-run \
+  # The checks are unit tests of the CUDA backend (src/gpu/backend/
+  # cuda_checks.rs): the library's test binary, filtered to them below.
+  if run 900 cargo test --release --lib --features cuda,gpu-tests --no-run; then
+    bin=$(cargo test --release --lib --features cuda,gpu-tests --no-run \
       --message-format=json 2>/dev/null |
-      sed -n 's/.*"executable":"\([^"]*gpu_device[^"]*\)".*/\1/p' | tail -n 1)
+      sed -n 's/.*"executable":"\([^"]*\/deps\/admission-[^"]*\)".*/\1/p' | tail -n 1)
   fi
 fi
 if [ -z "$bin" ] && [ -x .devbin/gpu_device ]; then
@@ -54,12 +58,13 @@ run 10 ldd "$bin" || true
 
 status=0
 say "== main checks"
-timeout --kill-after=10 300 "$bin" --test-threads=1 --nocapture --skip sticky_fault \
+checks=gpu::backend::cuda_checks::
+timeout --kill-after=10 300 "$bin" "$checks" --test-threads=1 --nocapture --skip sticky_fault \
   >"$out/main.out" 2>&1 || status=$?
 say "  main rc=$status"
 say "== sticky fault (own process, last)"
 sticky=0
-timeout --kill-after=10 120 "$bin" --exact sticky_fault_is_a_device_fault --test-threads=1 \
+timeout --kill-after=10 120 "$bin" --exact "${checks}sticky_fault_is_a_device_fault" --test-threads=1 \
   --nocapture >"$out/sticky.out" 2>&1 || sticky=$?
 say "  sticky rc=$sticky"
 grep -h '^{' "$out/main.out" "$out/sticky.out" >>"$results" || true

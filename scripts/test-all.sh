@@ -62,7 +62,7 @@ stable cargo clippy --locked --workspace --all-targets $FEATURES -- -D warnings
 
 # The device checks need a CUDA device to run; CI keeps them compiling.
 step "GPU device checks compile (run them with scripts/gpu-check.sh on a GPU)"
-cargo clippy --locked --test gpu_device --features cuda,gpu-tests -- -D warnings
+cargo clippy --locked --lib --tests --features cuda,gpu-tests -- -D warnings
 
 step "unit, integration and bench-smoke tests, with tokio_unstable"
 tests cargo test --locked --workspace --all-targets $FEATURES
@@ -79,6 +79,18 @@ step "rustdoc (broken links are errors)"
 rm -rf target/doc/admission
 RUSTDOCFLAGS="-D warnings" cargo doc --locked --no-deps --workspace $FEATURES
 
+# Every public item, from the rustdoc just built, against the committed
+# list: an addition or removal is a visible diff (regenerate the list with
+# `python3 scripts/public-items.py > docs/public-items.txt`).
+step "public items (docs/public-items.txt)"
+if ! command -v python3 >/dev/null 2>&1; then
+  step "installing python3"
+  sudo=""
+  if [ "$(id -u)" != 0 ] && command -v sudo >/dev/null 2>&1; then sudo="sudo"; fi
+  $sudo apt-get update -qq >/dev/null
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq python3-minimal >/dev/null
+fi
+python3 scripts/public-items.py --check docs/public-items.txt
 
 # loom models: a separate target directory, because --cfg loom rebuilds every
 # dependency. LOOM_MAX_PREEMPTIONS may be raised for a deeper (slower) search.

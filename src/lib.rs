@@ -136,7 +136,7 @@
 //!
 //! GPUs are governed by bytes and attempts rather than by a rate: the
 //! [`gpu`] module admits one query attempt at a time onto one device with one
-//! immutable memory grant. A per-device [`gpu::DeviceLedger`] (integer,
+//! immutable memory grant. A per-device ledger (integer,
 //! checked arithmetic) is the only capacity authority: a grant lies between
 //! the attempt floor and what is left after live grants, resident cache, a
 //! protected waiter's bytes and one floor for every slot still open. One
@@ -334,6 +334,7 @@
     missing_docs,
     missing_debug_implementations,
     unreachable_pub,
+    unnameable_types,
     rust_2018_idioms
 )]
 

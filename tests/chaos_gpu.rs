@@ -14,7 +14,7 @@ use admission::gpu::backend::{
     BackendError, BackendOp, DeviceFacts, DeviceOrdinal, DevicePtr, DomainId, GpuBackend, LaneId,
     ScopeId, StreamId,
 };
-use admission::gpu::envelope::BuildStep;
+use admission::gpu::BuildStep;
 use admission::gpu::{
     CacheChange, DeviceSet, GpuAdmitError, LedgerError, LedgerHealth, MemoryOwnership, Observation,
     ObservationKind, PreflightFuture, PreflightRequest, QueryService, QueueBounds,

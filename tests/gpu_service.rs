@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use admission::gpu::backend::sim::{SimBackend, SimDevice};
 use admission::gpu::backend::{BackendError, BackendOp, FaultIsolation};
-use admission::gpu::envelope::{BuildStep, DeviceHealth, Disposition};
+use admission::gpu::{BuildStep, DeviceHealth, Disposition};
 use admission::gpu::{
     DeviceSet, GpuAdmitError, LedgerHealth, MemoryOwnership, ObservationKind, ProofIssuer,
     QueryAdmissionOutcome, QueryService, ReinstateError, ServiceError,
@@ -81,7 +81,7 @@ async fn a_proof_ticket_admits_one_device_one_grant_and_release_returns_everythi
     assert_eq!(handle.device(), dev(0));
     assert_eq!(handle.grant_bytes(), 5 * GIB);
     assert_eq!(handle.required_floor(), 3 * GIB);
-    assert_eq!(handle.envelope().grant_bytes(), 5 * GIB);
+    assert_eq!(handle.grant_bytes(), 5 * GIB);
     handle.authorize(&proof).unwrap();
     let r = rig.report(0);
     assert_eq!((r.live_grant_count, r.live_grants_bytes), (1, 5 * GIB));

@@ -45,15 +45,15 @@ use crate::sync::{AtomicU64, Mutex, Ordering};
 /// allocator return 256-byte aligned pointers, and RMM's
 /// `CUDA_ALLOCATION_ALIGNMENT` is the same), so the ceiling counts the bytes
 /// the driver really sets aside.
-pub const ALIGN: u64 = 256;
+pub(super) const ALIGN: u64 = 256;
 
 /// `n` rounded up to a multiple of [`ALIGN`], or `None` on overflow.
-pub fn align_up(n: u64) -> Option<u64> {
+pub(super) fn align_up(n: u64) -> Option<u64> {
     n.checked_add(ALIGN - 1).map(|v| v / ALIGN * ALIGN)
 }
 
 /// One attempt's memory ceiling and its accounting. See the
-/// [module documentation](self).
+/// [`gpu` module documentation](crate::gpu).
 pub struct AllocationDomain {
     backend: SharedBackend,
     id: DomainId,
@@ -105,7 +105,7 @@ impl AllocationDomain {
     }
 
     /// The backend's id of this domain.
-    pub fn id(&self) -> DomainId {
+    pub(crate) fn id(&self) -> DomainId {
         self.id
     }
 
@@ -117,12 +117,6 @@ impl AllocationDomain {
     /// The ceiling: the grant's bytes.
     pub fn ceiling(&self) -> u64 {
         self.ceiling
-    }
-
-    /// Bytes charged against the ceiling now (allocations and
-    /// sub-reservations): the attempt's `live_reserved_bytes`.
-    pub fn live_reserved_bytes(&self) -> u64 {
-        self.used_bytes()
     }
 
     /// Bytes charged against the ceiling now.
@@ -215,7 +209,7 @@ impl AllocationDomain {
     /// charged as the smallest aligned unit, so that every live allocation
     /// counts against the ceiling (otherwise a loop of empty allocations
     /// would grow the domain's table, and the device's, without bound).
-    pub fn alloc(&self, bytes: u64, stream: StreamId) -> Result<DevicePtr, BackendError> {
+    pub(crate) fn alloc(&self, bytes: u64, stream: StreamId) -> Result<DevicePtr, BackendError> {
         let need = self.charge(bytes.max(1))?;
         match self.backend.alloc(self.id, need, stream) {
             Ok(ptr) => {
@@ -235,7 +229,7 @@ impl AllocationDomain {
     /// [`BackendError::UnknownHandle`]. The bytes come back even when the
     /// backend reports an error, because the backend forgets the pointer
     /// either way (see the backend contract).
-    pub fn free(&self, ptr: DevicePtr, stream: StreamId) -> Result<(), BackendError> {
+    pub(crate) fn free(&self, ptr: DevicePtr, stream: StreamId) -> Result<(), BackendError> {
         let need = self
             .allocations
             .lock()
@@ -254,7 +248,7 @@ impl AllocationDomain {
     /// accounting inside the grant (for memory the engine will obtain in
     /// pieces, or wants to be sure of before it starts). The charge is
     /// returned when the [`SubReservation`] drops.
-    pub fn reserve(&self, bytes: u64) -> Result<SubReservation<'_>, BackendError> {
+    pub(crate) fn reserve(&self, bytes: u64) -> Result<SubReservation<'_>, BackendError> {
         let bytes = self.charge(bytes)?;
         Ok(SubReservation {
             domain: self,
@@ -265,7 +259,7 @@ impl AllocationDomain {
     /// Frees every allocation still outstanding, on `stream`, and reports
     /// what it freed: the leak report of a teardown. Every free is
     /// attempted; errors are collected, not short-circuited.
-    pub fn free_outstanding(&self, stream: StreamId) -> LeakReport {
+    pub(crate) fn free_outstanding(&self, stream: StreamId) -> LeakReport {
         let mut leaked: Vec<(DevicePtr, u64)> = self.allocations.lock().drain().collect();
         leaked.sort_unstable();
         let mut errors = Vec::new();
@@ -307,7 +301,8 @@ impl Drop for SubReservation<'_> {
     }
 }
 
-/// What [`AllocationDomain::free_outstanding`] found and freed.
+/// The allocations a teardown found still live on a stream, and freed
+/// (in [`TeardownReport::leaked`](crate::gpu::TeardownReport::leaked)).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct LeakReport {
     /// The allocations still live at teardown, with their charged bytes.
@@ -406,7 +401,7 @@ mod tests {
         let (_sim, domain, root) = domain(1024);
         let r = domain.reserve(700).unwrap();
         assert_eq!(r.bytes(), 768);
-        assert_eq!(domain.live_reserved_bytes(), 768);
+        assert_eq!(domain.used_bytes(), 768);
         assert!(matches!(
             domain.alloc(512, root),
             Err(BackendError::GrantExceeded { available: 256, .. })

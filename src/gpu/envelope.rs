@@ -86,7 +86,7 @@ use crate::sync::{AtomicBool, AtomicU64, Mutex, Ordering, StdArc};
 /// Per-attempt bounds on the physical resources an envelope may take, from
 /// the device's resource profile.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct AttemptBounds {
+pub(crate) struct AttemptBounds {
     /// Streams the attempt may hold at once, the root included; at most
     /// `max_streams - 1` execution contexts can exist at once.
     pub max_streams: u32,
@@ -174,21 +174,15 @@ pub struct StepOutcome {
 
 /// Every clean-up call a rollback made, in order.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct RollbackReport {
+pub(crate) struct RollbackReport {
     /// The calls, in the order they ran.
     pub steps: Vec<StepOutcome>,
 }
 
 impl RollbackReport {
     /// The errors the undo calls reported.
-    pub fn errors(&self) -> impl Iterator<Item = &BackendError> {
+    pub(crate) fn errors(&self) -> impl Iterator<Item = &BackendError> {
         self.steps.iter().filter_map(|s| s.error.as_ref())
-    }
-
-    /// What the faults among them prove, by the seed's rule (see
-    /// [`proven_isolation`]).
-    pub fn fault(&self) -> Option<FaultIsolation> {
-        proven_isolation(self.errors())
     }
 }
 
@@ -199,7 +193,7 @@ impl RollbackReport {
 /// reach, so its isolation is [`FaultIsolation::Unknown`] and every ledger
 /// closes. A synchronization fault wins over the others: once a context is
 /// poisoned, every later call repeats its code.
-pub fn proven_isolation<'a>(
+pub(super) fn proven_isolation<'a>(
     errors: impl IntoIterator<Item = &'a BackendError>,
 ) -> Option<FaultIsolation> {
     let mut seen = None;
@@ -217,7 +211,7 @@ pub fn proven_isolation<'a>(
 /// Why an envelope could not be built. Whatever was built is rolled back
 /// before this is returned.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum BuildError {
+pub(crate) enum BuildError {
     /// A bound leaves no room for the envelope's own resources (it takes
     /// one lane, one stream and one worker scope). Nothing was called.
     InvalidBounds {
@@ -260,7 +254,7 @@ impl BuildError {
     /// otherwise [`FaultIsolation::Unknown`]), or `Unknown` when the
     /// clean-up was abandoned: the caller quarantines the device or closes
     /// the backend's ledgers.
-    pub fn fault(&self) -> Option<FaultIsolation> {
+    pub(crate) fn fault(&self) -> Option<FaultIsolation> {
         match self {
             BuildError::Step {
                 error, rollback, ..
@@ -408,7 +402,8 @@ pub struct TeardownReport {
 
 impl TeardownReport {
     /// The isolation to act on: a synchronization fault's own, any other
-    /// fault's [`FaultIsolation::Unknown`] ([`proven_isolation`]), or
+    /// fault's [`FaultIsolation::Unknown`] (only a synchronization proves where
+    /// a fault lies), or
     /// `Unknown` when the clean-up was abandoned.
     pub fn fault_isolation(&self) -> Option<FaultIsolation> {
         match self.health {
@@ -829,7 +824,7 @@ impl Drop for CancelOnDrop {
 /// }
 /// ```
 #[derive(Debug)]
-pub struct AdmissionEnvelope {
+pub(crate) struct AdmissionEnvelope {
     shared: StdArc<Shared>,
 }
 
@@ -980,6 +975,7 @@ impl AdmissionEnvelope {
     /// device checks): anything else would build an envelope around bytes
     /// no ledger granted.
     #[cfg(any(test, feature = "gpu-tests"))]
+    #[cfg(test)]
     pub(crate) async fn build(
         backend: SharedBackend,
         worker: StdArc<DeviceWorker>,
@@ -1154,13 +1150,8 @@ impl AdmissionEnvelope {
     }
 
     /// The device.
-    pub fn device(&self) -> DeviceOrdinal {
+    pub(crate) fn device(&self) -> DeviceOrdinal {
         self.shared.spec.device
-    }
-
-    /// The grant's bytes (the domain's ceiling).
-    pub fn grant_bytes(&self) -> u64 {
-        self.shared.spec.grant_bytes
     }
 
     /// Sets the crate's callbacks, once, when the service publishes a
@@ -1178,39 +1169,27 @@ impl AdmissionEnvelope {
         *callbacks.release.lock() = Some(Box::new(release));
     }
 
-    /// The per-attempt bounds.
-    pub fn bounds(&self) -> AttemptBounds {
-        self.shared.spec.bounds
-    }
-
-    /// The attempt lane.
-    pub fn lane(&self) -> LaneId {
-        self.shared.lane
-    }
-
     /// The root stream.
-    pub fn root_stream(&self) -> StreamId {
+    #[cfg(all(test, feature = "gpu-tests"))]
+    pub(crate) fn root_stream(&self) -> StreamId {
         self.shared.root
     }
 
-    /// The worker scope.
-    pub fn worker_scope(&self) -> ScopeId {
-        self.shared.scope
-    }
-
     /// The allocation domain.
-    pub fn domain(&self) -> &AllocationDomain {
+    #[cfg(test)]
+    pub(crate) fn domain(&self) -> &AllocationDomain {
         &self.shared.domain
     }
 
     /// Execution contexts alive now.
-    pub fn execution_contexts(&self) -> u64 {
+    #[cfg(test)]
+    pub(crate) fn execution_contexts(&self) -> u64 {
         self.shared.forks.load(Ordering::Acquire)
     }
 
     /// Forks a stream from the root for one execution, within the stream
     /// bound (the root counts as one stream).
-    pub fn execution_context(&self) -> Result<ExecutionContext, EnvelopeError> {
+    pub(crate) fn execution_context(&self) -> Result<ExecutionContext, EnvelopeError> {
         let shared = &self.shared;
         let max_streams = shared.spec.bounds.max_streams;
         let limit = u64::from(max_streams.saturating_sub(1));
@@ -1240,7 +1219,7 @@ impl AdmissionEnvelope {
 
     /// A permit for one concurrent source read, within the source-work
     /// allowance.
-    pub fn try_source_permit(&self) -> Result<SourcePermit, EnvelopeError> {
+    pub(crate) fn try_source_permit(&self) -> Result<SourcePermit, EnvelopeError> {
         let shared = &self.shared;
         let allowance = shared.spec.bounds.source_work_allowance;
         take_bounded(&shared.source_reads, u64::from(allowance))
@@ -1259,7 +1238,7 @@ impl AdmissionEnvelope {
     ///
     /// Dropping this future after the contexts went idle does not stop the
     /// teardown; dropping it before leaves the envelope to its drop path.
-    pub async fn teardown(self) -> TeardownReport {
+    pub(crate) async fn teardown(self) -> TeardownReport {
         let shared = &self.shared;
         while shared.active.load(Ordering::Acquire) != 0 {
             shared.idle.notified().await;

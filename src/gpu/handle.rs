@@ -144,7 +144,7 @@ impl AttemptReport {
 }
 
 /// One admitted attempt: a device, an immutable grant and the envelope
-/// built around it. See the [module documentation](self).
+/// built around it. See the [`gpu` module documentation](crate::gpu).
 pub struct QueryHandle {
     envelope: AdmissionEnvelope,
     report: oneshot::Receiver<AttemptReport>,
@@ -267,7 +267,7 @@ impl QueryHandle {
     }
 
     /// The envelope: lane, root stream, allocation domain, worker scope.
-    pub fn envelope(&self) -> &AdmissionEnvelope {
+    pub(crate) fn envelope(&self) -> &AdmissionEnvelope {
         &self.envelope
     }
 

@@ -34,7 +34,7 @@ use super::outcome::GpuAdmitError;
 use super::service::AdmissionTicket;
 
 /// An [`AdmissionTicket`] that admits on its first use. See the
-/// [module documentation](self).
+/// [`gpu` module documentation](crate::gpu).
 pub struct LazyAdmission {
     ticket: AdmissionTicket,
     admitted: OnceCell<Result<QueryHandle, GpuAdmitError>>,

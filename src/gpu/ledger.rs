@@ -150,7 +150,7 @@ impl fmt::Display for GrantId {
 /// the floor comes from engine-issued evidence (or a resource-only minimum),
 /// and a hint only picks a point inside the interval the ledger computes.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct GrantRequest {
+pub(crate) struct GrantRequest {
     required_capabilities: CapabilitySet,
     phase_floor: u64,
     working_set_hint: Option<u64>,
@@ -160,7 +160,7 @@ pub struct GrantRequest {
 impl GrantRequest {
     /// A request for the plan `proof` proves: its capabilities and its
     /// largest phase floor.
-    pub fn for_proof(proof: &CapabilityProof) -> Self {
+    pub(crate) fn for_proof(proof: &CapabilityProof) -> Self {
         GrantRequest {
             required_capabilities: proof.required_capabilities().clone(),
             phase_floor: proof.required_floor_bytes(),
@@ -171,7 +171,7 @@ impl GrantRequest {
 
     /// A resource-only request (manual admission): no capabilities, a
     /// minimum of `min_bytes` (raised to the attempt floor).
-    pub fn resource_only(min_bytes: u64) -> Self {
+    pub(crate) fn resource_only(min_bytes: u64) -> Self {
         GrantRequest {
             required_capabilities: CapabilitySet::new(),
             phase_floor: min_bytes,
@@ -182,35 +182,30 @@ impl GrantRequest {
 
     /// A descriptive working-set estimate; the grant is this value clamped
     /// into `required_floor..=max_new`. Never a reason to admit.
-    pub fn with_working_set_hint(mut self, bytes: u64) -> Self {
+    pub(crate) fn with_working_set_hint(mut self, bytes: u64) -> Self {
         self.working_set_hint = Some(bytes);
         self
     }
 
     /// The queue waiter making the request, so that a protection it holds
     /// counts as available to it.
-    pub fn for_waiter(mut self, waiter: WaiterId) -> Self {
+    pub(crate) fn for_waiter(mut self, waiter: WaiterId) -> Self {
         self.waiter = Some(waiter);
         self
     }
 
     /// The capabilities the request needs.
-    pub fn required_capabilities(&self) -> &CapabilitySet {
+    pub(crate) fn required_capabilities(&self) -> &CapabilitySet {
         &self.required_capabilities
     }
 
     /// The floor from the plan's phases (before the attempt floor).
-    pub fn phase_floor(&self) -> u64 {
+    pub(crate) fn phase_floor(&self) -> u64 {
         self.phase_floor
     }
 
-    /// The working-set hint, if any.
-    pub fn working_set_hint(&self) -> Option<u64> {
-        self.working_set_hint
-    }
-
     /// The waiter making the request, if any.
-    pub fn waiter(&self) -> Option<WaiterId> {
+    pub(crate) fn waiter(&self) -> Option<WaiterId> {
         self.waiter
     }
 }
@@ -280,7 +275,7 @@ pub enum NeverReason {
 
 /// The answer of [`DeviceLedger::decide`].
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Decision {
+pub(crate) enum Decision {
     /// Admissible now with this grant.
     Admit {
         /// The grant the commit would issue.
@@ -301,7 +296,7 @@ pub enum Decision {
 /// An immutable byte budget, issued by `DeviceLedger::commit` and returned
 /// by `DeviceLedger::release`. Not `Clone`: releasing consumes it.
 #[derive(Debug, PartialEq, Eq)]
-pub struct MemoryGrant {
+pub(crate) struct MemoryGrant {
     id: GrantId,
     device: DeviceOrdinal,
     bytes: u64,
@@ -310,29 +305,29 @@ pub struct MemoryGrant {
 
 impl MemoryGrant {
     /// The grant's id on its ledger.
-    pub fn id(&self) -> GrantId {
+    pub(crate) fn id(&self) -> GrantId {
         self.id
     }
 
     /// The device the grant is on.
-    pub fn device(&self) -> DeviceOrdinal {
+    pub(crate) fn device(&self) -> DeviceOrdinal {
         self.device
     }
 
     /// The granted bytes: the ceiling of the attempt's allocation domain.
-    pub fn bytes(&self) -> u64 {
+    pub(crate) fn bytes(&self) -> u64 {
         self.bytes
     }
 
     /// The floor the grant was sized against.
-    pub fn required_floor(&self) -> u64 {
+    pub(crate) fn required_floor(&self) -> u64 {
         self.required_floor
     }
 }
 
 /// What `DeviceLedger::release` gave back.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct ReleaseOutcome {
+pub(crate) struct ReleaseOutcome {
     /// The released grant.
     pub grant: GrantId,
     /// Bytes returned to the ledger.
@@ -345,7 +340,7 @@ pub struct ReleaseOutcome {
 /// back ([`ForeignGrant::into_grant`]) so that it can still be released
 /// where it belongs.
 #[derive(Debug)]
-pub struct ForeignGrant {
+pub(crate) struct ForeignGrant {
     grant: MemoryGrant,
     ledger: Option<DeviceOrdinal>,
 }
@@ -358,7 +353,8 @@ impl ForeignGrant {
     }
 
     /// The grant, unreleased.
-    pub fn into_grant(self) -> MemoryGrant {
+    #[cfg(test)]
+    pub(crate) fn into_grant(self) -> MemoryGrant {
         self.grant
     }
 }
@@ -609,7 +605,7 @@ struct Protection {
 /// use admission::gpu::scheduler::AdmissionCore;
 /// ```
 #[derive(Debug)]
-pub struct DeviceLedger {
+pub(crate) struct DeviceLedger {
     profile: DeviceProfile,
     health: LedgerHealth,
     live_grants: u64,
@@ -645,33 +641,33 @@ impl DeviceLedger {
     }
 
     /// The device's profile.
-    pub fn profile(&self) -> &DeviceProfile {
+    pub(crate) fn profile(&self) -> &DeviceProfile {
         &self.profile
     }
 
     /// The device's ordinal.
-    pub fn device(&self) -> DeviceOrdinal {
+    pub(crate) fn device(&self) -> DeviceOrdinal {
         self.profile.ordinal()
     }
 
     /// Admission health.
-    pub fn health(&self) -> LedgerHealth {
+    pub(crate) fn health(&self) -> LedgerHealth {
         self.health
     }
 
     /// The protection's holder, if any.
-    pub fn protection_holder(&self) -> Option<WaiterId> {
+    pub(crate) fn protection_holder(&self) -> Option<WaiterId> {
         self.protection.map(|p| p.waiter)
     }
 
     /// `max(attempt floor, request's phase floor)`.
-    pub fn required_floor(&self, request: &GrantRequest) -> u64 {
+    pub(crate) fn required_floor(&self, request: &GrantRequest) -> u64 {
         self.profile.attempt_floor().max(request.phase_floor)
     }
 
     /// Decides `request` without changing anything. See the
     /// [module docs](self) for Admit, Later and Never.
-    pub fn decide(&self, request: &GrantRequest) -> Decision {
+    pub(crate) fn decide(&self, request: &GrantRequest) -> Decision {
         match self.health {
             LedgerHealth::Healthy => {}
             LedgerHealth::Quarantined { code } => {
@@ -837,7 +833,7 @@ impl DeviceLedger {
 
     /// Drops `waiter`'s protection (cancel, deadline, retargeting); returns
     /// the bytes it held.
-    pub fn unprotect(&mut self, waiter: WaiterId) -> Result<u64, LedgerError> {
+    pub(crate) fn unprotect(&mut self, waiter: WaiterId) -> Result<u64, LedgerError> {
         match self.protection {
             Some(p) if p.waiter == waiter => {
                 self.protection = None;
@@ -848,7 +844,7 @@ impl DeviceLedger {
     }
 
     /// Charges `bytes` of newly resident, evictable cache.
-    pub fn charge_cache(&mut self, bytes: u64) -> Result<(), LedgerError> {
+    pub(crate) fn charge_cache(&mut self, bytes: u64) -> Result<(), LedgerError> {
         if let Some(reason) = self.unhealthy_reason() {
             return Err(LedgerError::Never(reason));
         }
@@ -886,14 +882,14 @@ impl DeviceLedger {
     }
 
     /// Evicts `bytes` of evictable cache; freed bytes top up a protection.
-    pub fn evict_cache(&mut self, bytes: u64) -> Result<(), LedgerError> {
+    pub(crate) fn evict_cache(&mut self, bytes: u64) -> Result<(), LedgerError> {
         self.cache_evictable = take(self.cache_evictable, bytes, "cache_evictable")?;
         self.top_up_protection();
         Ok(())
     }
 
     /// Marks `bytes` of evictable cache as pinned (in use).
-    pub fn pin_cache(&mut self, bytes: u64) -> Result<(), LedgerError> {
+    pub(crate) fn pin_cache(&mut self, bytes: u64) -> Result<(), LedgerError> {
         let evictable = take(self.cache_evictable, bytes, "cache_evictable")?;
         let pinned = checked(self.cache_pinned.checked_add(bytes), "cache_pinned")?;
         self.cache_evictable = evictable;
@@ -902,7 +898,7 @@ impl DeviceLedger {
     }
 
     /// Makes `bytes` of pinned cache evictable again.
-    pub fn unpin_cache(&mut self, bytes: u64) -> Result<(), LedgerError> {
+    pub(crate) fn unpin_cache(&mut self, bytes: u64) -> Result<(), LedgerError> {
         let pinned = take(self.cache_pinned, bytes, "cache_pinned")?;
         let evictable = checked(self.cache_evictable.checked_add(bytes), "cache_evictable")?;
         self.cache_pinned = pinned;
@@ -914,7 +910,7 @@ impl DeviceLedger {
     /// is issued, in-flight grants drain. A closed ledger stays closed and a
     /// quarantined one keeps its first code. Returns the holder of a
     /// dropped protection, to be retargeted.
-    pub fn quarantine(&mut self, code: u32) -> Option<WaiterId> {
+    pub(crate) fn quarantine(&mut self, code: u32) -> Option<WaiterId> {
         if self.health == LedgerHealth::Healthy {
             self.health = LedgerHealth::Quarantined { code };
         }
@@ -934,13 +930,13 @@ impl DeviceLedger {
 
     /// Closes the ledger: nothing new is issued, in-flight grants drain.
     /// Returns the holder of a dropped protection, to be retargeted.
-    pub fn close(&mut self) -> Option<WaiterId> {
+    pub(crate) fn close(&mut self) -> Option<WaiterId> {
         self.health = LedgerHealth::Closed;
         self.protection.take().map(|p| p.waiter)
     }
 
     /// A snapshot of every counter.
-    pub fn report(&self) -> LedgerReport {
+    pub(crate) fn report(&self) -> LedgerReport {
         let max_new_bytes = match self.room_for(None) {
             Room::Bytes(bytes) => Some(bytes),
             Room::NoSlot { .. } => None,

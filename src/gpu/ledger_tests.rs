@@ -7,12 +7,14 @@
 use std::time::Duration;
 
 use crate::gpu::backend::{BackendError, BackendOp, DeviceOrdinal};
+use crate::gpu::ledger::{
+    Decision, DeviceLedger, GrantRequest, LaterReason, MemoryGrant, NeverReason,
+};
 use crate::gpu::placement::{compatible_devices, rank_devices, DeviceLoad};
 use crate::gpu::{
-    AllocationOwner, Capability, CapabilitySet, Decision, DeviceLedger, DeviceProfile, DeviceSet,
-    GpuAdmitError, GrantRequest, LaterReason, LedgerError, LedgerHealth, LoweringError,
-    MemoryGrant, MemoryOwnership, NeverReason, PhaseRequirement, PlanDescription, PlanFingerprint,
-    ProofIssuer, QueryAdmissionOutcome, QueueBounds, WaiterId,
+    AllocationOwner, Capability, CapabilitySet, DeviceProfile, DeviceSet, GpuAdmitError,
+    LedgerError, LedgerHealth, LoweringError, MemoryOwnership, PhaseRequirement, PlanDescription,
+    PlanFingerprint, ProofIssuer, QueryAdmissionOutcome, QueueBounds, WaiterId,
 };
 use proptest::prelude::*;
 

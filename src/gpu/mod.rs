@@ -24,7 +24,7 @@
 //! attempt floor (the guaranteed minimum grant, by default
 //! `capacity / max(8, max_active_attempts)`), the active-attempt limit and
 //! the physical bounds of an attempt (streams, workers, lanes, concurrent
-//! source reads). The [`DeviceLedger`] is the only capacity authority, in
+//! source reads). The device's ledger is the only capacity authority, in
 //! checked integer arithmetic. A new attempt needs a free slot
 //! (`active + 1 <= limit`, a slot protected for someone else counting as
 //! taken) and
@@ -39,9 +39,9 @@
 //! device's remaining concurrency. A working-set hint picks the grant inside
 //! the interval; without one the grant is `max_new`. Free-memory samples
 //! from the driver are telemetry and never admit anything. A
-//! [`MemoryGrant`] never changes after commit and is the ceiling of the
+//! memory grant never changes after commit and is the ceiling of the
 //! attempt's allocation domain, enforced in software by a compare-and-swap
-//! before any driver call ([`domain`]).
+//! before any driver call ([`AllocationDomain`]).
 //!
 //! # The queue
 //!
@@ -65,7 +65,7 @@
 //! # The envelope transaction and release
 //!
 //! The ledger commits the slot and grant under the lock; the
-//! [`AdmissionEnvelope`](envelope::AdmissionEnvelope) is then built outside
+//! admission envelope is then built outside
 //! it, on the device's worker thread: attempt lane, root stream, allocation
 //! domain, root-stream membership in the domain, worker scope. The
 //! [`QueryHandle`] exists only once all five validated; any failure or
@@ -95,7 +95,7 @@
 //!
 //! Code the application hands the service runs behind a panic boundary
 //! per component, reported in
-//! [`AdmissionSnapshot::health`](scheduler::AdmissionSnapshot::health):
+//! [`AdmissionSnapshot::health`]:
 //!
 //! * **`gpu_observer`** fails open: a panic drops that one record. Records
 //!   are delivered after the transaction they describe, outside the lock,
@@ -118,12 +118,13 @@
 //!   stays in service (a host-side panic is no evidence about device
 //!   memory; only a [`BackendError::Fault`](backend::BackendError::Fault)
 //!   reported by a stream synchronization quarantines, and any other fault
-//!   closes every ledger: see [`envelope::proven_isolation`]), so a backend that always panics fails each attempt fast
+//!   closes every ledger: see [`TeardownReport::fault_isolation`]), so a backend
+//!   that always panics fails each attempt fast
 //!   with a typed error, and the health shows it failing; an operator can
 //!   [`quarantine`](QueryService::quarantine) the device.
 //! * **`gpu_device_worker`** is a backstop around every job of a device's
 //!   worker thread: a panic there loses only that job, its waiter gets a
-//!   typed failure ([`worker::JobError::Panicked`]), and the thread goes on
+//!   typed failure, and the thread goes on
 //!   with the next job. A dead worker would read as a fault of unknown reach
 //!   and close every ledger; a build or teardown job that unwinds part-way
 //!   quarantines only its own device, since what it created or released
@@ -194,77 +195,44 @@
 //! # }
 //! ```
 //!
-//! The [`ledger`] is plain data: the [`scheduler`]'s `AdmissionCore` owns
-//! every ledger and the queue, and the [`service`] keeps that core behind
-//! one mutex that is never held across an await or a backend call. Physical
-//! work (streams, domains, teardown) runs on one [`worker`] thread per
-//! device through the [`backend`] trait. See each module for its part of
-//! the design.
+//! Inside, each device's ledger is plain data; a synchronous admission core
+//! owns every ledger and the queue, and the [`QueryService`] keeps that core
+//! behind one mutex that is never held across an await or a backend call.
+//! Physical work (streams, domains, teardown) runs on one worker thread per
+//! device through the [`backend`] trait. `docs/ARCHITECTURE.md` in the
+//! repository maps the files; each opens with its part of the design.
 
 // Profiles, the ledger and placement: pure integer accounting, no CUDA.
+// Every module but `backend` is private: what a user names is re-exported
+// below, at one path each.
 #[cfg(feature = "config")]
-pub mod config;
-pub mod ledger;
-pub mod outcome;
-pub(crate) mod placement;
-pub mod profile;
-pub mod proof;
+mod config;
+mod ledger;
+mod outcome;
+mod placement;
+mod profile;
+mod proof;
 
 // The physical side: backends, allocation domains, device workers and the
 // transactional envelope.
 pub mod backend;
-pub mod domain;
-pub mod envelope;
+mod domain;
+mod envelope;
 mod guard;
-pub mod worker;
+mod worker;
 
 // The query service: the one queue and its scheduler (a plain synchronous
 // core), the async glue around it, handles and observation records.
-pub mod handle;
-pub mod lazy;
-pub mod observe;
+mod handle;
+mod lazy;
+mod observe;
 mod release;
-pub mod scheduler;
-pub mod service;
+mod scheduler;
+mod service;
 
 #[cfg(loom)]
 #[doc(hidden)]
 pub mod loom_models;
-
-/// Entry points for `tests/gpu_device.rs` only (feature `gpu-tests`, which
-/// exists for those checks on a real CUDA device): they build envelopes
-/// around bytes no ledger granted, which the crate's API otherwise never
-/// allows. Not part of the API.
-#[cfg(feature = "gpu-tests")]
-#[doc(hidden)]
-pub mod device_checks {
-    use super::backend::{DeviceOrdinal, SharedBackend};
-    use super::envelope::{AdmissionEnvelope, AttemptBounds, BuildError, EnvelopeSpec};
-    use super::worker::DeviceWorker;
-    use crate::sync::StdArc;
-
-    /// A worker thread for `device`, as the service starts one.
-    pub fn spawn_worker(device: DeviceOrdinal) -> StdArc<DeviceWorker> {
-        StdArc::new(DeviceWorker::spawn(device))
-    }
-
-    /// Builds an envelope of `grant_bytes` on `worker` without a ledger.
-    pub async fn build_envelope(
-        backend: SharedBackend,
-        worker: StdArc<DeviceWorker>,
-        device: DeviceOrdinal,
-        grant_bytes: u64,
-        bounds: AttemptBounds,
-    ) -> Result<AdmissionEnvelope, BuildError> {
-        let spec = EnvelopeSpec {
-            device,
-            grant_bytes,
-            bounds,
-            report_sink: None,
-        };
-        AdmissionEnvelope::build(backend, worker, spec).await
-    }
-}
 
 /// The synchronous admission core for `benches/gpu_admit.rs` only (feature
 /// `bench-internals`, which exists for that benchmark): it commits and
@@ -274,7 +242,7 @@ pub mod device_checks {
 #[doc(hidden)]
 pub mod bench_internals {
     use super::backend::DeviceOrdinal;
-    use super::ledger::{ForeignGrant, GrantRequest, MemoryGrant, ReleaseOutcome, WaiterId};
+    use super::ledger::{GrantRequest, MemoryGrant, WaiterId};
     use super::observe::GpuEvent;
     use super::outcome::GpuAdmitError;
     use super::profile::{DeviceSet, QueueBounds};
@@ -287,6 +255,10 @@ pub mod bench_internals {
         core: AdmissionCore,
     }
 
+    /// A grant the core issued, to hand back with [`CoreBench::release`].
+    #[derive(Debug)]
+    pub struct BenchGrant(MemoryGrant);
+
     impl CoreBench {
         /// One empty ledger per device and an empty queue.
         pub fn new(devices: &DeviceSet, bounds: QueueBounds) -> Self {
@@ -295,15 +267,21 @@ pub mod bench_internals {
             }
         }
 
-        /// Queues `request` for `candidates`, as a submission does once
-        /// its proof is checked.
+        /// Queues a resource-only request of `floor_bytes` (and an
+        /// optional working-set hint) for `candidates`, as a submission
+        /// does once its proof is checked.
         pub fn submit(
             &mut self,
-            request: GrantRequest,
-            candidates: Vec<DeviceOrdinal>,
+            floor_bytes: u64,
+            working_set_hint: Option<u64>,
+            candidates: &[DeviceOrdinal],
         ) -> Result<WaiterId, GpuAdmitError> {
+            let mut request = GrantRequest::resource_only(floor_bytes);
+            if let Some(hint) = working_set_hint {
+                request = request.with_working_set_hint(hint);
+            }
             let waiter = self.core.reserve(tokio::time::Instant::now())?;
-            self.core.resolve(waiter, request, candidates)?;
+            self.core.resolve(waiter, request, candidates.to_vec())?;
             Ok(waiter)
         }
 
@@ -320,13 +298,16 @@ pub mod bench_internals {
         pub fn take_outcome(
             &mut self,
             waiter: WaiterId,
-        ) -> Option<Result<MemoryGrant, GpuAdmitError>> {
-            self.core.take_outcome(waiter)
+        ) -> Option<Result<BenchGrant, GpuAdmitError>> {
+            self.core
+                .take_outcome(waiter)
+                .map(|outcome| outcome.map(BenchGrant))
         }
 
-        /// Returns a grant to its ledger.
-        pub fn release(&mut self, grant: MemoryGrant) -> Result<ReleaseOutcome, ForeignGrant> {
-            self.core.release(grant)
+        /// Returns a grant to its ledger; false if the core did not issue
+        /// it.
+        pub fn release(&mut self, grant: BenchGrant) -> bool {
+            self.core.release(grant.0).is_ok()
         }
 
         /// Waiters queued or reserved.
@@ -338,11 +319,15 @@ pub mod bench_internals {
 
 #[cfg(feature = "config")]
 pub use config::{parse_byte_size, parse_device_selection, GpuConfig, DEVICES_ENV};
+pub use domain::{AllocationDomain, LeakReport, SubReservation};
+pub use envelope::{
+    BuildStep, DeviceHealth, Disposition, EnvelopeError, ExecutionContext, SourcePermit,
+    StepOutcome, TeardownReport,
+};
 pub use handle::{AttemptReport, QueryHandle};
 pub use lazy::LazyAdmission;
 pub use ledger::{
-    Decision, DeviceLedger, ForeignGrant, GrantId, GrantRequest, LaterReason, LedgerError,
-    LedgerHealth, LedgerReport, MemoryGrant, NeverReason, ProtectionReport, ReleaseOutcome,
+    GrantId, LaterReason, LedgerError, LedgerHealth, LedgerReport, NeverReason, ProtectionReport,
     WaiterId,
 };
 #[cfg(feature = "config")]

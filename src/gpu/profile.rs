@@ -52,7 +52,7 @@ pub(crate) fn fmt_bytes(bytes: u64) -> String {
 }
 
 /// The immutable resource profile of one device. See the
-/// [module docs](self).
+/// [`gpu` module documentation](crate::gpu).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct DeviceProfile {
     ordinal: DeviceOrdinal,

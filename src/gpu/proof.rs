@@ -228,7 +228,7 @@ impl fmt::Display for IssuerId {
 }
 
 /// Opaque, engine-issued evidence that one exact plan is executable, with
-/// what admission needs to know about it. See the [module docs](self).
+/// what admission needs to know about it. See the [`gpu` module documentation](crate::gpu).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct CapabilityProof {
     issuer: IssuerId,

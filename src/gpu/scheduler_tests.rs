@@ -9,12 +9,10 @@ use proptest::prelude::*;
 use tokio::time::Instant;
 
 use crate::gpu::backend::DeviceOrdinal;
+use crate::gpu::ledger::{Decision, GrantRequest, MemoryGrant};
 use crate::gpu::observe::GpuEvent;
 use crate::gpu::scheduler::AdmissionCore;
-use crate::gpu::{
-    Decision, DeviceProfile, DeviceSet, GrantRequest, LedgerHealth, MemoryGrant, MemoryOwnership,
-    QueueBounds, WaiterId,
-};
+use crate::gpu::{DeviceProfile, DeviceSet, LedgerHealth, MemoryOwnership, QueueBounds, WaiterId};
 
 const GIB: u64 = 1 << 30;
 

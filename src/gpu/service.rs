@@ -333,7 +333,7 @@ impl QueryServiceBuilder {
         self
     }
 
-    /// An observer of the admission lifecycle; see [`super::observe`]. A
+    /// An observer of the admission lifecycle (see [`Observation`]). A
     /// panic is caught and drops that record only; see the
     /// [failure model](super#failure-model).
     pub fn observer<F>(mut self, observer: F) -> Self
@@ -426,7 +426,7 @@ impl QueryServiceBuilder {
 }
 
 /// The process's GPU query service. Cheap to clone: clones share the queue,
-/// ledgers and workers. See the [module documentation](self).
+/// ledgers and workers. See the [`gpu` module documentation](crate::gpu).
 ///
 /// Holding the service does not let anyone mint a proof: the issuer is
 /// handed out once by [`QueryServiceBuilder::build_with_issuer`] and is not

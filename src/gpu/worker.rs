@@ -49,7 +49,7 @@ type Job = Box<dyn FnOnce() + Send + 'static>;
 /// The device worker thread is gone (it exited or could not be started):
 /// the job did not run, or its result was lost.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct WorkerGone {
+pub(crate) struct WorkerGone {
     /// The worker's device.
     pub device: DeviceOrdinal,
 }
@@ -64,7 +64,7 @@ impl std::error::Error for WorkerGone {}
 
 /// Why a job submitted with [`DeviceWorker::submit`] has no result.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum JobError {
+pub(crate) enum JobError {
     /// The worker thread is gone: the job did not run.
     Gone(WorkerGone),
     /// The job panicked on the worker thread. The panic was caught there
@@ -162,7 +162,7 @@ impl Drop for Queued {
 
 /// One OS thread running a device's blocking backend calls in FIFO order.
 /// See the [module documentation](self).
-pub struct DeviceWorker {
+pub(crate) struct DeviceWorker {
     device: DeviceOrdinal,
     /// The boundary jobs run behind, also used by `submit` to record a
     /// panic before the waiting side hears of it.
@@ -191,6 +191,7 @@ impl DeviceWorker {
     /// Crate-private (tests and, with `gpu-tests`, the device checks): a
     /// device's worker is the service's, one per device.
     #[cfg(any(test, feature = "gpu-tests"))]
+    #[cfg(test)]
     pub(crate) fn spawn(device: DeviceOrdinal) -> Self {
         Self::spawn_with(device, StdArc::new(crate::gpu::guard::worker_boundary()))
     }
@@ -232,18 +233,18 @@ impl DeviceWorker {
     }
 
     /// The device this worker serves.
-    pub fn device(&self) -> DeviceOrdinal {
+    pub(crate) fn device(&self) -> DeviceOrdinal {
         self.device
     }
 
     /// Jobs submitted and not yet finished.
-    pub fn depth(&self) -> u64 {
+    pub(crate) fn depth(&self) -> u64 {
         self.depth.load(Ordering::Acquire)
     }
 
     /// Streams the device's envelopes hold now (roots and execution forks):
     /// the live stream load that device ranking reads.
-    pub fn streams_in_use(&self) -> u64 {
+    pub(crate) fn streams_in_use(&self) -> u64 {
         self.streams.load(Ordering::Acquire)
     }
 
@@ -254,12 +255,15 @@ impl DeviceWorker {
     }
 
     /// Whether the calling thread is this worker's thread.
-    pub fn is_current(&self) -> bool {
+    pub(crate) fn is_current(&self) -> bool {
         self.thread_id == Some(std::thread::current().id())
     }
 
     /// Queues `job` without waiting for it. Fails if the thread is gone.
-    pub fn submit_detached(&self, job: impl FnOnce() + Send + 'static) -> Result<(), WorkerGone> {
+    pub(crate) fn submit_detached(
+        &self,
+        job: impl FnOnce() + Send + 'static,
+    ) -> Result<(), WorkerGone> {
         self.queue(move |queued| {
             job();
             drop(queued);
@@ -285,7 +289,7 @@ impl DeviceWorker {
     /// at once (not when the future is first polled); dropping the future
     /// does not cancel it. A job that panics resolves to
     /// [`JobError::Panicked`]; the thread goes on.
-    pub fn submit<T: Send + 'static>(
+    pub(crate) fn submit<T: Send + 'static>(
         &self,
         job: impl FnOnce() -> T + Send + 'static,
     ) -> impl Future<Output = Result<T, JobError>> + Send + 'static {
@@ -317,7 +321,7 @@ impl DeviceWorker {
 
     /// Closes the queue and waits for the thread to finish the jobs already
     /// queued. Idempotent; also done on drop.
-    pub fn shutdown(&self) {
+    pub(crate) fn shutdown(&self) {
         drop(self.sender.lock().take());
         if self.is_current() {
             return;

@@ -42,6 +42,13 @@
 pub mod cuda;
 pub mod sim;
 
+// Checks on a real CUDA device (feature `gpu-tests`, which exists for them;
+// CI only compiles them; scripts/gpu-check.sh runs them on a GPU). One of
+// them loads a kernel through the driver's FFI, as the backend does.
+#[cfg(all(test, feature = "gpu-tests", not(loom)))]
+#[allow(unsafe_code)]
+mod cuda_checks;
+
 use std::error::Error;
 use std::fmt;
 

@@ -4,22 +4,20 @@
 //! context: run it last, alone, in its own process
 //! (`scripts/gpu-check.sh` does).
 
-#![cfg(feature = "gpu-tests")]
-
 use std::ffi::CString;
 use std::sync::Arc;
 
-use admission::gpu::backend::cuda::{driver_present, CudaBackend, CudaOptions};
-use admission::gpu::backend::{
+use super::cuda::{driver_present, CudaBackend, CudaOptions};
+use super::{
     BackendError, BackendOp, DeviceFacts, DeviceOrdinal, DevicePtr, DomainId, FaultIsolation,
     GpuBackend, LaneId, ScopeId, SharedBackend, StreamId,
 };
-use admission::gpu::device_checks;
-use admission::gpu::envelope::{
+use crate::gpu::envelope::{
     AdmissionEnvelope, AttemptBounds, BuildError, BuildStep, DeviceHealth, Disposition,
+    EnvelopeSpec,
 };
-use admission::gpu::worker::DeviceWorker;
-use admission::gpu::{
+use crate::gpu::worker::DeviceWorker;
+use crate::gpu::{
     DeviceProfile, DeviceSet, MemoryOwnership, QueryService, QueueBounds, ServiceError,
 };
 use cudarc::driver::result;
@@ -41,9 +39,8 @@ fn runtime() -> tokio::runtime::Runtime {
         .expect("runtime")
 }
 
-/// Builds an envelope for a `grant_bytes` grant through the feature-gated
-/// entry point: outside `gpu-tests`, an envelope exists only around a grant
-/// the ledger committed.
+/// Builds an envelope for a `grant_bytes` grant no ledger committed (which
+/// the crate's API never allows), on `worker`.
 async fn build(
     backend: SharedBackend,
     worker: Arc<DeviceWorker>,
@@ -55,7 +52,13 @@ async fn build(
         max_lanes: 1,
         source_work_allowance: 2,
     };
-    device_checks::build_envelope(backend, worker, DEVICE, grant_bytes, bounds).await
+    let spec = EnvelopeSpec {
+        device: DEVICE,
+        grant_bytes,
+        bounds,
+        report_sink: None,
+    };
+    AdmissionEnvelope::build(backend, worker, spec).await
 }
 
 fn free_bytes(backend: &dyn GpuBackend) -> u64 {
@@ -291,7 +294,7 @@ fn rollback_at_each_step_returns_device_memory_to_baseline() {
         blocking_sync: true,
     });
     let shared: SharedBackend = cuda.clone();
-    let worker = device_checks::spawn_worker(DEVICE);
+    let worker = Arc::new(DeviceWorker::spawn(DEVICE));
     runtime().block_on(async {
         warm_up(&shared, &worker).await;
         let baseline = free_bytes(&*cuda);
@@ -331,7 +334,7 @@ fn sixty_four_concurrent_attempts_stay_within_their_grants() {
     const CHUNK: u64 = 8 * MIB;
     let cuda = backend(CudaOptions::default());
     let shared: SharedBackend = cuda.clone();
-    let worker = device_checks::spawn_worker(DEVICE);
+    let worker = Arc::new(DeviceWorker::spawn(DEVICE));
     runtime().block_on(async {
         warm_up(&shared, &worker).await;
         let baseline = free_bytes(&*cuda);
@@ -404,7 +407,7 @@ const POISON_PTX: &str = r#"
 fn sticky_fault_is_a_device_fault() {
     let cuda = backend(CudaOptions::default());
     let shared: SharedBackend = cuda.clone();
-    let worker = device_checks::spawn_worker(DEVICE);
+    let worker = Arc::new(DeviceWorker::spawn(DEVICE));
     runtime().block_on(async {
         let envelope = build(shared.clone(), worker.clone(), 64 * MIB)
             .await
