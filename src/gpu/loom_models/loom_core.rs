@@ -11,12 +11,10 @@ use std::time::Duration;
 
 use super::model;
 use crate::gpu::backend::DeviceOrdinal;
+use crate::gpu::ledger::{GrantRequest, MemoryGrant};
 use crate::gpu::observe::GpuEvent;
 use crate::gpu::scheduler::AdmissionCore;
-use crate::gpu::{
-    DeviceProfile, DeviceSet, GrantRequest, LedgerReport, MemoryGrant, MemoryOwnership,
-    QueueBounds, WaiterId,
-};
+use crate::gpu::{DeviceProfile, DeviceSet, LedgerReport, MemoryOwnership, QueueBounds, WaiterId};
 use loom::sync::{Arc, Mutex};
 use loom::thread;
 use tokio::time::Instant;

@@ -8,7 +8,8 @@
 
 use super::model;
 use crate::gpu::backend::DeviceOrdinal;
-use crate::gpu::{Decision, DeviceLedger, DeviceProfile, GrantRequest, MemoryGrant, WaiterId};
+use crate::gpu::ledger::{Decision, DeviceLedger, GrantRequest, MemoryGrant};
+use crate::gpu::{DeviceProfile, WaiterId};
 use loom::sync::{Arc, Mutex};
 use loom::thread;
 

@@ -13,9 +13,10 @@ use loom::thread;
 
 use super::model;
 use crate::gpu::backend::DeviceOrdinal;
+use crate::gpu::ledger::{GrantRequest, MemoryGrant};
 use crate::gpu::release::wait;
 use crate::gpu::service::QueryService;
-use crate::gpu::{DeviceSet, GrantRequest, MemoryGrant, QueueBounds, WaiterId};
+use crate::gpu::{DeviceSet, QueueBounds, WaiterId};
 
 const GIB: u64 = 1 << 30;
 const D0: DeviceOrdinal = DeviceOrdinal(0);
