@@ -41,7 +41,10 @@ pub(crate) use std::sync::mpsc;
 /// while calling anything). Always `std`'s: they decide nothing, and loom
 /// instruments every atomic access as a scheduling point, which would
 /// multiply the models' interleavings on every guarded call for no finding.
-pub(crate) use std::sync::{atomic::AtomicU64 as StdAtomicU64, Mutex as StdMutex};
+pub(crate) use std::sync::{
+    atomic::{AtomicBool as StdAtomicBool, AtomicU64 as StdAtomicU64},
+    Mutex as StdMutex,
+};
 
 /// A mutual-exclusion lock whose `lock` cannot fail.
 #[derive(Debug, Default)]

@@ -15,8 +15,11 @@
 //! A request that has to wait for quota is weighed once, when it first
 //! waits: if the rate units reach this node at cannot cover it (and those
 //! waiting ahead of it) before its deadline, it is refused at once, with
-//! that time as its `retry_after`. The fast path (units at hand) reads no
-//! clock and weighs nothing.
+//! that time as its `retry_after`. A request that waits for its tenant's
+//! first lease on this node is not weighed (the rate is still a guess, and
+//! the lease brings up to a burst): it waits for the lease, within its
+//! deadline. The fast path (units at hand) reads no clock and weighs
+//! nothing.
 //!
 //! Quota first: a request over quota must not hold a place (or a slot) in
 //! the node's capacity queue, where it would sit in front of other tenants'

@@ -159,6 +159,7 @@ impl Leaser {
                     record.queue.add_tokens(units);
                     crate::export::quota_fallback_units(units);
                 }
+                record.mark_supplied();
             }
             record.set_rates(lease.refill_per_sec(&policy), lease.demand_per_sec(&policy));
         }
@@ -220,6 +221,7 @@ impl Leaser {
                         record.queue.add_tokens(units);
                         leased = leased.saturating_add(units);
                     }
+                    record.mark_supplied();
                     record
                         .fleet_available
                         .store(tenant.available, Ordering::Relaxed);
@@ -231,8 +233,11 @@ impl Leaser {
                 for lease in batch.leases() {
                     if lease.leaving {
                         self.keep_pending(lease.clone());
-                    } else if let Some((_, tenant)) = self.tenants.get_mut(&lease.tenant) {
+                    } else if let Some((record, tenant)) = self.tenants.get_mut(&lease.tenant) {
                         tenant.failed();
+                        // From now on the fallback trickle feeds it, at the
+                        // rate its waiters are weighed against.
+                        record.mark_supplied();
                     }
                 }
                 self.failed(now, error);

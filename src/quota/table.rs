@@ -30,7 +30,7 @@ use tokio::time::Instant;
 use super::TenantQuota;
 use crate::grant::TokenGranter;
 use crate::queue::{Usage, WorkQueue, WorkQueueBuilder};
-use crate::sync::{Mutex, Ordering, StdArc, StdAtomicU64};
+use crate::sync::{Mutex, Ordering, StdArc, StdAtomicBool, StdAtomicU64};
 use crate::work::TenantId;
 use crate::AdmitError;
 
@@ -46,6 +46,12 @@ pub(crate) struct Record {
     /// When a request last looked the record up, in milliseconds since the
     /// table's origin.
     used_ms: StdAtomicU64,
+    /// Whether units have begun to reach the record: its first lease was
+    /// answered (granted, or failed and the fallback trickle took over).
+    /// Until then the refill rate is an assumption and the balance is
+    /// empty only because nothing has arrived yet, so a waiting request is
+    /// not weighed against it.
+    supplied: StdAtomicBool,
     /// Written by the leasing thread every tick (f64 bits where a rate).
     refill_bits: StdAtomicU64,
     demand_bits: StdAtomicU64,
@@ -70,6 +76,7 @@ impl Record {
             queue,
             requested: StdAtomicU64::new(0),
             used_ms: StdAtomicU64::new(now_ms),
+            supplied: StdAtomicBool::new(false),
             refill_bits: StdAtomicU64::new(0f64.to_bits()),
             demand_bits: StdAtomicU64::new(0f64.to_bits()),
             leased: StdAtomicU64::new(0),
@@ -99,6 +106,15 @@ impl Record {
         self.requested.swap(0, Ordering::Relaxed)
     }
 
+    /// Units have begun to reach the record (called by the leasing thread
+    /// after it added the first lease's units, so that a request that sees
+    /// the mark also sees them).
+    pub(crate) fn mark_supplied(&self) {
+        if !self.supplied.load(Ordering::Relaxed) {
+            self.supplied.store(true, Ordering::Release);
+        }
+    }
+
     pub(crate) fn set_rates(&self, refill: f64, demand: f64) {
         self.refill_bits.store(refill.to_bits(), Ordering::Relaxed);
         self.demand_bits.store(demand.to_bits(), Ordering::Relaxed);
@@ -126,8 +142,13 @@ impl Record {
 
     /// How long until this node's refill covers `units` and the requests
     /// waiting ahead of them: what `AdmitError::OverQuota` suggests. `None`
-    /// until the leasing thread has measured (or assumed) a refill rate.
+    /// until the first lease has been answered (the first lease brings up
+    /// to a burst, which no refill rate foretells) and while there is no
+    /// refill rate.
     pub(crate) fn expected_wait(&self, units: u64) -> Option<Duration> {
+        if !self.supplied.load(Ordering::Acquire) {
+            return None;
+        }
         let refill = self.refill_per_sec();
         if refill <= 0.0 {
             return None;

@@ -95,6 +95,54 @@ async fn requests_spend_the_lease_locally_and_only_the_first_waits_for_one() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn requests_that_arrive_while_the_first_lease_is_in_flight_wait_for_its_burst() {
+    let clock = Clock::new();
+    let backend = clock.backend();
+    // One unit a second, two banked: the refill alone could not serve a
+    // request with 200 ms to live, the first lease's burst does.
+    let builder = Quota::builder().tenant(T, TenantQuota::new(1, 2).unwrap());
+    let (quota, mut leaser) = node(builder, backend.clone(), "a");
+    let capacity = WorkQueue::new(10).unwrap();
+    let within = || {
+        WorkInfo::builder()
+            .tenant(T)
+            .timeout(Duration::from_millis(200))
+            .build()
+    };
+
+    let mut first = task::spawn(quota.admit(&capacity, within()));
+    assert!(first.poll().is_pending(), "nothing leased yet");
+    // The leasing thread takes the tenant in (its assumed rate is now
+    // published) and sends the first lease; the second request comes
+    // before the answer.
+    let batch = leaser
+        .step(Instant::now())
+        .expect("a new tenant asks at once");
+    let mut second = task::spawn(quota.admit(&capacity, within()));
+    assert!(
+        second.poll().is_pending(),
+        "it waits for the first lease instead of being weighed against a refill not yet begun"
+    );
+    clock.advance(20 * MS).await;
+    let answer = backend.exchange_now(&batch);
+    leaser.settle(Instant::now(), &batch, Ok(answer));
+    assert!(matches!(first.poll(), Poll::Ready(Ok(_))));
+    assert!(matches!(second.poll(), Poll::Ready(Ok(_))));
+    assert_eq!(tenant(&quota).refused, 0);
+
+    // Once the lease is answered the refill is known: a third request,
+    // which one unit a second cannot serve within 200 ms, is refused at
+    // once.
+    let mut third = task::spawn(quota.admit(&capacity, within()));
+    match third.poll() {
+        Poll::Ready(Err(AdmitError::OverQuota { retry_after })) => {
+            assert!(retry_after > Duration::from_millis(200), "{retry_after:?}");
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+#[tokio::test(start_paused = true)]
 async fn a_tenant_over_quota_waits_in_priority_order_and_blocks_no_other_tenant() {
     let clock = Clock::new();
     let builder = Quota::builder().tenant(T, TenantQuota::new(1_000, 1).unwrap());
