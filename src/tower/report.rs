@@ -153,7 +153,7 @@ impl LoadReport {
 /// The text of every ladder value, built at compile time, so that the
 /// level header is a static string on every response rather than a number
 /// formatted into a fresh buffer.
-const LEVEL_TEXT: [([u8; 4], usize); 256] = {
+static LEVEL_DIGITS: [([u8; 4], usize); 256] = {
     let mut table = [([0u8; 4], 0usize); 256];
     let mut raw = 0usize;
     while raw < 256 {
@@ -184,15 +184,24 @@ const LEVEL_TEXT: [([u8; 4], usize); 256] = {
     table
 };
 
+/// [`LEVEL_DIGITS`] as text, checked once, at compile time.
+static LEVEL_TEXT: [&str; 256] = {
+    let mut table = [""; 256];
+    let mut raw = 0usize;
+    while raw < 256 {
+        let (digits, len) = &LEVEL_DIGITS[raw];
+        table[raw] = match std::str::from_utf8(digits.split_at(*len).0) {
+            Ok(text) => text,
+            Err(_) => panic!("a level's digits are ASCII"),
+        };
+        raw += 1;
+    }
+    table
+};
+
 /// `level` as a header value, without allocating.
 pub(super) fn level_value(level: Priority) -> HeaderValue {
-    let (digits, len) = &LEVEL_TEXT[usize::from(level.get() as u8)];
-    match std::str::from_utf8(&digits[..*len]) {
-        Ok(text) => HeaderValue::from_static(text),
-        // Digits and a sign are always UTF-8; a level is better sent
-        // formatted than not at all.
-        Err(_) => HeaderValue::from(i16::from(level.get())),
-    }
+    HeaderValue::from_static(LEVEL_TEXT[usize::from(level.get() as u8)])
 }
 
 /// Reads a level header: an optional `-` and one to three ASCII digits
@@ -237,8 +246,8 @@ pub(super) struct Reporter {
     controller: Option<StdArc<Controller>>,
     /// The endpoints the service calls, whose levels its own includes.
     downstreams: Option<Downstreams>,
-    /// The last load report and when it was made: made again once it is
-    /// [`LOAD_REFRESH`] old, so that a response costs a clock read, a
+    /// The last load report and when it goes stale: made again once it
+    /// is [`LOAD_REFRESH`] old, so that a response costs a clock read, a
     /// leaf lock and a reference count instead of the queue's lock and a
     /// number formatted per figure. Shared by the layer's services.
     load: StdArc<StdMutex<Option<(Instant, HeaderValue)>>>,
@@ -301,15 +310,15 @@ impl Reporter {
     fn load_report(&self) -> Option<HeaderValue> {
         let now = Instant::now();
         let mut cached = self.load.lock().unwrap_or_else(crate::sync::recover);
-        if let Some((made, value)) = cached.as_ref() {
-            if now.saturating_duration_since(*made) < LOAD_REFRESH {
+        if let Some((stale_at, value)) = cached.as_ref() {
+            if now < *stale_at {
                 return Some(value.clone());
             }
         }
         let load = self.queue.load();
         let utilization = self.controller.as_ref().and_then(|c| c.cpu_utilization());
         let value = LoadReport::of(&load, utilization).to_header()?;
-        *cached = Some((now, value.clone()));
+        *cached = Some((now.checked_add(LOAD_REFRESH).unwrap_or(now), value.clone()));
         Some(value)
     }
 }
@@ -423,5 +432,38 @@ mod tests {
         }
         let long = format!("TEXT {}", "named_metrics.x=1,".repeat(40));
         assert_eq!(read(&long), None, "over the length bound");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_load_report_is_reused_for_its_refresh_period_then_made_again() {
+        let queue = WorkQueue::new(4).unwrap();
+        let reporter = Reporter::new(queue.clone(), None);
+        let reports = Reports {
+            level: false,
+            load: true,
+        };
+        let in_flight = || {
+            let mut headers = HeaderMap::new();
+            reporter.stamp(reports, &mut headers);
+            LoadReport::parse(&headers[LOAD_HEADER])
+                .and_then(|report| report.in_flight)
+                .expect("a report with the figure")
+        };
+        assert_eq!(in_flight(), 0.0);
+        let permit = queue
+            .admit(crate::WorkInfo::new(
+                crate::TenantId::new(1),
+                Priority::NORMAL,
+            ))
+            .await
+            .unwrap();
+        assert_eq!(in_flight(), 0.0, "the report made a moment ago");
+        tokio::time::advance(LOAD_REFRESH).await;
+        assert_eq!(
+            in_flight(),
+            1.0,
+            "made again once it is the refresh period old"
+        );
+        drop(permit);
     }
 }
