@@ -20,8 +20,11 @@
 //! balance is what the node leased: a request takes its units there at
 //! once while the node holds a lease, or waits there, in priority order
 //! and then create time, until a lease (or the fallback) covers it or its
-//! deadline comes, and is refused early (with early rejection's estimate)
-//! when it could not make its deadline. A refusal comes back as
+//! deadline comes, and is refused at once when the rate units reach this
+//! node at could not cover it before its deadline (except while its
+//! tenant's first lease on the node is in flight: the rate is then a
+//! guess and the lease brings up to a burst, so it waits for the lease).
+//! A refusal comes back as
 //! [`AdmitError::OverQuota`] with a `retry_after` computed from the rate
 //! at which units reach this node (the tower layer answers it with 429
 //! and `Retry-After`; see `AdmissionLayer::with_quota` with feature `tower`).

@@ -106,9 +106,10 @@ impl Record {
         self.requested.swap(0, Ordering::Relaxed)
     }
 
-    /// Units have begun to reach the record (called by the leasing thread
-    /// after it added the first lease's units, so that a request that sees
-    /// the mark also sees them).
+    /// Units have begun to reach the record: an exchange answered its
+    /// lease, or the fallback trickle feeds it. Called by the leasing
+    /// thread after it added the units, so that a request that sees the
+    /// mark also sees them.
     pub(crate) fn mark_supplied(&self) {
         if !self.supplied.load(Ordering::Relaxed) {
             self.supplied.store(true, Ordering::Release);

@@ -150,9 +150,10 @@ impl LoadReport {
     }
 }
 
-/// The text of every ladder value, built at compile time, so that the
-/// level header is a static string on every response rather than a number
-/// formatted into a fresh buffer.
+/// The digits (and sign) of every ladder value and their length, built at
+/// compile time, so that the level header is a static string on every
+/// response rather than a number formatted into a fresh buffer. A static,
+/// so that [`LEVEL_TEXT`] can borrow its bytes for `'static`.
 static LEVEL_DIGITS: [([u8; 4], usize); 256] = {
     let mut table = [([0u8; 4], 0usize); 256];
     let mut raw = 0usize;
