@@ -9,7 +9,7 @@
 use std::num::NonZeroU64;
 
 use crate::error::ConfigError;
-use crate::grant::{Requester, TokenClass, TokenGranter};
+use crate::grant::{Granter, Requester, TokenClass, TokenGranter};
 use crate::work::{TenantId, WorkInfo};
 
 use super::{Admit, Usage, WorkQueue, WorkQueueBuilder};
@@ -53,6 +53,31 @@ impl WorkQueue<TokenGranter> {
             grants.granter.add(tokens);
             queue.grant_waiting(grants, wakes);
         });
+    }
+
+    /// Runs `f` under the queue's lock with the bucket's balance and
+    /// whether the queue is closed, then changes the bucket by the tokens
+    /// `f` returns (nothing in a closed queue): a positive change is added
+    /// as [`add_tokens`](Self::add_tokens) adds it, granting the waiters it
+    /// covers; a negative one is charged, leaving at most one burst of
+    /// debt. For a balance kept partly outside the queue: what it moves in
+    /// or out, and what it reads of the bucket, is atomic with the queue's
+    /// own changes, closing included.
+    pub(crate) fn with_tokens<R>(&self, f: impl FnOnce(i64, bool) -> (i64, R)) -> R {
+        self.shared.with_state(|queue, grants, wakes| {
+            let available = grants.granter.snapshot(grants.state).available;
+            let closed = queue.is_closed();
+            let (change, result) = f(available, closed);
+            if !closed {
+                if change > 0 {
+                    grants.granter.add(change.unsigned_abs());
+                    queue.grant_waiting(grants, wakes);
+                } else if change < 0 {
+                    grants.granter.correct(change.saturating_neg());
+                }
+            }
+            result
+        })
     }
 
     /// Turns this class's budget on with `burst` as the most that can be

@@ -5,12 +5,19 @@
 //! A request passes through up to two queues, one at a time:
 //!
 //! ```text
-//! Start ──(no quota for the tenant)──────────────────────────▶ Capacity ──▶ Done
-//!   │                                                             ▲
-//!   └─▶ Quota: the tenant's token queue ──(units taken)───────────┘
+//! Start ──(no quota for the tenant)────────────────────────────▶ Capacity ──▶ Done
+//!   ├──(units at hand: one compare-and-swap, refund armed)──────▶  ▲
+//!   └─▶ Quota: the tenant's token queue ──(units taken)────────────┘
 //!         │            (refund armed: units go back if capacity refuses)
 //!         └──(refused)──▶ Done: OverQuota { retry_after }
 //! ```
+//!
+//! While its node holds a lease a request nearly always finds its units
+//! at hand and goes straight to capacity, the refund armed, without the
+//! tenant's queue (see `balance.rs` for the handshake with the requests
+//! that do wait). One that finds too few is counted as queued for as long
+//! as it is in the Quota phase, so units that arrive meanwhile go to the
+//! queue, and it waits there.
 //!
 //! A request that has to wait for quota is weighed once, when it first
 //! waits: if the rate units reach this node at cannot cover it (and those
@@ -68,9 +75,11 @@ pub struct QuotaAdmit<G: Granter = SlotGranter> {
 enum Phase<G: Granter> {
     Start(Option<WorkInfo>),
     Quota {
+        // Declared before `queued`, so the wait leaves the queue before the
+        // request stops being counted there.
         #[pin]
         admit: Admit<TokenGranter>,
-        record: StdArc<Record>,
+        queued: Queued,
         work: Option<WorkInfo>,
         /// The record was closed under this request once already.
         looked_again: bool,
@@ -95,6 +104,50 @@ impl<G: Granter> QuotaAdmit<G> {
             units: units.max(1),
             phase: Phase::Start(Some(work)),
         }
+    }
+}
+
+/// A request counted as bound for its tenant's queue (see
+/// `LocalBalance`), until this is dropped.
+#[derive(Debug)]
+struct Queued(StdArc<Record>);
+
+impl Queued {
+    fn enter(record: StdArc<Record>) -> Self {
+        record.local.enter_queue();
+        Queued(record)
+    }
+}
+
+impl Drop for Queued {
+    fn drop(&mut self) {
+        self.0.local.leave_queue();
+    }
+}
+
+/// The phase of a request of `record`'s tenant: straight to capacity when
+/// the units are at hand (the refund armed), else into the tenant's queue.
+fn under_quota<G: Granter>(
+    record: StdArc<Record>,
+    capacity: &WorkQueue<G>,
+    work: WorkInfo,
+    units: u64,
+    looked_again: bool,
+) -> Phase<G> {
+    if record.local.try_take(units) {
+        return Phase::Capacity {
+            admit: capacity.admit(work),
+            refund: Some(record),
+        };
+    }
+    let queued = Queued::enter(record);
+    let admit = queued.0.local.queue().admit(quota_work(&work, units));
+    Phase::Quota {
+        admit,
+        queued,
+        work: Some(work),
+        looked_again,
+        weighed: false,
     }
 }
 
@@ -137,24 +190,20 @@ impl<G: Granter> Future for QuotaAdmit<G> {
                         }
                         Ok(Some(record)) => {
                             record.asked(*this.units);
-                            let admit = record.queue.admit(quota_work(&work, *this.units));
-                            this.phase.set(Phase::Quota {
-                                admit,
-                                record,
-                                work: Some(work),
-                                looked_again: false,
-                                weighed: false,
-                            });
+                            let phase =
+                                under_quota(record, this.capacity, work, *this.units, false);
+                            this.phase.set(phase);
                         }
                     }
                 }
                 PhaseProjection::Quota {
                     admit,
-                    record,
+                    queued,
                     work,
                     looked_again,
                     weighed,
                 } => {
+                    let record = &queued.0;
                     let polled = admit.poll(cx);
                     if polled.is_pending() && !*weighed {
                         *weighed = true;
@@ -205,14 +254,9 @@ impl<G: Granter> Future for QuotaAdmit<G> {
                         };
                         match this.quota.record(work.tenant()) {
                             Ok(Some(again)) => {
-                                let admit = again.queue.admit(quota_work(&work, *this.units));
-                                this.phase.set(Phase::Quota {
-                                    admit,
-                                    record: again,
-                                    work: Some(work),
-                                    looked_again: true,
-                                    weighed: false,
-                                });
+                                let phase =
+                                    under_quota(again, this.capacity, work, *this.units, true);
+                                this.phase.set(phase);
                                 continue;
                             }
                             Ok(None) => {

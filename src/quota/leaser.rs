@@ -156,7 +156,7 @@ impl Leaser {
                 let units = lease.drip(now, record.balance(), &policy);
                 if units > 0 {
                     record.fallback.fetch_add(units, Ordering::Relaxed);
-                    record.queue.add_tokens(units);
+                    record.local.credit(units);
                     crate::export::quota_fallback_units(units);
                 }
                 record.mark_supplied();
@@ -170,7 +170,7 @@ impl Leaser {
             .tenants
             .values_mut()
             .filter_map(|(record, lease)| {
-                lease.ask(now, record.balance(), record.queue.waiting(), &policy)
+                lease.ask(now, record.balance(), record.local.waiting(), &policy)
             })
             .collect();
         leases.append(&mut self.pending);
@@ -218,7 +218,7 @@ impl Leaser {
                     if units > 0 {
                         // Counted before the waiters it admits can look.
                         record.leased.fetch_add(units, Ordering::Relaxed);
-                        record.queue.add_tokens(units);
+                        record.local.credit(units);
                         leased = leased.saturating_add(units);
                     }
                     record.mark_supplied();

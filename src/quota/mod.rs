@@ -16,9 +16,11 @@
 //!
 //! [`Quota::admit`] composes the quota with the node's capacity: a request
 //! needs both, quota first ([`QuotaAdmit`]). Each tenant under quota has a
-//! token queue of its own on the node ([`WorkQueue<TokenGranter>`]) whose
-//! balance is what the node leased: a request takes its units there at
-//! once while the node holds a lease, or waits there, in priority order
+//! local balance on the node, what the node leased, and a token queue of
+//! its own ([`WorkQueue<TokenGranter>`]). While the node holds a lease a
+//! request takes its units with one compare-and-swap, no lock and no
+//! clock, so a leased quota costs about what a local token bucket does;
+//! a request that finds too few waits in the queue, in priority order
 //! and then create time, until a lease (or the fallback) covers it or its
 //! deadline comes, and is refused at once when the rate units reach this
 //! node at could not cover it before its deadline (except while its
@@ -119,9 +121,13 @@
 
 mod admit;
 mod backend;
+mod balance;
 mod bucket;
 mod lease;
 mod leaser;
+#[cfg(loom)]
+#[doc(hidden)]
+pub mod loom_models;
 #[cfg(feature = "redis")]
 mod redis;
 mod table;
@@ -595,7 +601,11 @@ impl Quota {
     /// under quota) is not corrected: its balance went back to the fleet.
     pub fn correct(&self, tenant: TenantId, estimated: u64, actual: u64) {
         if let Some(record) = self.inner.shared.table.get(tenant) {
-            record.queue.correct_tokens(tenant, estimated, actual);
+            if actual > estimated {
+                record.local.charge(actual - estimated);
+            } else {
+                record.local.credit(estimated - actual);
+            }
         }
     }
 
@@ -670,7 +680,7 @@ impl Quota {
                 tenant: record.tenant,
                 quota: record.quota,
                 balance: record.balance(),
-                waiting: record.queue.waiting(),
+                waiting: record.local.waiting(),
                 demand_per_sec: record.demand_per_sec(),
                 refill_per_sec: record.refill_per_sec(),
                 leased: record.leased.load(Ordering::Relaxed),

@@ -6,30 +6,32 @@
 //! The table is a map behind one lock, taken on a request's path only to
 //! find (or make) its tenant's [`Record`] and mark it used; nothing else
 //! happens under it on that path. A record holds the tenant's local
-//! balance as a [`WorkQueue<TokenGranter>`] of its own, so requests over
-//! quota wait in priority order (then create time) with deadlines and
-//! waker hand-off as in any queue, and one tenant's wait never touches
-//! another's. (The queue's own early rejection is off: `QuotaAdmit` weighs
-//! a wait against the refill instead, and only when there is one.) The other fields are atomics the leasing
-//! thread writes and snapshots read.
+//! balance ([`LocalBalance`]): units at hand that a request takes with one
+//! compare-and-swap, and a token queue of the tenant's own
+//! where requests over quota wait in priority order (then create time)
+//! with deadlines and waker hand-off as in any queue, so one tenant's wait
+//! never touches another's. (The queue's own early rejection is off:
+//! `QuotaAdmit` weighs a wait against the refill instead, and only when
+//! there is one.) The other fields are atomics the leasing thread writes
+//! and snapshots read.
 //!
 //! **Bounds.** At most `max_tenants` records: a request for a tenant not in
 //! a full table is refused as over quota, and the leasing thread is woken
 //! to sweep. The leasing thread alone removes records (its own state for a
 //! tenant lives beside them): those idle for `idle_after` with nobody
 //! waiting, and, while the table is full, those idle for one lease period.
-//! A removed record's queue is closed before its balance is read and given
-//! back, so no request spends units that were returned; a request that
-//! finds its record closed that way looks it up again (once).
+//! A removed record's balance is closed before it is read and given back,
+//! so no request spends units that were returned; a request that finds its
+//! record closed that way looks it up again (once).
 
 use std::time::Duration;
 
 use rustc_hash::FxHashMap;
 use tokio::time::Instant;
 
+use super::balance::LocalBalance;
 use super::TenantQuota;
-use crate::grant::TokenGranter;
-use crate::queue::{Usage, WorkQueue, WorkQueueBuilder};
+use crate::queue::{Usage, WorkQueueBuilder};
 use crate::sync::{Mutex, Ordering, StdArc, StdAtomicBool, StdAtomicU64};
 use crate::work::TenantId;
 use crate::AdmitError;
@@ -40,7 +42,7 @@ pub(crate) struct Record {
     pub(crate) tenant: TenantId,
     pub(crate) quota: TenantQuota,
     /// The local balance and the requests waiting for it.
-    pub(crate) queue: WorkQueue<TokenGranter>,
+    pub(crate) local: LocalBalance,
     /// Units requests asked for since the leasing thread last looked.
     requested: StdAtomicU64,
     /// When a request last looked the record up, in milliseconds since the
@@ -64,16 +66,11 @@ pub(crate) struct Record {
 }
 
 impl Record {
-    fn new(
-        tenant: TenantId,
-        quota: TenantQuota,
-        queue: WorkQueue<TokenGranter>,
-        now_ms: u64,
-    ) -> Self {
+    fn new(tenant: TenantId, quota: TenantQuota, local: LocalBalance, now_ms: u64) -> Self {
         Record {
             tenant,
             quota,
-            queue,
+            local,
             requested: StdAtomicU64::new(0),
             used_ms: StdAtomicU64::new(now_ms),
             supplied: StdAtomicBool::new(false),
@@ -131,13 +128,13 @@ impl Record {
 
     /// The local balance: negative in debt.
     pub(crate) fn balance(&self) -> i64 {
-        self.queue.granter_snapshot().available
+        self.local.balance()
     }
 
     /// Gives `units` taken by a request that was then not admitted back to
     /// the local balance (and its waiters).
     pub(crate) fn refund(&self, units: u64) {
-        self.queue.correct_tokens(self.tenant, units, 0);
+        self.local.credit(units);
         self.refunded.fetch_add(units, Ordering::Relaxed);
     }
 
@@ -154,7 +151,7 @@ impl Record {
         if refill <= 0.0 {
             return None;
         }
-        let waiting = self.queue.waiting() as u64;
+        let waiting = self.local.waiting() as u64;
         let needed = i128::from(waiting.saturating_add(1)) * i128::from(units)
             - i128::from(self.balance().max(0));
         let needed = needed.max(i128::from(units)) as f64;
@@ -217,15 +214,9 @@ impl Table {
         }
     }
 
-    /// A queue as every record's, to check the settings at build.
+    /// A balance as every record's, to check the settings at build.
     pub(crate) fn check(&self) -> Result<(), crate::ConfigError> {
-        self.queue_for(1).map(|_| ())
-    }
-
-    fn queue_for(&self, burst: u64) -> Result<WorkQueue<TokenGranter>, crate::ConfigError> {
-        let queue = self.builder.clone().build_with(TokenGranter::new(burst)?)?;
-        queue.set_token_limit(Some(burst))?;
-        Ok(queue)
+        LocalBalance::build(self.builder.clone(), 1).map(|_| ())
     }
 
     fn now_ms(&self, now: Instant) -> u64 {
@@ -256,11 +247,11 @@ impl Table {
         // The settings were checked at build, and the burst is at least
         // one; a failure here would be a bug, answered as a closed quota
         // rather than a panic.
-        let queue = self.queue_for(quota.burst()).map_err(|error| {
+        let local = LocalBalance::build(self.builder.clone(), quota.burst()).map_err(|error| {
             tracing::error!(target: "admission", %error, "quota queue could not be made");
             AdmitError::Closed
         })?;
-        let record = StdArc::new(Record::new(tenant, quota, queue, now_ms));
+        let record = StdArc::new(Record::new(tenant, quota, local, now_ms));
         records.insert(tenant, record.clone());
         Ok(Found::New(record))
     }
@@ -299,7 +290,7 @@ impl Table {
         let mut removed = Vec::new();
         records.retain(|_, record| {
             let idle = now_ms.saturating_sub(record.used_ms.load(Ordering::Relaxed)) >= idle_ms;
-            let keep = !idle || record.queue.waiting() > 0;
+            let keep = !idle || record.local.waiting() > 0;
             if !keep {
                 removed.push(record.clone());
             }
@@ -307,7 +298,7 @@ impl Table {
         });
         drop(records);
         for record in &removed {
-            record.queue.close();
+            record.local.close();
         }
         removed
     }
@@ -321,7 +312,7 @@ impl Table {
             .map(|(_, record)| record)
             .collect();
         for record in &removed {
-            record.queue.close();
+            record.local.close();
         }
         removed
     }

@@ -405,7 +405,7 @@ async fn three_nodes_share_the_quota_in_proportion_to_their_demand() {
             record.asked(demands[i] / 100);
             let balance = record.balance();
             if balance > 0 {
-                record.queue.correct_tokens(T, 0, balance as u64);
+                record.local.charge(balance as u64);
             }
             leaser.tick(Instant::now()).await;
         }
