@@ -23,7 +23,10 @@
 //!   fallback rate's units for the time elapsed (fractions carried), up to
 //!   one lease period of them banked, and remembers them: the next exchange
 //!   that succeeds charges them to the fleet's bucket (`Lease::charge`), so
-//!   the fleet does not admit the outage's units twice.
+//!   the fleet does not admit the outage's units twice, and the leasing
+//!   thread takes from the local balance those it still holds (a node whose
+//!   demand was below its trickle would otherwise spend them on top of its
+//!   leases after the outage).
 //! * **Refill**, the rate at which units reach the local balance (leases
 //!   and fallback, an EWMA over the same windows), is what
 //!   [`AdmitError::OverQuota`](crate::AdmitError::OverQuota)'s

@@ -215,6 +215,12 @@ impl Leaser {
                         continue;
                     };
                     let units = tenant.granted(lease, answer);
+                    // The bucket now counts the trickle's units as spent:
+                    // those still held here would be spent a second time.
+                    let unspent = lease.charge.min(record.balance().max(0).unsigned_abs());
+                    if unspent > 0 {
+                        record.local.charge(unspent);
+                    }
                     if units > 0 {
                         // Counted before the waiters it admits can look.
                         record.leased.fetch_add(units, Ordering::Relaxed);

@@ -76,7 +76,8 @@
 //!   [`retry_interval`](QuotaBuilder::retry_interval); the first that
 //!   succeeds resynchronises: the units the trickle added are charged to
 //!   the bucket (as far as it holds them), so the fleet does not admit the
-//!   outage twice, and leasing resumes. A restarted store without
+//!   outage twice; those of them the node still holds are given up, since
+//!   the bucket now counts them as spent; and leasing resumes. A restarted store without
 //!   persistence makes every bucket anew, full.
 //! * **A node that dies** loses its balance (at most its lease: its
 //!   unspent units are simply not spent) and what the bucket had set aside

@@ -351,6 +351,11 @@ async fn an_unreachable_backend_degrades_to_the_trickle_and_resyncs_with_a_charg
     }
     assert!(!leaser.is_degraded());
     assert!(!quota.snapshot().degraded);
+    let resynced = tenant(&quota);
+    assert!(
+        resynced.balance <= resynced.leased as i64,
+        "the trickle's unspent units, charged to the bucket, are not kept: {resynced:?}"
+    );
     let other = ask_backend(&backend, "b", 100, 100, 100);
     assert!(
         other.granted <= 50,
