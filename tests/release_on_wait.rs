@@ -289,3 +289,142 @@ fn outside_a_runtime_nothing_is_given_back() {
     assert_eq!(observer.join().unwrap(), 1, "held through the wait");
     assert_eq!(used(&queue), 0);
 }
+
+/// Waits until [`Gates::open`] wakes it, then records its name.
+struct Gated {
+    name: &'static str,
+    gates: Arc<Gates>,
+    registered: bool,
+}
+
+#[derive(Default)]
+struct Gates {
+    wakers: std::sync::Mutex<Vec<std::task::Waker>>,
+    computed: std::sync::Mutex<Vec<&'static str>>,
+}
+
+impl Gates {
+    fn gated(self: &Arc<Self>, name: &'static str) -> Gated {
+        Gated {
+            name,
+            gates: self.clone(),
+            registered: false,
+        }
+    }
+
+    /// Wakes every gated future, in the order they first waited.
+    fn open(&self) {
+        for waker in self.wakers.lock().unwrap().drain(..) {
+            waker.wake();
+        }
+    }
+
+    fn computed(&self) -> Vec<&'static str> {
+        self.computed.lock().unwrap().clone()
+    }
+}
+
+impl Future for Gated {
+    type Output = ();
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        if self.registered {
+            self.gates.computed.lock().unwrap().push(self.name);
+            return Poll::Ready(());
+        }
+        self.registered = true;
+        self.gates.wakers.lock().unwrap().push(cx.waker().clone());
+        Poll::Pending
+    }
+}
+
+/// Tokio's run queue is FIFO: held bulk work woken first would compute
+/// first. It steps aside for held work of a higher priority that is
+/// runnable too, so the high work computes first.
+#[tokio::test(start_paused = true)]
+async fn held_work_steps_aside_for_runnable_work_of_a_higher_priority() {
+    let t0 = Instant::now();
+    let queue = WorkQueue::new(2).unwrap();
+    let gates = Arc::new(Gates::default());
+    let bulk = admit_now(&queue, work(1, -50, t0, 0));
+    let urgent = admit_now(&queue, work(2, 50, t0, 1));
+    let bulk = tokio::spawn(bulk.run(gates.gated("bulk")));
+    let urgent = tokio::spawn(urgent.run(gates.gated("urgent")));
+    // Both wait at their gates; a turn gives their slots back.
+    turn().await;
+    turn().await;
+    assert_eq!(used(&queue), 0, "both wait without their slots");
+    // Woken in FIFO order, bulk first: both run queued, bulk ahead.
+    gates.open();
+    bulk.await.unwrap().unwrap();
+    urgent.await.unwrap().unwrap();
+    assert_eq!(gates.computed(), ["urgent", "bulk"]);
+    assert_eq!(used(&queue), 0);
+}
+
+/// Without the step-aside, the same two compute in the run queue's order:
+/// two holds of one priority are not reordered.
+#[tokio::test(start_paused = true)]
+async fn held_work_of_one_priority_computes_in_the_run_queues_order() {
+    let t0 = Instant::now();
+    let queue = WorkQueue::new(2).unwrap();
+    let gates = Arc::new(Gates::default());
+    let first = admit_now(&queue, work(1, 0, t0, 0));
+    let second = admit_now(&queue, work(2, 0, t0, 1));
+    let first = tokio::spawn(first.run(gates.gated("first")));
+    let second = tokio::spawn(second.run(gates.gated("second")));
+    turn().await;
+    turn().await;
+    gates.open();
+    first.await.unwrap().unwrap();
+    second.await.unwrap().unwrap();
+    assert_eq!(gates.computed(), ["first", "second"]);
+}
+
+/// Higher-priority work that is runnable but never polled (its task is
+/// stuck, or gone without dropping it) holds lower work back for a few
+/// polls only; dropping it stops it holding anything back.
+#[tokio::test(start_paused = true)]
+async fn stepping_aside_is_bounded_and_ends_with_the_higher_work() {
+    let t0 = Instant::now();
+    let queue = WorkQueue::new(2).unwrap();
+    let gates = Arc::new(Gates::default());
+    let urgent = admit_now(&queue, work(2, 50, t0, 0));
+    let mut urgent = task::spawn(urgent.run(gates.gated("urgent")));
+    assert!(urgent.poll().is_pending());
+    gates.open();
+    assert!(urgent.is_woken(), "runnable, and never polled again");
+
+    let bulk = admit_now(&queue, work(1, -50, t0, 1));
+    let mut bulk = task::spawn(bulk.run(async {}));
+    let mut polls = 1;
+    while bulk.poll().is_pending() {
+        assert!(polls < 10, "bulk work is not held back for good");
+        polls += 1;
+        turn().await;
+    }
+    assert!(polls > 1, "it stepped aside at first");
+
+    drop(urgent);
+    let bulk = admit_now(&queue, work(1, -50, t0, 2));
+    let mut bulk = task::spawn(bulk.run(async {}));
+    assert!(
+        matches!(bulk.poll(), Poll::Ready(Ok(()))),
+        "nothing is runnable above it once the urgent work is dropped"
+    );
+    assert_eq!(used(&queue), 0);
+}
+
+/// Waiting work of a higher priority does not hold lower work back: a
+/// holder of something the higher work waits for (a lock) must run.
+#[tokio::test(start_paused = true)]
+async fn waiting_work_of_a_higher_priority_holds_nothing_back() {
+    let t0 = Instant::now();
+    let queue = WorkQueue::new(2).unwrap();
+    let gates = Arc::new(Gates::default());
+    let urgent = admit_now(&queue, work(2, 50, t0, 0));
+    let mut urgent = task::spawn(urgent.run(gates.gated("urgent")));
+    assert!(urgent.poll().is_pending());
+    let bulk = admit_now(&queue, work(1, -50, t0, 1));
+    let mut bulk = task::spawn(bulk.run(async {}));
+    assert!(matches!(bulk.poll(), Poll::Ready(Ok(()))));
+}

@@ -290,3 +290,13 @@ fn a_stale_probe_does_not_judge_a_later_poll() {
 fn dropping_a_run_races_its_probe() {
     loom_models::dropping_a_run_races_its_probe();
 }
+
+#[test]
+fn a_wake_racing_the_drop_of_a_run_leaves_nothing_runnable() {
+    loom_models::a_wake_racing_the_drop_of_a_run_leaves_nothing_runnable();
+}
+
+#[test]
+fn a_wake_racing_a_poll_of_the_run_counts_it_once() {
+    loom_models::a_wake_racing_a_poll_of_the_run_counts_it_once();
+}

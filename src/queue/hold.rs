@@ -44,6 +44,30 @@
 //! future is polled; the probe then finds the future not yet polled and
 //! nothing is ever given back.
 //!
+//! # Priority among held work
+//!
+//! Given back while it waits, low-priority work cannot take a slot ahead of
+//! higher-priority work; but once work holds its slot, tokio's run queues
+//! order it again, first woken first polled. Held work whose task is
+//! polled while held work of a higher priority of the same queue is
+//! runnable (woken, with its slot or about to ask for it, and not yet
+//! polled) steps aside: it defers its task to the worker's next turn, as
+//! `yield_now` does, without polling its future, so the higher work
+//! computes first. Only runnable work counts: work that waits (on IO, on a
+//! lock that the lower work may hold) holds nothing back, so no holder is
+//! stopped from releasing what a higher one waits for. A poll steps aside
+//! at most four times in a row, so work counted runnable whose task is not
+//! being polled (its worker is blocked) delays lower work by four turns,
+//! never for good. The count per priority lives in the queue
+//! (`runnable.rs`); a hold counts itself when it is woken, and takes
+//! itself off when its task polls it or it is done.
+//!
+//! On the unannotated IO service (`examples/io_service.rs`, two workers,
+//! 200 bulk connections beside 4 high ones), three 15 s runs beside three
+//! without it: high-priority answers per second +2.6%, CPU busy 1.5
+//! points closer to no admission's, high p99 1.00-1.16x alone against
+//! 1.10-1.39x.
+//!
 //! # Implementation notes
 //!
 //! One [`Hold`], shared by the future, the waker it polls the inner future
@@ -76,15 +100,19 @@ use pin_project::{pin_project, pinned_drop};
 
 use super::admit::Admit;
 use super::permit::SlotPermit;
+use super::runnable::RunnableHolds;
 use super::Shared;
 use crate::error::AdmitError;
 use crate::grant::SlotGranter;
 use crate::sync::{Arc, Mutex, StdArc};
-use crate::work::WorkInfo;
+use crate::work::{Priority, WorkInfo};
 
 /// The permit of one piece of running work, shared with its wakers.
 pub(crate) struct Hold {
     state: Mutex<HoldState>,
+    /// The queue's record of held work that is runnable, by priority.
+    runnable: StdArc<RunnableHolds>,
+    priority: Priority,
     /// Under loom there is no runtime to defer a probe on: each is kept
     /// here for the model to wake from whichever thread it likes.
     #[cfg(loom)]
@@ -102,7 +130,15 @@ struct HoldState {
     phase: Phase,
     /// The task's waker, which the held future's wakes are passed on to.
     task: Option<Waker>,
+    /// Whether `runnable` counts this hold now.
+    counted: bool,
+    /// Polls in a row that stepped aside for runnable work of a higher
+    /// priority.
+    stepped_aside: u32,
 }
+
+/// How many polls in a row held work steps aside.
+const STEP_ASIDE_LIMIT: u32 = 4;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Phase {
@@ -119,12 +155,16 @@ enum Phase {
 impl Hold {
     pub(crate) fn new(permit: SlotPermit) -> StdArc<Self> {
         StdArc::new(Hold {
+            runnable: permit.runnable(),
+            priority: permit.work().priority(),
             state: Mutex::new(HoldState {
                 permit: Some(permit),
                 given_back: None,
                 polls: 0,
                 phase: Phase::Runnable,
                 task: None,
+                counted: false,
+                stepped_aside: 0,
             }),
             #[cfg(loom)]
             probes: std::sync::Mutex::default(),
@@ -189,8 +229,21 @@ impl Hold {
             .push(probe);
     }
 
+    fn count(&self, state: &mut HoldState, runnable: bool) {
+        if state.counted == runnable {
+            return;
+        }
+        state.counted = runnable;
+        if runnable {
+            self.runnable.enter(self.priority);
+        } else {
+            self.runnable.leave(self.priority);
+        }
+    }
+
     fn finish(&self) -> Option<SlotPermit> {
         let mut state = self.state.lock();
+        self.count(&mut state, false);
         state.phase = Phase::Done;
         state.given_back = None;
         state.permit.take()
@@ -211,12 +264,26 @@ impl Wake for Hold {
             Phase::Waiting | Phase::Runnable => Phase::Runnable,
             Phase::Done => Phase::Done,
         };
+        if state.phase == Phase::Runnable {
+            self.count(&mut state, true);
+        }
         let task = state.task.clone();
         drop(state);
         if let Some(task) = task {
             task.wake();
         }
     }
+}
+
+/// Puts the task back behind the runnable work of a higher priority.
+fn step_aside(cx: &mut Context<'_>) {
+    #[cfg(not(loom))]
+    {
+        let mut yielded = std::pin::pin!(tokio::task::yield_now());
+        let _ = yielded.as_mut().poll(cx);
+    }
+    #[cfg(loom)]
+    cx.waker().wake_by_ref();
 }
 
 /// A deferred waker that judges one poll of the held future.
@@ -280,6 +347,9 @@ impl<F: Future> Future for Run<F> {
         let mut this = self.project();
         loop {
             if let Some(asking) = this.asking.as_mut().as_pin_mut() {
+                // Polled, so out of the run queue: while it asks, it is
+                // waiting in the admission queue, not runnable.
+                this.hold.count(&mut this.hold.state.lock(), false);
                 let permit = match asking.poll(cx) {
                     Poll::Pending => return Poll::Pending,
                     Poll::Ready(Ok(permit)) => permit,
@@ -295,17 +365,32 @@ impl<F: Future> Future for Run<F> {
             }
             let mut state = this.hold.state.lock();
             if let Some((shared, work)) = state.given_back.take() {
+                this.hold.count(&mut state, false);
                 drop(state);
                 this.asking.set(Some(Admit::resume(shared, work)));
                 continue;
             }
-            state.polls = state.polls.wrapping_add(1);
-            let poll = state.polls;
-            state.phase = Phase::Polling { woken: false };
             if !state.task.as_ref().is_some_and(|t| t.will_wake(cx.waker())) {
                 state.task = Some(cx.waker().clone());
             }
             let holds_slot = state.permit.is_some();
+            if holds_slot
+                && state.phase == Phase::Runnable
+                && state.stepped_aside < STEP_ASIDE_LIMIT
+                && this.hold.runnable.any_above(this.hold.priority)
+            {
+                state.stepped_aside += 1;
+                // Still runnable, behind the higher work.
+                this.hold.count(&mut state, true);
+                drop(state);
+                step_aside(cx);
+                return Poll::Pending;
+            }
+            state.stepped_aside = 0;
+            this.hold.count(&mut state, false);
+            state.polls = state.polls.wrapping_add(1);
+            let poll = state.polls;
+            state.phase = Phase::Polling { woken: false };
             drop(state);
             if holds_slot {
                 this.hold.defer_probe(poll);
@@ -329,6 +414,9 @@ impl<F: Future> Future for Run<F> {
                         Phase::Polling { woken: true } => Phase::Runnable,
                         _ => Phase::Waiting,
                     };
+                    if state.phase == Phase::Runnable {
+                        this.hold.count(&mut state, true);
+                    }
                     Poll::Pending
                 }
             };

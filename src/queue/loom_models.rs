@@ -338,3 +338,83 @@ pub fn dropping_a_run_races_its_probe() {
         assert_eq!(queue.snapshot().granter.used, 0);
     });
 }
+
+/// Whether any held work of `queue` is counted runnable.
+fn anything_runnable(queue: &WorkQueue) -> bool {
+    queue.shared.runnable.any_above(Priority::new(i8::MIN))
+}
+
+/// High-priority work admitted on one slot and run, polled once: waiting
+/// on its signal.
+fn waiting_high_run(queue: &WorkQueue) -> (Running, Signal) {
+    let signal = Signal::default();
+    let high = WorkInfo::new(TenantId::new(1), Priority::HIGH);
+    let permit = match poll_once(&mut Box::pin(queue.admit(high))) {
+        Poll::Ready(Ok(permit)) => permit,
+        other => panic!("expected the fast path, got {other:?}"),
+    };
+    let mut run = Box::pin(permit.run(signal.clone()));
+    assert!(run
+        .as_mut()
+        .poll(&mut Context::from_waker(Waker::noop()))
+        .is_pending());
+    (run, signal)
+}
+
+/// Low-priority work on the fast path completes at its first poll: no
+/// higher work is counted runnable, so it does not step aside.
+fn low_work_runs_at_once(queue: &WorkQueue) {
+    let low = WorkInfo::new(TenantId::new(2), Priority::BULK_LOW);
+    let permit = match poll_once(&mut Box::pin(queue.admit(low))) {
+        Poll::Ready(Ok(permit)) => permit,
+        other => panic!("expected the fast path, got {other:?}"),
+    };
+    let mut run = Box::pin(permit.run(std::future::ready(())));
+    let polled = run.as_mut().poll(&mut Context::from_waker(Waker::noop()));
+    assert!(
+        matches!(polled, Poll::Ready(Ok(()))),
+        "nothing held it back"
+    );
+}
+
+/// The end of a high-priority run's wait (which counts it runnable) races
+/// the run's drop (which takes it off the count): whichever goes first,
+/// nothing stays counted, and lower work is not held back by work that is
+/// gone.
+pub fn a_wake_racing_the_drop_of_a_run_leaves_nothing_runnable() {
+    model(|| {
+        let queue = WorkQueue::new(2).expect("a valid queue");
+        let (run, signal) = waiting_high_run(&queue);
+        let ender = loom::thread::spawn(move || signal.fire());
+        let dropper = loom::thread::spawn(move || drop(run));
+        ender.join().unwrap();
+        dropper.join().unwrap();
+        assert!(!anything_runnable(&queue));
+        low_work_runs_at_once(&queue);
+        assert_eq!(queue.snapshot().granter.used, 0);
+    });
+}
+
+/// The end of the wait races the next poll of the run on another thread:
+/// the poll either completes the work or leaves it waiting; once it has
+/// completed, nothing is counted runnable.
+pub fn a_wake_racing_a_poll_of_the_run_counts_it_once() {
+    model(|| {
+        let queue = WorkQueue::new(2).expect("a valid queue");
+        let (mut run, signal) = waiting_high_run(&queue);
+        let ender = loom::thread::spawn(move || signal.fire());
+        let poller = loom::thread::spawn(move || {
+            let done = finish(&mut run);
+            (run, done)
+        });
+        ender.join().unwrap();
+        let (mut run, done) = poller.join().unwrap();
+        if !done {
+            assert!(anything_runnable(&queue), "woken after the poll: runnable");
+            assert!(finish(&mut run), "the signal has fired");
+        }
+        assert!(!anything_runnable(&queue));
+        low_work_runs_at_once(&queue);
+        assert_eq!(queue.snapshot().granter.used, 0);
+    });
+}

@@ -18,6 +18,7 @@ mod level;
 mod order;
 mod pacing;
 mod permit;
+mod runnable;
 mod state;
 mod tenant;
 mod tokens;
@@ -99,6 +100,8 @@ pub(crate) struct Shared<G: Granter> {
     /// The admission level, as the queue's state publishes it (see
     /// `level.rs`).
     level: crate::sync::StdArc<crate::sync::StdAtomicU64>,
+    /// Held work woken and not yet polled, by priority (see `hold.rs`).
+    runnable: crate::sync::StdArc<runnable::RunnableHolds>,
 }
 
 /// Everything behind the queue's one lock.
@@ -842,6 +845,7 @@ impl WorkQueueBuilder {
                 locked: Mutex::new(locked),
                 keys: crate::export::QueueKeys::new(self.name.unwrap_or_else(unnamed_queue)),
                 level,
+                runnable: crate::sync::StdArc::default(),
                 granter,
                 granter_boundary: Boundary::new(
                     "granter",

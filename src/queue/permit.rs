@@ -63,6 +63,10 @@ impl<G: Granter> SlotPermit<G> {
 
 impl SlotPermit<SlotGranter> {
     /// What asking for these slots again takes: the queue and the work.
+    pub(super) fn runnable(&self) -> crate::sync::StdArc<super::runnable::RunnableHolds> {
+        self.shared.runnable.clone()
+    }
+
     pub(super) fn asking_again(&self) -> (Arc<Shared<SlotGranter>>, WorkInfo) {
         (self.shared.clone(), self.work.clone())
     }
@@ -88,6 +92,13 @@ impl SlotPermit<SlotGranter> {
     /// queue closes. `work` is dropped then, where it waited, and the
     /// refusal comes back instead of its output. Outside a tokio runtime
     /// nothing is given back.
+    ///
+    /// Holding its slot, `work` still runs in tokio's first-woken,
+    /// first-polled run queues; so when it is woken while held work of a
+    /// higher priority on the same queue is woken too and not yet polled,
+    /// it steps aside: its task goes to the back, to the worker's next
+    /// turn, a few times at most, and the higher work computes first. Work
+    /// that waits holds nothing back.
     ///
     /// # Cancel safety
     ///
