@@ -61,6 +61,18 @@ pub struct GpuConfig {
 impl GpuConfig {
     /// Parses `toml`, keeping the ordinals listed in `selection` (the value
     /// of [`DEVICES_ENV`]); `None` or an empty string keeps every profile.
+    ///
+    /// # Errors
+    ///
+    /// [`ConfigError`] naming where the file is at fault: `toml` for text
+    /// that is not TOML; `admission`, `admission.queue` or
+    /// `admission.device_profiles` for a missing or malformed table or an
+    /// unknown key; the field that a byte size, `memory_ownership`,
+    /// [`QueueBounds::new`],
+    /// [`DeviceProfileBuilder::build`](super::DeviceProfileBuilder::build) or
+    /// [`DeviceSet::new`] refuses; and `ADMISSION_GPU_DEVICES` for a
+    /// selection that [`parse_device_selection`] refuses or that names an
+    /// ordinal without a profile.
     pub fn from_toml(toml: &str, selection: Option<&str>) -> Result<GpuConfig, ConfigError> {
         let root: toml::Table =
             toml::from_str(toml).map_err(|e| ConfigError::new("toml", e.to_string()))?;
@@ -156,6 +168,11 @@ impl GpuConfig {
 
     /// [`from_toml`](Self::from_toml) with the selection read from
     /// [`DEVICES_ENV`].
+    ///
+    /// # Errors
+    ///
+    /// As [`from_toml`](Self::from_toml), and a [`ConfigError`] naming
+    /// `ADMISSION_GPU_DEVICES` when the variable is not valid Unicode.
     pub fn from_toml_and_env(toml: &str) -> Result<GpuConfig, ConfigError> {
         match std::env::var(DEVICES_ENV) {
             Ok(selection) => Self::from_toml(toml, Some(&selection)),
@@ -179,8 +196,12 @@ impl GpuConfig {
 }
 
 /// Parses a device selection (`"0,2"`): `None` for an empty (or blank)
-/// selection, meaning every profiled device. Refuses a token that is not an
-/// ordinal and a repeated ordinal.
+/// selection, meaning every profiled device.
+///
+/// # Errors
+///
+/// [`ConfigError`] naming `ADMISSION_GPU_DEVICES` for a token that is not an
+/// ordinal or an ordinal listed twice.
 pub fn parse_device_selection(value: &str) -> Result<Option<Vec<DeviceOrdinal>>, ConfigError> {
     if value.trim().is_empty() {
         return Ok(None);
@@ -207,6 +228,12 @@ pub fn parse_device_selection(value: &str) -> Result<Option<Vec<DeviceOrdinal>>,
 
 /// Parses a byte size string (`"80GiB"`, `"512 MiB"`, `"1000"`), naming
 /// `field` in errors.
+///
+/// # Errors
+///
+/// [`ConfigError`] naming `field` when `text` has no leading digits, its unit
+/// is not one of `B`, `KiB`, `MiB`, `GiB`, `TiB`, `KB`, `MB`, `GB`, `TB`
+/// (case-insensitive), or the size does not fit in a `u64`.
 pub fn parse_byte_size(field: &'static str, text: &str) -> Result<u64, ConfigError> {
     let text = text.trim();
     let split = text

@@ -1301,16 +1301,36 @@ impl ExecutionContext {
     }
 
     /// Allocates `bytes` on this context's stream, within the grant.
+    ///
+    /// # Errors
+    ///
+    /// [`BackendError::GrantExceeded`] when the aligned size does not fit
+    /// under the grant's remaining bytes (the backend is not called);
+    /// otherwise the backend's error ([`BackendError::Driver`] for out of
+    /// memory, [`BackendError::Fault`], [`BackendError::Panicked`], ...),
+    /// with the charge returned to the grant.
     pub fn alloc(&self, bytes: u64) -> Result<DevicePtr, BackendError> {
         self.shared.domain.alloc(bytes, self.stream)
     }
 
     /// Frees an allocation of the attempt on this context's stream.
+    ///
+    /// # Errors
+    ///
+    /// [`BackendError::UnknownHandle`] when `ptr` is not a live allocation
+    /// of the attempt; otherwise the backend's error for the free, after
+    /// which the allocation is forgotten and its bytes are back under the
+    /// grant all the same.
     pub fn free(&self, ptr: DevicePtr) -> Result<(), BackendError> {
         self.shared.domain.free(ptr, self.stream)
     }
 
     /// Charges `bytes` against the grant without allocating.
+    ///
+    /// # Errors
+    ///
+    /// [`BackendError::GrantExceeded`] when the aligned size does not fit
+    /// under the grant's remaining bytes; nothing is charged then.
     pub fn reserve(&self, bytes: u64) -> Result<SubReservation<'_>, BackendError> {
         self.shared.domain.reserve(bytes)
     }

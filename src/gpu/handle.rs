@@ -239,6 +239,15 @@ impl QueryHandle {
     /// same fingerprint), and a proof already bound to an admission must be
     /// bound to this one (same device, same grant). A resource-only handle
     /// authorizes nothing.
+    ///
+    /// # Errors
+    ///
+    /// In this order: [`GpuAdmitError::ResourceOnlyHandle`] for a
+    /// resource-only handle; [`GpuAdmitError::ForeignProof`] when `proof`
+    /// comes from another issuer than the admitted proof;
+    /// [`GpuAdmitError::ProofBoundElsewhere`] when `proof` is bound to
+    /// another device or grant; [`GpuAdmitError::ProofMismatch`] when its
+    /// plan fingerprint differs from the admitted one.
     pub fn authorize(&self, proof: &CapabilityProof) -> Result<(), GpuAdmitError> {
         let Some(admitted) = &self.proof else {
             return Err(GpuAdmitError::ResourceOnlyHandle);
@@ -274,12 +283,24 @@ impl QueryHandle {
     /// A stream forked from the root for one execution, within the
     /// profile's stream bound; allocations through it are charged to the
     /// grant.
+    ///
+    /// # Errors
+    ///
+    /// [`EnvelopeError::StreamBound`] when the live contexts (or the streams
+    /// of dropped ones the device's worker has not destroyed yet) already
+    /// fill `streams_per_attempt`; [`EnvelopeError::Backend`] when the
+    /// backend fails to fork the stream.
     pub fn execution_context(&self) -> Result<ExecutionContext, EnvelopeError> {
         self.envelope.execution_context()
     }
 
     /// A permit for one concurrent source read, within the profile's
     /// source-work allowance.
+    ///
+    /// # Errors
+    ///
+    /// [`EnvelopeError::SourceWorkExhausted`] when `source_work_allowance`
+    /// permits are live already.
     pub fn try_source_permit(&self) -> Result<SourcePermit, EnvelopeError> {
         self.envelope.try_source_permit()
     }
@@ -287,8 +308,14 @@ impl QueryHandle {
     /// Releases the attempt: waits until every execution context and source
     /// permit is dropped, tears the envelope down, seals the report, isolates
     /// a device fault, and only then releases the grant and wakes queued
-    /// work. Dropping this future part-way still releases the grant after
-    /// the teardown.
+    /// work.
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropping the future at any point loses only the [`AttemptReport`]:
+    /// the teardown still runs on the device's worker once every execution
+    /// context and source permit is dropped, and the grant is released after
+    /// it.
     pub async fn release(self) -> AttemptReport {
         let QueryHandle {
             envelope,

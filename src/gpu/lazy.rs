@@ -60,8 +60,18 @@ impl LazyAdmission {
     /// The published handle, admitting on the first call: queue, grant and
     /// envelope, exactly as [`AdmissionTicket::admit`]. Later calls return
     /// the same handle, or the same error if that admission failed.
-    /// Cancel-safe: a first call dropped part-way leaves nothing behind, and
-    /// the next call admits again.
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropping a first call part-way withdraws its admission as dropping
+    /// [`AdmissionTicket::admit`] does and leaves the wrapper unadmitted; the
+    /// next call (or a concurrent one that was waiting for it) admits afresh,
+    /// at the back of the queue. Dropping any other call changes nothing.
+    ///
+    /// # Errors
+    ///
+    /// The [`GpuAdmitError`] the admission failed with (see
+    /// [`AdmissionTicket::admit`]); every later call returns a clone of it.
     pub async fn handle(&self) -> Result<&QueryHandle, GpuAdmitError> {
         let outcome = self
             .admitted
@@ -73,6 +83,15 @@ impl LazyAdmission {
     /// Runs one execution step against the handle, admitting first if this
     /// is the first step: the execution wrapper an engine calls instead of
     /// reaching for the device directly.
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`handle`](Self::handle); `step` runs only once the handle is
+    /// available, so a dropped call never runs it.
+    ///
+    /// # Errors
+    ///
+    /// As [`handle`](Self::handle); `step` is not run then.
     pub async fn run<R>(&self, step: impl FnOnce(&QueryHandle) -> R) -> Result<R, GpuAdmitError> {
         self.handle().await.map(step)
     }
@@ -85,6 +104,12 @@ impl LazyAdmission {
     /// Releases the attempt if execution ever admitted one; `None` when no
     /// execution needed the device (nothing was reserved) or admission
     /// failed.
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`QueryHandle::release`]: dropping the future part-way loses only
+    /// the report; the teardown still runs and the grant is released after
+    /// it.
     pub async fn release(self) -> Option<AttemptReport> {
         match self.admitted.into_inner() {
             Some(Ok(handle)) => Some(handle.release().await),

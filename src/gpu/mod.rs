@@ -270,6 +270,12 @@ pub mod bench_internals {
         /// Queues a resource-only request of `floor_bytes` (and an
         /// optional working-set hint) for `candidates`, as a submission
         /// does once its proof is checked.
+        ///
+        /// # Errors
+        ///
+        /// [`GpuAdmitError::Closed`] or [`GpuAdmitError::QueueFull`] when no
+        /// pending slot can be reserved; [`GpuAdmitError::NoHealthyDevice`]
+        /// when none of `candidates` is healthy.
         pub fn submit(
             &mut self,
             floor_bytes: u64,

@@ -110,8 +110,11 @@ impl DeviceProfile {
     /// so a profile written for a larger device is refused before any
     /// grant could promise bytes the device does not have.
     ///
-    /// The error names `managed_capacity` when the pool alone does not fit,
-    /// and `backend_reserve` when the reserve is what does not.
+    /// # Errors
+    ///
+    /// [`ConfigError`] naming `managed_capacity` when the pool alone exceeds
+    /// `total_bytes`, and `backend_reserve` when the pool fits but the pool
+    /// plus the reserve does not.
     pub fn check_device_memory(&self, total_bytes: u64) -> Result<(), ConfigError> {
         let device = self.ordinal;
         if self.managed_capacity > total_bytes {
@@ -276,8 +279,17 @@ impl DeviceProfileBuilder {
         self
     }
 
-    /// Validates the profile. Every error names the field at fault and the
-    /// device.
+    /// Validates the profile.
+    ///
+    /// # Errors
+    ///
+    /// [`ConfigError`] naming the field at fault, with the device:
+    /// `managed_capacity` when unset or zero; `max_active_attempts`,
+    /// `source_work_allowance`, `streams_per_attempt`, `workers_per_attempt`
+    /// or `lanes_per_attempt` when zero; `backend_reserve` or `cache_cap`
+    /// when over the managed capacity; `attempt_floor` when it (set or
+    /// defaulted) is zero, exceeds the managed capacity, or times
+    /// `max_active_attempts` does.
     pub fn build(self) -> Result<DeviceProfile, ConfigError> {
         let device = self.ordinal;
         let capacity = match self.managed_capacity {
@@ -454,10 +466,15 @@ impl DeviceSet {
             .expect("one profile, one ownership")
     }
 
-    /// Pairs each profile with its ownership declaration. Refuses an empty
-    /// set, a duplicate profile or declaration, a profile without a
-    /// declaration, a declaration without a profile, and shared external
-    /// bytes that do not fit in the backend reserve.
+    /// Pairs each profile with its ownership declaration.
+    ///
+    /// # Errors
+    ///
+    /// [`ConfigError`] naming `device_profiles` for an empty set or an
+    /// ordinal with two profiles; `memory_ownership` for an ordinal with two
+    /// declarations, a declaration without a profile or a profile without a
+    /// declaration; `external_bytes` when a shared device's external bytes
+    /// exceed its backend reserve.
     pub fn new(
         profiles: Vec<DeviceProfile>,
         ownerships: Vec<MemoryOwnership>,
@@ -586,6 +603,11 @@ impl QueueBounds {
     /// requests) and `max_wait` must be non-zero. An `overtake_budget` of 0
     /// is strict FIFO: the first time younger work would pass a blocked
     /// waiter, the waiter protects a slot instead.
+    ///
+    /// # Errors
+    ///
+    /// [`ConfigError`] naming `max_pending` when it is zero, or `max_wait`
+    /// when it is zero.
     pub fn new(
         max_pending: usize,
         max_wait: Duration,

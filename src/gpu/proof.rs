@@ -378,6 +378,13 @@ impl ProofIssuer {
     /// allocation owner or a phase without known minimum working bytes: such
     /// a plan is a capability or configuration failure, never a reason to
     /// wait.
+    ///
+    /// # Errors
+    ///
+    /// For the first phase at fault, in plan order:
+    /// [`LoweringError::UnresolvedPhase`] when its minimum working bytes are
+    /// unknown, otherwise [`LoweringError::UnresolvedOwner`] when its
+    /// allocation owner is unresolved.
     pub fn lower(&self, plan: &PlanDescription) -> Result<CapabilityProof, LoweringError> {
         let mut floor_bytes = 0u64;
         let mut owners = BTreeSet::new();
@@ -412,6 +419,11 @@ impl ProofIssuer {
 
     /// Binds every producer occurrence and the consumer into one proof,
     /// admitted once. Every part must have been issued by this issuer.
+    ///
+    /// # Errors
+    ///
+    /// [`LoweringError::ForeignProof`] for the first part (producers, then
+    /// the consumer) that another issuer issued.
     pub fn compose(
         &self,
         producers: &[CapabilityProof],
@@ -443,6 +455,10 @@ impl ProofIssuer {
     }
 
     /// Checks that `proof` was issued by this issuer.
+    ///
+    /// # Errors
+    ///
+    /// [`LoweringError::ForeignProof`] when another issuer issued `proof`.
     pub fn verify(&self, proof: &CapabilityProof) -> Result<(), LoweringError> {
         if proof.issuer == self.id {
             Ok(())

@@ -352,6 +352,14 @@ impl QueryServiceBuilder {
     /// The service accepts no plan proof: it admits resource-only tickets.
     /// A service for an engine's plans is built with
     /// [`build_with_issuer`](Self::build_with_issuer).
+    ///
+    /// # Errors
+    ///
+    /// [`ServiceError::Inventory`] when the backend cannot list its devices
+    /// (or panics doing so); [`ServiceError::DeviceNotInstalled`] for a
+    /// profiled ordinal the backend does not manage;
+    /// [`ServiceError::ProfileExceedsDevice`] when a profile's managed
+    /// capacity plus backend reserve exceed its device's total memory.
     pub fn build(self) -> Result<QueryService, ServiceError> {
         // An issuer nobody holds: no proof can ever carry its id.
         self.build_accepting(&ProofIssuer::new())
@@ -361,6 +369,10 @@ impl QueryServiceBuilder {
     /// service accepts, handed out once: the capability to mint proofs
     /// belongs to the engine's lowering code, and nothing reachable from
     /// the service (or a clone of it) can mint one.
+    ///
+    /// # Errors
+    ///
+    /// As [`build`](Self::build).
     pub fn build_with_issuer(self) -> Result<(QueryService, ProofIssuer), ServiceError> {
         let issuer = ProofIssuer::new();
         let service = self.build_accepting(&issuer)?;
@@ -472,6 +484,10 @@ impl QueryService {
     /// A service with no preflight and no observer that accepts no plan
     /// proof (resource-only tickets); see
     /// [`QueryServiceBuilder::build_with_issuer`] for one that does.
+    ///
+    /// # Errors
+    ///
+    /// As [`QueryServiceBuilder::build`].
     pub fn new(
         backend: SharedBackend,
         devices: DeviceSet,
@@ -486,8 +502,12 @@ impl QueryService {
     }
 
     /// A lazy admission ticket for the plan `proof` proves. Reserves
-    /// nothing; dropping it unused costs nothing. Refuses a proof from
-    /// another issuer.
+    /// nothing; dropping it unused costs nothing.
+    ///
+    /// # Errors
+    ///
+    /// [`GpuAdmitError::ForeignProof`] when `proof` was issued by another
+    /// issuer than the one this service accepts.
     pub fn ticket(&self, proof: &CapabilityProof) -> Result<AdmissionTicket, GpuAdmitError> {
         if proof.issuer_id() != self.inner.issuer {
             return Err(GpuAdmitError::ForeignProof {
@@ -517,6 +537,18 @@ impl QueryService {
 
     /// Manual, resource-only admission: [`resource_ticket`](Self::resource_ticket)
     /// admitted at once.
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropping the future at any point loses no slot, byte or device
+    /// resource, only its place in the queue: a pending or queued request is
+    /// withdrawn, a grant it had not yet taken goes back to its ledger at
+    /// once, and an envelope being built is rolled back on the device's
+    /// worker before its grant returns.
+    ///
+    /// # Errors
+    ///
+    /// As [`AdmissionTicket::admit`].
     pub fn admit_resources(
         &self,
         min_bytes: u64,
@@ -581,6 +613,22 @@ impl QueryService {
     ///
     /// Beyond the seed, which ends a quarantine only with a process
     /// restart.
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropping the future before it completes leaves the device
+    /// quarantined: a probe already queued on the device's worker still runs
+    /// (and cleans up after itself), but its result is discarded and the
+    /// ledger is not reinstated. Calling again probes afresh.
+    ///
+    /// # Errors
+    ///
+    /// [`ReinstateError::NoSuchDevice`] when `device` is not one of the
+    /// service's devices; [`ReinstateError::NotQuarantined`] when its ledger
+    /// is healthy or closed (before the probe, or closed while it ran);
+    /// [`ReinstateError::WorkerGone`] when the device's worker could not run
+    /// the probe; [`ReinstateError::ProbeFailed`] with the failing step when
+    /// the probe fails, and the device stays quarantined.
     pub async fn reinstate(&self, device: DeviceOrdinal) -> Result<(), ReinstateError> {
         let inner = &self.inner;
         let health = inner
@@ -629,6 +677,15 @@ impl QueryService {
     /// Charges, evicts, pins or unpins resident cache bytes on `device`'s
     /// ledger, the one authority for device bytes; queued work is
     /// rescheduled afterwards, since evicted bytes may admit a waiter.
+    ///
+    /// # Errors
+    ///
+    /// A [`LedgerError`], the ledger unchanged: `NoSuchDevice` when `device`
+    /// has no ledger here; for a charge, `Never` on a quarantined or closed
+    /// ledger, `CacheCapExceeded` over the cache cap and `CacheNoRoom` over
+    /// the unclaimed bytes; for an evict, pin or unpin, `CacheUnderflow` for
+    /// more bytes than the counter holds; `Accounting` if a counter would
+    /// overflow.
     pub fn change_cache(
         &self,
         device: DeviceOrdinal,
@@ -649,6 +706,12 @@ impl QueryService {
     /// Waits until every job queued on the device workers so far has run:
     /// teardowns of dropped handles, rollbacks of cancelled builds, and the
     /// grant releases queued after them.
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropping the future only stops the wait; it holds nothing. Once it
+    /// has been polled, the empty marker jobs it queued still run on the
+    /// workers, which changes nothing.
     pub async fn settle(&self) {
         let jobs: Vec<_> = self
             .inner
@@ -748,8 +811,28 @@ impl AdmissionTicket {
     }
 
     /// Submits the ticket and resolves to a published [`QueryHandle`] once
-    /// a device is granted and its envelope validated. Cancel-safe:
-    /// dropping the future at any point loses no slot, byte or resource.
+    /// a device is granted and its envelope validated.
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropping the future at any point loses no slot, byte or device
+    /// resource, only its place in the queue: a pending or queued request is
+    /// withdrawn, a grant it had not yet taken goes back to its ledger at
+    /// once, and an envelope being built is rolled back on the device's
+    /// worker before its grant returns.
+    ///
+    /// # Errors
+    ///
+    /// The future resolves to a [`GpuAdmitError`]: `DeadlinePassed` for a
+    /// deadline already past; `Closed` or `QueueFull` at submission (and
+    /// `Closed` while waiting); `NoCapableDevice` or `FloorNeverFits` when
+    /// no device could ever run it; `PreflightFailed` when a candidate's
+    /// preflight fails or panics; `NoHealthyDevice` when no candidate is
+    /// healthy any more; `DeadlineExceeded` when the deadline (its own or
+    /// the queue's `max_wait`) passes first; `TimerUnavailable` when it must
+    /// wait without a tokio timer; `EnvelopeStepFailed`, `DeviceFault`,
+    /// `WorkerGone` or `EnvelopeInvalid` when the envelope build fails, after
+    /// it was rolled back and the grant returned.
     pub fn admit(
         self,
     ) -> impl Future<Output = Result<QueryHandle, GpuAdmitError>> + Send + 'static {

@@ -276,6 +276,11 @@ impl TokenGranter {
     /// starting unlimited, banking at most `regular_burst` and
     /// `elastic_burst` once limited; a [`ConfigError`] naming the burst
     /// that is zero.
+    ///
+    /// # Errors
+    ///
+    /// [`ConfigError`] naming `regular_burst` if it is zero, otherwise
+    /// `elastic_burst` if that is zero.
     pub fn pair(
         regular_burst: u64,
         elastic_burst: u64,

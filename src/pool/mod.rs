@@ -402,6 +402,12 @@ impl CpuPool {
     /// Sets one tenant's weight in the pool's queue, effective for the next
     /// grant; see [`WorkQueue::set_tenant_weight`](crate::WorkQueue::set_tenant_weight)
     /// (at most `max_tenants` weights other than the default).
+    ///
+    /// # Errors
+    ///
+    /// As [`WorkQueue::set_tenant_weight`](crate::WorkQueue::set_tenant_weight):
+    /// a [`ConfigError`] naming `tenant_weight` when the weight would be one
+    /// more than `max_tenants` other than the default.
     pub fn set_tenant_weight(
         &self,
         tenant: TenantId,
@@ -412,6 +418,12 @@ impl CpuPool {
 
     /// Replaces every tenant's weight in the pool's queue; see
     /// [`WorkQueue::set_tenant_weights`](crate::WorkQueue::set_tenant_weights).
+    ///
+    /// # Errors
+    ///
+    /// As [`WorkQueue::set_tenant_weights`](crate::WorkQueue::set_tenant_weights):
+    /// a [`ConfigError`] naming `tenant_weight` when more than `max_tenants`
+    /// of `weights` are not the default, the table then unchanged.
     pub fn set_tenant_weights(
         &self,
         weights: impl IntoIterator<Item = (TenantId, TenantWeight)>,

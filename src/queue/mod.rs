@@ -387,6 +387,12 @@ impl<G: Granter> WorkQueue<G> {
     /// weight other than the default; past that, a new one is refused with
     /// a [`ConfigError`] naming `tenant_weight` (a weight per request, keyed
     /// by ids that callers choose, would otherwise grow the table for good).
+    ///
+    /// # Errors
+    ///
+    /// [`ConfigError`] naming `tenant_weight` when `tenant` has no weight of
+    /// its own yet, `weight` is not the default, and `max_tenants` tenants
+    /// have one already; nothing changes then.
     pub fn set_tenant_weight(
         &self,
         tenant: TenantId,
@@ -402,6 +408,11 @@ impl<G: Granter> WorkQueue<G> {
     /// More than [`max_tenants`](WorkQueueBuilder::max_tenants) weights
     /// other than the default are refused with a [`ConfigError`] naming
     /// `tenant_weight`, and the table is left as it was.
+    ///
+    /// # Errors
+    ///
+    /// [`ConfigError`] naming `tenant_weight` when more than `max_tenants`
+    /// of `weights` are not the default; the table is left as it was.
     pub fn set_tenant_weights(
         &self,
         weights: impl IntoIterator<Item = (TenantId, TenantWeight)>,

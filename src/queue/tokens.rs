@@ -190,6 +190,12 @@ impl TokenQueues {
     /// Like [`new`](Self::new), with both queues built from `builder`
     /// (waiter bound, fairness reset period, pacing...). Usage is always
     /// [`Usage::Granted`].
+    ///
+    /// # Errors
+    ///
+    /// [`ConfigError`] naming `regular_burst` or `elastic_burst`, whichever is
+    /// zero; otherwise one naming the first setting of `builder` out of its
+    /// range, as [`WorkQueueBuilder::build_with`].
     pub fn with_builder(
         builder: WorkQueueBuilder,
         regular_burst: u64,
@@ -247,9 +253,12 @@ impl TokenQueues {
     }
 
     /// Sets each class's limit: `Some(burst)` turns its budget on, `None`
-    /// makes it unlimited (and grants its waiters). A burst of zero is
-    /// refused with a [`ConfigError`] naming `regular_burst` or
-    /// `elastic_burst`, and changes neither class.
+    /// makes it unlimited (and grants its waiters).
+    ///
+    /// # Errors
+    ///
+    /// [`ConfigError`] naming `regular_burst` or `elastic_burst` for a burst
+    /// of zero; neither class is changed then.
     pub fn set_limits(
         &self,
         regular: Option<u64>,

@@ -165,6 +165,15 @@ pub trait QuotaBackend: fmt::Debug + Send + Sync + 'static {
     /// wrongly. The quota puts the node on its fallback trickle; units the
     /// store granted in an exchange whose answer was lost are lost to the
     /// fleet (it under-admits; it never over-admits).
+    ///
+    /// # Cancel safety
+    ///
+    /// The quota drops the future when it has not resolved within
+    /// [`lease_timeout`](super::QuotaBuilder::lease_timeout) (a
+    /// [`BackendError::Timeout`]) or when a poll of it panics, so an
+    /// implementation must leave the store consistent if dropped at any
+    /// await point. The exchange then counts as failed: whatever the store
+    /// applied of it is lost to the fleet, as with a lost answer.
     fn exchange<'a>(&'a self, batch: &'a LeaseBatch) -> LeaseFuture<'a>;
 }
 

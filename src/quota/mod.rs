@@ -584,6 +584,17 @@ impl Quota {
     /// Like [`admit`](Self::admit), for a request that costs `units` of its
     /// tenant's quota (bytes, an estimate of CPU time...; zero counts as
     /// one). `capacity` is asked for what `work` asks, as ever.
+    ///
+    /// # Errors
+    ///
+    /// As [`admit`](Self::admit): [`AdmitError::OverQuota`] when the
+    /// tenant's quota refuses the request, any error of `capacity`'s queue
+    /// after that, and [`AdmitError::Closed`] once the quota is shut down.
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`admit`](Self::admit): dropping the future at any point loses
+    /// neither quota nor capacity; units already taken are refunded.
     pub fn admit_units<G: Granter>(
         &self,
         capacity: &WorkQueue<G>,

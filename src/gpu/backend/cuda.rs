@@ -204,16 +204,27 @@ fn unknown(op: BackendOp, id: u64) -> BackendError {
 }
 
 impl CudaBackend {
-    /// Opens the devices `ordinals` with default options. Returns
+    /// Opens the devices `ordinals` with default options.
+    ///
+    /// # Errors
+    ///
     /// [`BackendError::NoDriver`] when no driver library loads (without
-    /// panicking), [`BackendError::NoDevice`] when the driver has no usable
-    /// device, and [`BackendError::UnknownDevice`] for an ordinal past the
-    /// device count.
+    /// panicking); [`BackendError::NoDevice`] when the driver has no usable
+    /// device or `ordinals` is empty; [`BackendError::UnknownDevice`] for an
+    /// ordinal past the device count; [`BackendError::Driver`] or
+    /// [`BackendError::Fault`] when the driver fails to open a device's
+    /// context or read its facts.
     pub fn new(ordinals: impl IntoIterator<Item = DeviceOrdinal>) -> Result<Self, BackendError> {
         Self::with_options(ordinals, CudaOptions::default())
     }
 
     /// Like [`new`](Self::new), with options.
+    ///
+    /// # Errors
+    ///
+    /// As [`new`](Self::new); a failure to switch a context to blocking
+    /// synchronization ([`CudaOptions::blocking_sync`]) is also a
+    /// [`BackendError::Driver`] or [`BackendError::Fault`].
     pub fn with_options(
         ordinals: impl IntoIterator<Item = DeviceOrdinal>,
         options: CudaOptions,
@@ -269,12 +280,22 @@ impl CudaBackend {
 
     /// The context of a managed device (the primary context, shared with
     /// every other user of the device in this process).
+    ///
+    /// # Errors
+    ///
+    /// [`BackendError::UnknownDevice`] when `ordinal` is not a device this
+    /// backend opened.
     pub fn context(&self, ordinal: DeviceOrdinal) -> Result<Arc<CudaContext>, BackendError> {
         Ok(self.devices[self.device_index(ordinal)?].ctx.clone())
     }
 
     /// The `cudarc` stream behind an id, for launching an execution's work
     /// on the stream of its execution context.
+    ///
+    /// # Errors
+    ///
+    /// [`BackendError::UnknownHandle`] when `id` is not a live stream of
+    /// this backend.
     pub fn stream(&self, id: StreamId) -> Result<Arc<CudaStream>, BackendError> {
         self.tables
             .lock()
