@@ -337,47 +337,62 @@ impl Future for Gated {
     }
 }
 
+/// Two held runs, admitted and spawned in this order, that wait at their
+/// gates without their slots and are then woken in the same (FIFO) order:
+/// the order in which they computed.
+async fn computed_order(
+    first: (&'static str, i8),
+    second: (&'static str, i8),
+) -> Vec<&'static str> {
+    let t0 = Instant::now();
+    let queue = WorkQueue::new(2).unwrap();
+    let gates = Arc::new(Gates::default());
+    let runs: Vec<_> = [first, second]
+        .into_iter()
+        .enumerate()
+        .map(|(at, (name, priority))| {
+            let at = at as u64;
+            let admitted = admit_now(&queue, work(at + 1, priority, t0, at));
+            tokio::spawn(admitted.run(gates.gated(name)))
+        })
+        .collect();
+    turn().await;
+    turn().await;
+    assert_eq!(used(&queue), 0, "both wait without their slots");
+    gates.open();
+    for run in runs {
+        run.await.unwrap().unwrap();
+    }
+    assert_eq!(used(&queue), 0);
+    gates.computed()
+}
+
 /// Tokio's run queue is FIFO: held bulk work woken first would compute
 /// first. It steps aside for held work of a higher priority that is
 /// runnable too, so the high work computes first.
 #[tokio::test(start_paused = true)]
 async fn held_work_steps_aside_for_runnable_work_of_a_higher_priority() {
-    let t0 = Instant::now();
-    let queue = WorkQueue::new(2).unwrap();
-    let gates = Arc::new(Gates::default());
-    let bulk = admit_now(&queue, work(1, -50, t0, 0));
-    let urgent = admit_now(&queue, work(2, 50, t0, 1));
-    let bulk = tokio::spawn(bulk.run(gates.gated("bulk")));
-    let urgent = tokio::spawn(urgent.run(gates.gated("urgent")));
-    // Both wait at their gates; a turn gives their slots back.
-    turn().await;
-    turn().await;
-    assert_eq!(used(&queue), 0, "both wait without their slots");
-    // Woken in FIFO order, bulk first: both run queued, bulk ahead.
-    gates.open();
-    bulk.await.unwrap().unwrap();
-    urgent.await.unwrap().unwrap();
-    assert_eq!(gates.computed(), ["urgent", "bulk"]);
-    assert_eq!(used(&queue), 0);
+    let order = computed_order(("bulk", -50), ("urgent", 50)).await;
+    assert_eq!(order, ["urgent", "bulk"]);
 }
 
-/// Without the step-aside, the same two compute in the run queue's order:
-/// two holds of one priority are not reordered.
+/// Two holds of one priority are not reordered: they compute in the run
+/// queue's order.
 #[tokio::test(start_paused = true)]
 async fn held_work_of_one_priority_computes_in_the_run_queues_order() {
-    let t0 = Instant::now();
-    let queue = WorkQueue::new(2).unwrap();
-    let gates = Arc::new(Gates::default());
-    let first = admit_now(&queue, work(1, 0, t0, 0));
-    let second = admit_now(&queue, work(2, 0, t0, 1));
-    let first = tokio::spawn(first.run(gates.gated("first")));
-    let second = tokio::spawn(second.run(gates.gated("second")));
-    turn().await;
-    turn().await;
-    gates.open();
-    first.await.unwrap().unwrap();
-    second.await.unwrap().unwrap();
-    assert_eq!(gates.computed(), ["first", "second"]);
+    let order = computed_order(("first", 0), ("second", 0)).await;
+    assert_eq!(order, ["first", "second"]);
+}
+
+/// A held run of `priority` admitted on `queue` now, its task polled by
+/// hand.
+fn run_now<F: Future>(
+    queue: &WorkQueue,
+    (tenant, priority, created_ms): (u64, i8, u64),
+    body: F,
+) -> task::Spawn<admission::Run<F>> {
+    let admitted = admit_now(queue, work(tenant, priority, Instant::now(), created_ms));
+    task::spawn(admitted.run(body))
 }
 
 /// Higher-priority work that is runnable but never polled (its task is
@@ -385,17 +400,14 @@ async fn held_work_of_one_priority_computes_in_the_run_queues_order() {
 /// polls only; dropping it stops it holding anything back.
 #[tokio::test(start_paused = true)]
 async fn stepping_aside_is_bounded_and_ends_with_the_higher_work() {
-    let t0 = Instant::now();
     let queue = WorkQueue::new(2).unwrap();
     let gates = Arc::new(Gates::default());
-    let urgent = admit_now(&queue, work(2, 50, t0, 0));
-    let mut urgent = task::spawn(urgent.run(gates.gated("urgent")));
+    let mut urgent = run_now(&queue, (2, 50, 0), gates.gated("urgent"));
     assert!(urgent.poll().is_pending());
     gates.open();
     assert!(urgent.is_woken(), "runnable, and never polled again");
 
-    let bulk = admit_now(&queue, work(1, -50, t0, 1));
-    let mut bulk = task::spawn(bulk.run(async {}));
+    let mut bulk = run_now(&queue, (1, -50, 1), async {});
     let mut polls = 1;
     while bulk.poll().is_pending() {
         assert!(polls < 10, "bulk work is not held back for good");
@@ -405,8 +417,7 @@ async fn stepping_aside_is_bounded_and_ends_with_the_higher_work() {
     assert!(polls > 1, "it stepped aside at first");
 
     drop(urgent);
-    let bulk = admit_now(&queue, work(1, -50, t0, 2));
-    let mut bulk = task::spawn(bulk.run(async {}));
+    let mut bulk = run_now(&queue, (1, -50, 2), async {});
     assert!(
         matches!(bulk.poll(), Poll::Ready(Ok(()))),
         "nothing is runnable above it once the urgent work is dropped"
@@ -418,13 +429,10 @@ async fn stepping_aside_is_bounded_and_ends_with_the_higher_work() {
 /// holder of something the higher work waits for (a lock) must run.
 #[tokio::test(start_paused = true)]
 async fn waiting_work_of_a_higher_priority_holds_nothing_back() {
-    let t0 = Instant::now();
     let queue = WorkQueue::new(2).unwrap();
     let gates = Arc::new(Gates::default());
-    let urgent = admit_now(&queue, work(2, 50, t0, 0));
-    let mut urgent = task::spawn(urgent.run(gates.gated("urgent")));
+    let mut urgent = run_now(&queue, (2, 50, 0), gates.gated("urgent"));
     assert!(urgent.poll().is_pending());
-    let bulk = admit_now(&queue, work(1, -50, t0, 1));
-    let mut bulk = task::spawn(bulk.run(async {}));
+    let mut bulk = run_now(&queue, (1, -50, 1), async {});
     assert!(matches!(bulk.poll(), Poll::Ready(Ok(()))));
 }
