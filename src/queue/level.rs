@@ -83,11 +83,11 @@ pub(crate) const LEVEL_WINDOW: Duration = Duration::from_millis(20);
 
 /// The bit and counter index of a priority: ascending index order is
 /// ascending priority order.
-fn index(priority: Priority) -> usize {
+pub(super) fn index(priority: Priority) -> usize {
     usize::from(priority.get() as u8 ^ 0x80)
 }
 
-fn priority_at(index: usize) -> Priority {
+pub(super) fn priority_at(index: usize) -> Priority {
     // `index` < 256 by construction: the XOR undoes `index`.
     Priority::new(((index as u8) ^ 0x80) as i8)
 }

@@ -62,11 +62,13 @@ impl<G: Granter> SlotPermit<G> {
 }
 
 impl SlotPermit<SlotGranter> {
-    /// What asking for these slots again takes: the queue and the work.
+    /// The queue's count of runnable held work, which a hold of these
+    /// slots joins while it is runnable.
     pub(super) fn runnable(&self) -> crate::sync::StdArc<super::runnable::RunnableHolds> {
         self.shared.runnable.clone()
     }
 
+    /// What asking for these slots again takes: the queue and the work.
     pub(super) fn asking_again(&self) -> (Arc<Shared<SlotGranter>>, WorkInfo) {
         (self.shared.clone(), self.work.clone())
     }

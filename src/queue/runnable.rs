@@ -8,6 +8,7 @@
 
 use std::sync::atomic::{AtomicI16, Ordering};
 
+use super::level::{index, priority_at};
 use crate::sync::StdMutex;
 use crate::work::Priority;
 
@@ -33,20 +34,11 @@ impl Counts {
         for (word, bits) in self.any.iter().enumerate().rev() {
             if *bits != 0 {
                 let index = word * 64 + 63 - bits.leading_zeros() as usize;
-                return priority_of(index);
+                return i16::from(priority_at(index).get());
             }
         }
         NOTHING_RUNNABLE
     }
-}
-
-fn index_of(priority: Priority) -> usize {
-    // -128..=127 onto 0..=255, in order.
-    usize::from(priority.get().abs_diff(i8::MIN))
-}
-
-fn priority_of(index: usize) -> i16 {
-    index as i16 - 128
 }
 
 impl Default for RunnableHolds {
@@ -65,7 +57,7 @@ impl RunnableHolds {
     /// Counts one more runnable hold of `priority`.
     pub(crate) fn enter(&self, priority: Priority) {
         let mut counts = self.counts.lock().unwrap_or_else(crate::sync::recover);
-        let index = index_of(priority);
+        let index = index(priority);
         let count = &mut counts.per_priority[index];
         // One per hold, so it cannot reach u32::MAX before memory runs out.
         *count = count.saturating_add(1);
@@ -76,7 +68,7 @@ impl RunnableHolds {
     /// Counts one runnable hold of `priority` fewer.
     pub(crate) fn leave(&self, priority: Priority) {
         let mut counts = self.counts.lock().unwrap_or_else(crate::sync::recover);
-        let index = index_of(priority);
+        let index = index(priority);
         let count = &mut counts.per_priority[index];
         *count = count.saturating_sub(1);
         if *count == 0 {

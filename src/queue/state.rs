@@ -995,13 +995,8 @@ impl QueueState {
         });
         self.with_tenant(tenant_id, |tenant| tenant.insert(place, slab_key));
         self.waiting += 1;
-        self.waiting_at[Self::priority_index(priority)] += 1;
+        self.waiting_at[super::level::index(priority)] += 1;
         slab_key
-    }
-
-    fn priority_index(priority: Priority) -> usize {
-        // Offset so that index order is priority order.
-        usize::from(priority.get() as u8 ^ 0x80)
     }
 
     /// Hands capacity to waiters in order for as long as the granter allows,
@@ -1709,7 +1704,7 @@ impl QueueState {
 
     pub(crate) fn priority_snapshot(&self) -> Vec<PrioritySnapshot> {
         self.stats
-            .snapshot(|priority| self.waiting_at[Self::priority_index(priority)] as usize)
+            .snapshot(|priority| self.waiting_at[super::level::index(priority)] as usize)
     }
 
     pub(crate) fn tenant_snapshot(&self) -> Vec<TenantSnapshot> {
@@ -1737,7 +1732,7 @@ impl QueueState {
         };
         self.update_tenant(tenant, |t| t.remove(&place));
         self.waiting -= 1;
-        self.waiting_at[Self::priority_index(priority)] -= 1;
+        self.waiting_at[super::level::index(priority)] -= 1;
     }
 
     fn expire(&mut self, slab_key: usize, now: Instant, wakes: &mut WakeList) {
