@@ -6,14 +6,11 @@
 mod gpu_rig;
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use admission::gpu::backend::sim::{SimBackend, SimDevice};
-use admission::gpu::backend::{
-    BackendError, BackendOp, DeviceFacts, DeviceOrdinal, DevicePtr, DomainId, GpuBackend, LaneId,
-    ScopeId, StreamId,
-};
+use admission::gpu::backend::{BackendError, BackendOp};
 use admission::gpu::BuildStep;
 use admission::gpu::{
     CacheChange, DeviceSet, GpuAdmitError, LedgerError, LedgerHealth, MemoryOwnership, Observation,
@@ -291,106 +288,9 @@ async fn a_preflight_future_panicking_when_polled_is_a_failed_preflight() {
     a_panicking_preflight_is_a_failed_preflight(true).await;
 }
 
-/// A backend that delegates to a simulator, panicking on `op` while set.
-#[derive(Debug)]
-struct PanickyBackend {
-    sim: Arc<SimBackend>,
-    panic_on: Mutex<Option<BackendOp>>,
-}
-
-impl PanickyBackend {
-    fn arm(&self, op: Option<BackendOp>) {
-        *self.panic_on.lock().unwrap() = op;
-    }
-
-    fn maybe_panic(&self, op: BackendOp) {
-        if *self.panic_on.lock().unwrap() == Some(op) {
-            panic!("backend panics in {op}");
-        }
-    }
-}
-
-impl GpuBackend for PanickyBackend {
-    fn name(&self) -> &'static str {
-        "panicky"
-    }
-    fn inventory(&self) -> Result<Vec<DeviceFacts>, BackendError> {
-        self.maybe_panic(BackendOp::Inventory);
-        self.sim.inventory()
-    }
-    fn memory_info(&self, device: DeviceOrdinal) -> Result<(u64, u64), BackendError> {
-        self.maybe_panic(BackendOp::MemoryInfo);
-        self.sim.memory_info(device)
-    }
-    fn open_lane(&self, device: DeviceOrdinal) -> Result<LaneId, BackendError> {
-        self.maybe_panic(BackendOp::OpenLane);
-        self.sim.open_lane(device)
-    }
-    fn create_root_stream(&self, lane: LaneId) -> Result<StreamId, BackendError> {
-        self.maybe_panic(BackendOp::CreateRootStream);
-        self.sim.create_root_stream(lane)
-    }
-    fn open_domain(&self, lane: LaneId, ceiling_bytes: u64) -> Result<DomainId, BackendError> {
-        self.maybe_panic(BackendOp::OpenDomain);
-        self.sim.open_domain(lane, ceiling_bytes)
-    }
-    fn join_domain(&self, domain: DomainId, stream: StreamId) -> Result<(), BackendError> {
-        self.maybe_panic(BackendOp::JoinDomain);
-        self.sim.join_domain(domain, stream)
-    }
-    fn open_worker_scope(&self, lane: LaneId) -> Result<ScopeId, BackendError> {
-        self.maybe_panic(BackendOp::OpenWorkerScope);
-        self.sim.open_worker_scope(lane)
-    }
-    fn fork_stream(&self, root: StreamId) -> Result<StreamId, BackendError> {
-        self.maybe_panic(BackendOp::ForkStream);
-        self.sim.fork_stream(root)
-    }
-    fn alloc(
-        &self,
-        domain: DomainId,
-        bytes: u64,
-        stream: StreamId,
-    ) -> Result<DevicePtr, BackendError> {
-        self.maybe_panic(BackendOp::Alloc);
-        self.sim.alloc(domain, bytes, stream)
-    }
-    fn free(&self, domain: DomainId, ptr: DevicePtr, stream: StreamId) -> Result<(), BackendError> {
-        self.maybe_panic(BackendOp::Free);
-        self.sim.free(domain, ptr, stream)
-    }
-    fn synchronize(&self, stream: StreamId) -> Result<(), BackendError> {
-        self.maybe_panic(BackendOp::Synchronize);
-        self.sim.synchronize(stream)
-    }
-    fn close_worker_scope(&self, scope: ScopeId) -> Result<(), BackendError> {
-        self.maybe_panic(BackendOp::CloseWorkerScope);
-        self.sim.close_worker_scope(scope)
-    }
-    fn leave_domain(&self, domain: DomainId, stream: StreamId) -> Result<(), BackendError> {
-        self.maybe_panic(BackendOp::LeaveDomain);
-        self.sim.leave_domain(domain, stream)
-    }
-    fn close_domain(&self, domain: DomainId) -> Result<(), BackendError> {
-        self.maybe_panic(BackendOp::CloseDomain);
-        self.sim.close_domain(domain)
-    }
-    fn destroy_stream(&self, stream: StreamId) -> Result<(), BackendError> {
-        self.maybe_panic(BackendOp::DestroyStream);
-        self.sim.destroy_stream(stream)
-    }
-    fn close_lane(&self, lane: LaneId) -> Result<(), BackendError> {
-        self.maybe_panic(BackendOp::CloseLane);
-        self.sim.close_lane(lane)
-    }
-}
-
-fn panicky_service() -> (Arc<PanickyBackend>, QueryService) {
-    let sim = Arc::new(SimBackend::new([SimDevice::new(0, 64 * GIB)]));
-    let backend = Arc::new(PanickyBackend {
-        sim,
-        panic_on: Mutex::new(None),
-    });
+/// A service over a simulator told to panic in one operation at a time.
+fn panicky_service() -> (Arc<SimBackend>, QueryService) {
+    let backend = Arc::new(SimBackend::new([SimDevice::new(0, 64 * GIB)]));
     let devices = DeviceSet::new(
         vec![profile(0, 16, 2, &[])],
         vec![MemoryOwnership::exclusive(dev(0))],
@@ -423,7 +323,7 @@ async fn service_still_admits(service: &QueryService) {
 async fn a_backend_panicking_in_a_build_step_fails_that_attempt_only() {
     for step in BuildStep::ALL {
         let (backend, service) = panicky_service();
-        backend.arm(Some(step.op()));
+        backend.panic_on(Some(step.op()));
         let error = service.admit_resources(GIB).await.unwrap_err();
         assert_eq!(
             error,
@@ -434,11 +334,11 @@ async fn a_backend_panicking_in_a_build_step_fails_that_attempt_only() {
             "{step:?}"
         );
         assert_eq!(panics_of(&service, "gpu_backend"), 1, "{step:?}");
-        backend.arm(None);
+        backend.panic_on(None);
         service.settle().await;
         ledgers_idle(&service);
         service_still_admits(&service).await;
-        assert_eq!(backend.sim.live_handles(), 0, "{step:?}");
+        assert_eq!(backend.live_handles(), 0, "{step:?}");
     }
 }
 
@@ -451,7 +351,7 @@ async fn a_backend_panicking_in_teardown_still_returns_the_grant() {
     ] {
         let (backend, service) = panicky_service();
         let handle = service.admit_resources(GIB).await.unwrap();
-        backend.arm(Some(op));
+        backend.panic_on(Some(op));
         let report = handle.release().await;
         assert!(report.ledger_released, "{op:?}: {report:?}");
         assert!(
@@ -462,7 +362,7 @@ async fn a_backend_panicking_in_teardown_still_returns_the_grant() {
             "{op:?}: {report:?}"
         );
         assert_eq!(panics_of(&service, "gpu_backend"), 1, "{op:?}");
-        backend.arm(None);
+        backend.panic_on(None);
         service.settle().await;
         ledgers_idle(&service);
         service_still_admits(&service).await;
@@ -474,13 +374,13 @@ async fn a_backend_panicking_in_teardown_still_returns_the_grant() {
 async fn a_backend_panicking_on_the_caller_thread_is_a_failed_operation() {
     let (backend, service) = panicky_service();
     let handle = service.admit_resources(GIB).await.unwrap();
-    backend.arm(Some(BackendOp::ForkStream));
+    backend.panic_on(Some(BackendOp::ForkStream));
     assert!(handle.execution_context().is_err());
-    backend.arm(Some(BackendOp::Alloc));
+    backend.panic_on(Some(BackendOp::Alloc));
     let ctx = {
-        backend.arm(None);
+        backend.panic_on(None);
         let ctx = handle.execution_context().unwrap();
-        backend.arm(Some(BackendOp::Alloc));
+        backend.panic_on(Some(BackendOp::Alloc));
         ctx
     };
     assert_eq!(
@@ -491,7 +391,7 @@ async fn a_backend_panicking_on_the_caller_thread_is_a_failed_operation() {
     );
     // The charge taken before the backend call came back.
     assert_eq!(ctx.domain().used_bytes(), 0);
-    backend.arm(None);
+    backend.panic_on(None);
     drop(ctx);
     assert!(handle.release().await.ledger_released);
     assert_eq!(panics_of(&service, "gpu_backend"), 2);
@@ -500,11 +400,8 @@ async fn a_backend_panicking_on_the_caller_thread_is_a_failed_operation() {
 
 #[test]
 fn a_backend_panicking_in_its_inventory_is_a_service_error() {
-    let sim = Arc::new(SimBackend::new([SimDevice::new(0, 64 * GIB)]));
-    let backend = Arc::new(PanickyBackend {
-        sim,
-        panic_on: Mutex::new(Some(BackendOp::Inventory)),
-    });
+    let backend = Arc::new(SimBackend::new([SimDevice::new(0, 64 * GIB)]));
+    backend.panic_on(Some(BackendOp::Inventory));
     let devices = DeviceSet::new(
         vec![profile(0, 16, 2, &[])],
         vec![MemoryOwnership::exclusive(dev(0))],

@@ -18,7 +18,7 @@
 //!   limiting adaptor adds first and undoes on overflow, which makes a
 //!   concurrent request that would have fit fail spuriously.)
 //! * **Reserve, then call the driver.** [`AllocationDomain::alloc`] charges
-//!   the bytes first, so [`GpuBackend::alloc`](crate::gpu::backend::GpuBackend::alloc) is never called for a request
+//!   the bytes first, so [`BackendOps::alloc`](crate::gpu::backend::BackendOps::alloc) is never called for a request
 //!   over the ceiling, and un-charges them if the driver fails.
 //! * **Sizes are aligned.** Every request is rounded up to [`ALIGN`] bytes
 //!   before it is charged, so the ceiling bounds what the driver actually
@@ -80,11 +80,11 @@ impl fmt::Debug for AllocationDomain {
 }
 
 impl AllocationDomain {
-    /// Wraps a domain the backend opened ([`GpuBackend::open_domain`]) with
+    /// Wraps a domain the backend opened ([`BackendOps::open_domain`]) with
     /// a software ceiling of `ceiling` bytes (the grant). Crate-private: the
     /// ceiling must be a committed grant, which only the envelope build has.
     ///
-    /// [`GpuBackend::open_domain`]: crate::gpu::backend::GpuBackend::open_domain
+    /// [`BackendOps::open_domain`]: crate::gpu::backend::BackendOps::open_domain
     pub(crate) fn new(
         backend: SharedBackend,
         id: DomainId,
@@ -317,7 +317,7 @@ pub struct LeakReport {
 mod tests {
     use super::*;
     use crate::gpu::backend::sim::{SimBackend, SimDevice};
-    use crate::gpu::backend::GpuBackend;
+    use crate::gpu::backend::BackendOps;
     use std::sync::Arc;
 
     fn domain(ceiling: u64) -> (Arc<SimBackend>, AllocationDomain, StreamId) {

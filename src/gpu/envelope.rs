@@ -6,12 +6,12 @@
 //! The ledger commits the attempt slot and the immutable grant under its
 //! lock; the envelope is then built **outside** any lock, in five steps:
 //!
-//! 1. attempt lane ([`GpuBackend::open_lane`](crate::gpu::backend::GpuBackend::open_lane));
-//! 2. root stream ([`GpuBackend::create_root_stream`](crate::gpu::backend::GpuBackend::create_root_stream));
-//! 3. allocation domain, ceiling = grant ([`GpuBackend::open_domain`](crate::gpu::backend::GpuBackend::open_domain) and an
+//! 1. attempt lane ([`BackendOps::open_lane`](crate::gpu::backend::BackendOps::open_lane));
+//! 2. root stream ([`BackendOps::create_root_stream`](crate::gpu::backend::BackendOps::create_root_stream));
+//! 3. allocation domain, ceiling = grant ([`BackendOps::open_domain`](crate::gpu::backend::BackendOps::open_domain) and an
 //!    [`AllocationDomain`]);
-//! 4. root-stream membership in the domain ([`GpuBackend::join_domain`](crate::gpu::backend::GpuBackend::join_domain));
-//! 5. device worker scope ([`GpuBackend::open_worker_scope`](crate::gpu::backend::GpuBackend::open_worker_scope)).
+//! 4. root-stream membership in the domain ([`BackendOps::join_domain`](crate::gpu::backend::BackendOps::join_domain));
+//! 5. device worker scope ([`BackendOps::open_worker_scope`](crate::gpu::backend::BackendOps::open_worker_scope)).
 //!
 //! **The build runs as one job on the device's worker thread**
 //! ([`DeviceWorker`]). Creating a stream can synchronize the device, so it

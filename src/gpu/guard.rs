@@ -4,7 +4,7 @@
 //! # Implementation notes
 //!
 //! The service calls four kinds of code it does not own: the observer, the
-//! preflight hook, cache evictors, and the [`GpuBackend`] itself. Each gets one
+//! preflight hook, cache evictors, and the backend itself. Each gets one
 //! [`Boundary`] per service, so a snapshot shows one [`ComponentHealth`]
 //! per component however many devices, envelopes or threads call it:
 //!
@@ -29,7 +29,7 @@
 use std::fmt;
 
 use super::backend::{
-    BackendError, BackendOp, DeviceFacts, DeviceOrdinal, DevicePtr, DomainId, GpuBackend, LaneId,
+    BackendError, BackendOp, BackendOps, DeviceFacts, DeviceOrdinal, DevicePtr, DomainId, LaneId,
     ScopeId, SharedBackend, StreamId,
 };
 use crate::health::{Boundary, ComponentHealth};
@@ -94,7 +94,7 @@ pub(crate) fn worker_boundary() -> Boundary {
     )
 }
 
-/// A [`GpuBackend`] whose every call runs behind a [`Boundary`]: a panic
+/// A backend whose every call runs behind a [`Boundary`]: a panic
 /// is [`BackendError::Panicked`]. See the [module documentation](self).
 pub(crate) struct GuardedBackend {
     inner: SharedBackend,
@@ -109,7 +109,7 @@ impl GuardedBackend {
     fn guard<T>(
         &self,
         op: BackendOp,
-        call: impl FnOnce(&dyn GpuBackend) -> Result<T, BackendError>,
+        call: impl FnOnce(&dyn BackendOps) -> Result<T, BackendError>,
     ) -> Result<T, BackendError> {
         let inner = &*self.inner;
         self.boundary
@@ -128,7 +128,7 @@ impl fmt::Debug for GuardedBackend {
     }
 }
 
-impl GpuBackend for GuardedBackend {
+impl BackendOps for GuardedBackend {
     fn name(&self) -> &'static str {
         self.boundary
             .call(|| self.inner.name())

@@ -109,7 +109,7 @@
 //!   the engine's own check, and skipping it could admit work it would
 //!   refuse.
 //! * **`gpu_backend`** fails the operation, not the device: a panic in any
-//!   [`GpuBackend`](backend::GpuBackend) method is
+//!   backend operation is
 //!   [`BackendError::Panicked`](backend::BackendError::Panicked), a failed
 //!   operation of that attempt. A build step that panics is rolled back and
 //!   the attempt fails with
@@ -135,9 +135,10 @@
 //!
 //! # Backends
 //!
-//! [`backend::GpuBackend`] is the only code that touches a device: the
-//! simulated [`backend::sim::SimBackend`] (deterministic, with fault
-//! injection and an operation log, what the tests use) and, with the `cuda`
+//! A [`backend::GpuBackend`] is the only code that touches a device: the
+//! simulated [`backend::sim::SimBackend`] (deterministic, for machines
+//! without a GPU; its fault injection and operation log, which the tests
+//! use, come with the `test-util` feature) and, with the `cuda`
 //! feature, a `cudarc` backend that loads the driver at run time, answers
 //! `NoDriver` instead of panicking where there is none, and runs blocking
 //! calls on the device's worker thread, never on a tokio worker.

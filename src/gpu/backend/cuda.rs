@@ -18,14 +18,14 @@
 //!   called. A release removes the entry first, so the host object is gone
 //!   even if the driver reports an error (the backend contract).
 //! * **The grant ceiling is enforced in software** by the crate's
-//!   allocation domain before [`GpuBackend::alloc`] is called. With
+//!   allocation domain before `alloc` is called. With
 //!   [`CudaOptions::domain_pools`], each domain also gets its own memory
 //!   pool whose `maxSize` is the ceiling, as a driver-level backstop
 //!   (`cuMemAllocFromPoolAsync`); otherwise allocations use the device's
 //!   current pool (`cuMemAllocAsync`). Frees are `cuMemFreeAsync` on the
 //!   given stream.
 //! * **Blocking calls run on the device worker only.**
-//!   [`GpuBackend::synchronize`] blocks the calling thread (it sleeps rather
+//!   `synchronize` blocks the calling thread (it sleeps rather
 //!   than spins when [`CudaOptions::blocking_sync`] is on); the crate calls
 //!   it, and the teardown and build steps, only from the device's
 //!   `DeviceWorker` thread.
@@ -53,8 +53,8 @@ use std::sync::{Arc, OnceLock};
 use cudarc::driver::{result, sys, CudaContext, CudaStream, DriverError};
 
 use super::{
-    BackendError, BackendOp, DeviceFacts, DeviceOrdinal, DevicePtr, DomainId, FaultIsolation,
-    GpuBackend, LaneId, ScopeId, StreamId,
+    BackendError, BackendOp, BackendOps, DeviceFacts, DeviceOrdinal, DevicePtr, DomainId,
+    FaultIsolation, LaneId, ScopeId, StreamId,
 };
 use crate::sync::Mutex;
 
@@ -68,7 +68,7 @@ pub fn driver_present() -> bool {
 }
 
 /// Whether `code` is a sticky (context-corrupting) CUDA error.
-pub fn is_sticky(code: u32) -> bool {
+fn is_sticky(code: u32) -> bool {
     matches!(
         code,
         700 | 702 | 710 | 714..=719 | 214 | 220 | 709 | 999 | 46
@@ -390,7 +390,7 @@ fn create_pool(ordinal: DeviceOrdinal, max_bytes: u64) -> Result<Pool, DriverErr
     Ok(Pool(pool))
 }
 
-impl GpuBackend for CudaBackend {
+impl BackendOps for CudaBackend {
     fn name(&self) -> &'static str {
         "cuda"
     }

@@ -9,8 +9,8 @@ use std::sync::Arc;
 
 use super::cuda::{driver_present, CudaBackend, CudaOptions};
 use super::{
-    BackendError, BackendOp, DeviceFacts, DeviceOrdinal, DevicePtr, DomainId, FaultIsolation,
-    GpuBackend, LaneId, ScopeId, SharedBackend, StreamId,
+    BackendError, BackendOp, BackendOps, DeviceFacts, DeviceOrdinal, DevicePtr, DomainId,
+    FaultIsolation, LaneId, ScopeId, SharedBackend, StreamId,
 };
 use crate::gpu::envelope::{
     AdmissionEnvelope, AttemptBounds, BuildError, BuildStep, DeviceHealth, Disposition,
@@ -61,7 +61,7 @@ async fn build(
     AdmissionEnvelope::build(backend, worker, spec).await
 }
 
-fn free_bytes(backend: &dyn GpuBackend) -> u64 {
+fn free_bytes(backend: &dyn BackendOps) -> u64 {
     backend.memory_info(DEVICE).expect("memory_info").0
 }
 
@@ -228,7 +228,7 @@ impl FailAt {
     }
 }
 
-impl GpuBackend for FailAt {
+impl BackendOps for FailAt {
     fn name(&self) -> &'static str {
         "cuda-fail-at"
     }

@@ -10,15 +10,18 @@
 //!
 //! # Contract
 //!
-//! * Methods are synchronous. The ones that may block the calling thread
-//!   ([`GpuBackend::synchronize`] and the teardown calls that wait for the
+//! What every backend's operations guarantee (the sealed [`GpuBackend`]
+//! trait carries them):
+//!
+//! * Operations are synchronous. The ones that may block the calling thread
+//!   (`synchronize` and the teardown calls that wait for the
 //!   device) are only ever called from the device's worker thread, never from
 //!   a tokio worker.
-//! * A method never panics on bad input: an unknown id is
+//! * An operation never panics on bad input: an unknown id is
 //!   [`BackendError::UnknownHandle`]. The query service still calls every
-//!   method behind a panic boundary, and a panic that escapes one is
+//!   operation behind a panic boundary, and a panic that escapes one is
 //!   [`BackendError::Panicked`], a failed operation of that attempt.
-//! * [`GpuBackend::alloc`] is called only after the crate's allocation domain
+//! * `alloc` is called only after the crate's allocation domain
 //!   has reserved the bytes against the grant ceiling, so a backend does no
 //!   byte arithmetic of its own; it may add a driver-level cap (a memory pool
 //!   whose maximum size is the ceiling) as a second line of defence.
@@ -33,8 +36,9 @@
 //!
 //! # Implementations
 //!
-//! * [`sim::SimBackend`]: deterministic simulated devices with an operation
-//!   log and fault injection, for tests on machines without a GPU.
+//! * [`sim::SimBackend`]: deterministic simulated devices, to run a service
+//!   on a machine without a GPU; with the `test-util` feature, an operation
+//!   log and fault injection for tests.
 //! * `cuda::CudaBackend` (feature `cuda`): the CUDA driver through `cudarc`,
 //!   loaded at run time.
 
@@ -60,7 +64,8 @@ macro_rules! opaque_id {
 
         impl $name {
             /// Wraps a backend-chosen raw value.
-            pub const fn new(raw: u64) -> Self {
+            #[allow(dead_code)] // not every id is made outside its backend
+            pub(crate) const fn new(raw: u64) -> Self {
                 Self(raw)
             }
 
@@ -78,23 +83,16 @@ macro_rules! opaque_id {
     };
 }
 
-opaque_id!(
-    /// An attempt lane: the backend's per-attempt execution context on one
-    /// device, opened first and closed last.
-    LaneId
-);
+// After the macro, which the module uses. Its items are reachable through
+// `GpuBackend`'s supertrait and nameable only in the crate: that is what
+// seals the trait.
+#[allow(unnameable_types)]
+mod ops;
+pub(crate) use ops::{BackendOps, DeviceFacts, DomainId, LaneId, ScopeId};
+
 opaque_id!(
     /// A stream: the attempt's root stream or one forked from it.
     StreamId
-);
-opaque_id!(
-    /// An allocation domain: the memory an attempt allocates from, whose
-    /// ceiling is the attempt's immutable grant.
-    DomainId
-);
-opaque_id!(
-    /// A registration of the attempt with its device's worker thread.
-    ScopeId
 );
 opaque_id!(
     /// A device allocation made through a domain.
@@ -111,60 +109,43 @@ impl fmt::Display for DeviceOrdinal {
     }
 }
 
-/// What a backend knows about one device. Diagnostic only: nothing here is
-/// an admission input except through the operator-declared profile.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct DeviceFacts {
-    /// The device's ordinal.
-    pub ordinal: DeviceOrdinal,
-    /// The device's name as the driver reports it.
-    pub name: String,
-    /// Compute capability (major, minor).
-    pub compute_capability: (u32, u32),
-    /// Total device memory in bytes.
-    pub total_bytes: u64,
-    /// Free device memory in bytes when the facts were read (telemetry).
-    pub free_bytes: u64,
-    /// Whether the device supports stream-ordered memory pools.
-    pub memory_pools: bool,
-}
-
-/// Every operation of the [`GpuBackend`] trait, by name: the vocabulary of
-/// the operation log, of fault injection and of error messages.
+/// Every operation a backend performs, by name: the vocabulary of error
+/// messages, of the envelope's build steps and of the simulator's fault
+/// injection.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 #[non_exhaustive]
 pub enum BackendOp {
-    /// [`GpuBackend::inventory`].
+    /// `inventory`.
     Inventory,
-    /// [`GpuBackend::memory_info`].
+    /// `memory_info`.
     MemoryInfo,
-    /// [`GpuBackend::open_lane`].
+    /// `open_lane`.
     OpenLane,
-    /// [`GpuBackend::create_root_stream`].
+    /// `create_root_stream`.
     CreateRootStream,
-    /// [`GpuBackend::open_domain`].
+    /// `open_domain`.
     OpenDomain,
-    /// [`GpuBackend::join_domain`].
+    /// `join_domain`.
     JoinDomain,
-    /// [`GpuBackend::open_worker_scope`].
+    /// `open_worker_scope`.
     OpenWorkerScope,
-    /// [`GpuBackend::fork_stream`].
+    /// `fork_stream`.
     ForkStream,
-    /// [`GpuBackend::alloc`].
+    /// `alloc`.
     Alloc,
-    /// [`GpuBackend::free`].
+    /// `free`.
     Free,
-    /// [`GpuBackend::synchronize`].
+    /// `synchronize`.
     Synchronize,
-    /// [`GpuBackend::close_worker_scope`].
+    /// `close_worker_scope`.
     CloseWorkerScope,
-    /// [`GpuBackend::leave_domain`].
+    /// `leave_domain`.
     LeaveDomain,
-    /// [`GpuBackend::close_domain`].
+    /// `close_domain`.
     CloseDomain,
-    /// [`GpuBackend::destroy_stream`].
+    /// `destroy_stream`.
     DestroyStream,
-    /// [`GpuBackend::close_lane`].
+    /// `close_lane`.
     CloseLane,
 }
 
@@ -330,166 +311,16 @@ impl Error for BackendError {}
 /// execution contexts and the device worker.
 pub type SharedBackend = crate::sync::StdArc<dyn GpuBackend>;
 
-/// A GPU backend: the physical side of admission.
+/// A GPU backend: the physical side of admission, the only code that touches
+/// a device. The crate's backends are [`sim::SimBackend`] and, with the
+/// `cuda` feature, `cuda::CudaBackend`; a service takes either as a
+/// [`SharedBackend`].
 ///
-/// Construction order of an envelope (each step undone in reverse on
-/// failure): [`open_lane`](Self::open_lane),
-/// [`create_root_stream`](Self::create_root_stream),
-/// [`open_domain`](Self::open_domain), [`join_domain`](Self::join_domain),
-/// [`open_worker_scope`](Self::open_worker_scope).
-pub trait GpuBackend: Send + Sync + fmt::Debug + 'static {
-    /// A short name for logs (`sim`, `cuda`).
-    fn name(&self) -> &'static str;
+/// The trait is sealed: its operations (the envelope's build and teardown
+/// steps, allocation, synchronization) are the crate's to call, in the order
+/// and under the panic boundary the module documentation describes. Opening
+/// it to other backends later is a compatible change; sealing it after
+/// release would not be.
+pub trait GpuBackend: BackendOps {}
 
-    /// The devices this backend manages.
-    ///
-    /// # Errors
-    ///
-    /// [`BackendError::Driver`] or [`BackendError::Fault`] when the driver
-    /// cannot report a device's facts.
-    fn inventory(&self) -> Result<Vec<DeviceFacts>, BackendError>;
-
-    /// Free and total device memory, as the driver reports them now.
-    /// Telemetry only: never an admission input.
-    ///
-    /// # Errors
-    ///
-    /// [`BackendError::UnknownDevice`] when `device` is not managed by this
-    /// backend; [`BackendError::Driver`] or [`BackendError::Fault`] when the
-    /// driver cannot report its memory.
-    fn memory_info(&self, device: DeviceOrdinal) -> Result<(u64, u64), BackendError>;
-
-    /// Opens an attempt lane on `device`.
-    ///
-    /// # Errors
-    ///
-    /// [`BackendError::UnknownDevice`] when `device` is not managed by this
-    /// backend; [`BackendError::Driver`] or [`BackendError::Fault`] when the
-    /// driver cannot open the lane.
-    fn open_lane(&self, device: DeviceOrdinal) -> Result<LaneId, BackendError>;
-
-    /// Creates the lane's root stream.
-    ///
-    /// # Errors
-    ///
-    /// [`BackendError::UnknownHandle`] when `lane` is not an open lane;
-    /// [`BackendError::Driver`] or [`BackendError::Fault`] when the driver
-    /// cannot create the stream.
-    fn create_root_stream(&self, lane: LaneId) -> Result<StreamId, BackendError>;
-
-    /// Opens the lane's allocation domain with a ceiling of `ceiling_bytes`
-    /// (the grant). The backend may enforce it in the driver as well.
-    ///
-    /// # Errors
-    ///
-    /// [`BackendError::UnknownHandle`] when `lane` is not an open lane;
-    /// [`BackendError::Driver`] or [`BackendError::Fault`] when the driver
-    /// cannot set up the domain (a capped memory pool, for example).
-    fn open_domain(&self, lane: LaneId, ceiling_bytes: u64) -> Result<DomainId, BackendError>;
-
-    /// Makes `stream` a member of `domain`: allocations on it come from the
-    /// domain.
-    ///
-    /// # Errors
-    ///
-    /// [`BackendError::UnknownHandle`] when `domain` or `stream` is not
-    /// open.
-    fn join_domain(&self, domain: DomainId, stream: StreamId) -> Result<(), BackendError>;
-
-    /// Registers the lane with its device's worker thread.
-    ///
-    /// # Errors
-    ///
-    /// [`BackendError::UnknownHandle`] when `lane` is not an open lane.
-    fn open_worker_scope(&self, lane: LaneId) -> Result<ScopeId, BackendError>;
-
-    /// Forks a stream that first waits on `root`'s queued work.
-    ///
-    /// # Errors
-    ///
-    /// [`BackendError::UnknownHandle`] when `root` is not an open stream;
-    /// [`BackendError::Driver`] or [`BackendError::Fault`] when the driver
-    /// cannot create or order the fork.
-    fn fork_stream(&self, root: StreamId) -> Result<StreamId, BackendError>;
-
-    /// Allocates `bytes` from `domain`, ordered on `stream`. Called only after
-    /// the domain's software ceiling reserved the bytes.
-    ///
-    /// # Errors
-    ///
-    /// [`BackendError::UnknownHandle`] when `domain` is not open or `stream`
-    /// is not a member of it; [`BackendError::Driver`] when the driver fails
-    /// the allocation (out of memory, including a driver-level cap under the
-    /// ceiling); [`BackendError::Fault`] for a sticky error.
-    fn alloc(
-        &self,
-        domain: DomainId,
-        bytes: u64,
-        stream: StreamId,
-    ) -> Result<DevicePtr, BackendError>;
-
-    /// Frees an allocation of `domain`, ordered on `stream`.
-    ///
-    /// # Errors
-    ///
-    /// [`BackendError::UnknownHandle`] when `domain` or `stream` is not open
-    /// or `ptr` is not a live allocation of `domain`; [`BackendError::Driver`]
-    /// or [`BackendError::Fault`] when the driver fails the free. The
-    /// allocation is forgotten either way.
-    fn free(&self, domain: DomainId, ptr: DevicePtr, stream: StreamId) -> Result<(), BackendError>;
-
-    /// Blocks until all work queued on `stream` has finished. Called only on
-    /// the device's worker thread. A sticky error here is a
-    /// [`BackendError::Fault`] isolated to the device.
-    ///
-    /// # Errors
-    ///
-    /// [`BackendError::UnknownHandle`] when `stream` is not open; any
-    /// driver error while waiting is a [`BackendError::Fault`] isolated to
-    /// the stream's device.
-    fn synchronize(&self, stream: StreamId) -> Result<(), BackendError>;
-
-    /// Undoes [`open_worker_scope`](Self::open_worker_scope).
-    ///
-    /// # Errors
-    ///
-    /// [`BackendError::UnknownHandle`] when `scope` is not open.
-    fn close_worker_scope(&self, scope: ScopeId) -> Result<(), BackendError>;
-
-    /// Undoes [`join_domain`](Self::join_domain).
-    ///
-    /// # Errors
-    ///
-    /// [`BackendError::UnknownHandle`] when `domain` is not open or
-    /// `stream` is not a member of it.
-    fn leave_domain(&self, domain: DomainId, stream: StreamId) -> Result<(), BackendError>;
-
-    /// Undoes [`open_domain`](Self::open_domain), returning its memory to the
-    /// device.
-    ///
-    /// # Errors
-    ///
-    /// [`BackendError::UnknownHandle`] when `domain` is not open;
-    /// [`BackendError::Driver`] or [`BackendError::Fault`] when the driver
-    /// fails to free the domain's memory. The id is forgotten either way.
-    fn close_domain(&self, domain: DomainId) -> Result<(), BackendError>;
-
-    /// Destroys a stream (root or forked).
-    ///
-    /// # Errors
-    ///
-    /// [`BackendError::UnknownHandle`] when `stream` is not open;
-    /// [`BackendError::Driver`] or [`BackendError::Fault`] when the driver
-    /// fails to order or destroy it. The id is forgotten either way.
-    fn destroy_stream(&self, stream: StreamId) -> Result<(), BackendError>;
-
-    /// Undoes [`open_lane`](Self::open_lane).
-    ///
-    /// # Errors
-    ///
-    /// [`BackendError::UnknownHandle`] when `lane` is not open;
-    /// [`BackendError::Driver`] or [`BackendError::Fault`] for a deferred
-    /// driver error of the lane's device surfacing here. The id is forgotten
-    /// either way.
-    fn close_lane(&self, lane: LaneId) -> Result<(), BackendError>;
-}
+impl<T: BackendOps> GpuBackend for T {}

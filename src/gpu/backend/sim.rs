@@ -6,7 +6,7 @@
 //! All state sits behind one lock: tables from ids to lanes, streams,
 //! domains, scopes and allocations, each device's free bytes, the fault plan
 //! and the log. Ids come from one counter, so a test run is reproducible.
-//! Nothing sleeps; the one way a call can block is a [`SimGate`] a test set
+//! Nothing sleeps; the one way a call can block is a `SimGate` a test set
 //! up on purpose (to hold a build step while it cancels the build).
 //!
 //! The simulator keeps the `cuda` backend's semantics:
@@ -21,21 +21,27 @@
 //!   ([`SimBackend::with_driver_ceiling`]), as with a capped memory pool:
 //!   exceeding it is an out-of-memory [`BackendError::Driver`] (code 2).
 //!
-//! Every call is logged as a [`LoggedOp`] (operation, device, argument ids,
-//! result), so a test can assert the exact order of a rollback.
+//! Every call is logged (operation, device, argument ids, result). With the
+//! `test-util` feature, a test reads the log (`SimBackend::log`), to assert
+//! the exact order of a rollback, and plans faults
+//! (`SimBackend::fail_nth`, `SimBackend::gate`, ...).
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::fmt;
 
 use super::{
-    BackendError, BackendOp, DeviceFacts, DeviceOrdinal, DevicePtr, DomainId, FaultIsolation,
-    GpuBackend, LaneId, ScopeId, StreamId,
+    BackendError, BackendOp, BackendOps, DeviceFacts, DeviceOrdinal, DevicePtr, DomainId,
+    FaultIsolation, LaneId, ScopeId, StreamId,
 };
 use crate::sync::{mpsc, Mutex};
 
 /// CUDA's `CUDA_ERROR_OUT_OF_MEMORY`, which the simulator reports for a
 /// device or capped domain that is full.
-pub const OUT_OF_MEMORY: u32 = 2;
+const OUT_OF_MEMORY: u32 = 2;
+
+/// How many calls the log keeps: the most recent ones. A long-running
+/// simulation (a soak run) must not grow with every call.
+const LOG_LIMIT: usize = 16_384;
 
 /// A simulated device's description.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -78,19 +84,34 @@ impl SimDevice {
     }
 }
 
-/// One logged backend call.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct LoggedOp {
-    /// The operation.
-    pub op: BackendOp,
-    /// The device it touched, when known.
-    pub device: Option<DeviceOrdinal>,
-    /// The raw ids (and, for `alloc`/`open_domain`, byte counts) it received.
-    pub args: Vec<u64>,
-    /// What it returned: the raw id it issued (if any), or the error.
-    pub result: Result<Option<u64>, BackendError>,
-}
+// One definition, public only with `test-util`: without it, the log is
+// kept (it costs what it always cost) but nothing outside reads it.
+#[cfg_attr(
+    not(any(test, feature = "test-util")),
+    allow(dead_code, unreachable_pub)
+)]
+mod logged {
+    use super::{BackendError, BackendOp, DeviceOrdinal};
 
+    /// One logged backend call.
+    #[derive(Clone, Debug, PartialEq, Eq)]
+    pub struct LoggedOp {
+        /// The operation.
+        pub op: BackendOp,
+        /// The device it touched, when known.
+        pub device: Option<DeviceOrdinal>,
+        /// The raw ids (and, for `alloc`/`open_domain`, byte counts) it received.
+        pub args: Vec<u64>,
+        /// What it returned: the raw id it issued (if any), or the error.
+        pub result: Result<Option<u64>, BackendError>,
+    }
+}
+#[cfg(not(any(test, feature = "test-util")))]
+use logged::LoggedOp;
+#[cfg(any(test, feature = "test-util"))]
+pub use logged::LoggedOp;
+
+#[cfg(any(test, feature = "test-util"))]
 /// A blocking point a test set up with [`SimBackend::gate`]: the next call
 /// of the gated operation signals [`SimGate::reached`] and then waits until
 /// [`SimGate::open`] (or until the gate is dropped).
@@ -100,6 +121,7 @@ pub struct SimGate {
     open: mpsc::Sender<()>,
 }
 
+#[cfg(any(test, feature = "test-util"))]
 impl SimGate {
     /// Blocks until the gated call has started (and is waiting).
     /// Returns `false` if the simulator dropped the gate first.
@@ -113,11 +135,13 @@ impl SimGate {
     }
 }
 
+#[cfg_attr(not(any(test, feature = "test-util")), allow(dead_code))]
 struct GateSide {
     reached: mpsc::Sender<()>,
     open: mpsc::Receiver<()>,
 }
 
+#[cfg_attr(not(any(test, feature = "test-util")), allow(dead_code))]
 struct Injected {
     op: BackendOp,
     at_call: u64,
@@ -157,9 +181,10 @@ struct State {
     calls: HashMap<BackendOp, u64>,
     injected: Vec<Injected>,
     gates: HashMap<BackendOp, GateSide>,
-    /// The most recent calls, at most [`SimBackend::LOG_LIMIT`].
+    /// The most recent calls, at most `LOG_LIMIT`.
     log: VecDeque<LoggedOp>,
     driver_ceiling: bool,
+    panic_on: Option<BackendOp>,
 }
 
 impl State {
@@ -280,9 +305,13 @@ fn live(state: &State) -> usize {
 }
 
 impl SimBackend {
-    /// How many calls the log keeps: the most recent ones. A long-running
-    /// simulation (a soak run) must not grow with every call.
-    pub const LOG_LIMIT: usize = 16_384;
+    /// While set, every call of `op` panics, as a backend with a bug would
+    /// (`None` stops it). The panic happens before the call touches the
+    /// simulated devices, so nothing is issued or released by it.
+    #[cfg(any(test, feature = "test-util"))]
+    pub fn panic_on(&self, op: Option<BackendOp>) {
+        self.state.lock().panic_on = op;
+    }
 
     /// A simulator with these devices (a later duplicate ordinal replaces an
     /// earlier one).
@@ -314,6 +343,7 @@ impl SimBackend {
     /// Fails the `n`-th call of `op` from now (`n >= 1`) with `error`. A
     /// [`BackendError::Fault`] is reported with `op` as its operation and,
     /// when isolated to a device, makes that device's fault sticky.
+    #[cfg(any(test, feature = "test-util"))]
     pub fn fail_nth(&self, op: BackendOp, n: u64, error: BackendError) {
         let mut state = self.state.lock();
         let done = state.calls.get(&op).copied().unwrap_or(0);
@@ -324,9 +354,10 @@ impl SimBackend {
         });
     }
 
-    /// The next [`GpuBackend::synchronize`] of a stream on `device` reports a
+    /// The next `synchronize` of a stream on `device` reports a
     /// sticky fault `code` (700 is an illegal address), isolated to the
     /// device.
+    #[cfg(any(test, feature = "test-util"))]
     pub fn inject_sync_fault(&self, device: DeviceOrdinal, code: u32) {
         if let Some(dev) = self.state.lock().devices.get_mut(&device) {
             dev.pending_sync_fault = Some(code);
@@ -335,6 +366,7 @@ impl SimBackend {
 
     /// Resets a device, as an operator's device reset would: its sticky
     /// fault and any pending synchronization fault are cleared.
+    #[cfg(any(test, feature = "test-util"))]
     pub fn reset_device(&self, device: DeviceOrdinal) {
         if let Some(dev) = self.state.lock().devices.get_mut(&device) {
             dev.sticky = None;
@@ -343,6 +375,7 @@ impl SimBackend {
     }
 
     /// Makes the next call of `op` block until the returned gate opens.
+    #[cfg(any(test, feature = "test-util"))]
     pub fn gate(&self, op: BackendOp) -> SimGate {
         let (reached_tx, reached_rx) = mpsc::channel();
         let (open_tx, open_rx) = mpsc::channel();
@@ -359,40 +392,47 @@ impl SimBackend {
         }
     }
 
-    /// Every call so far, in order (the most recent
-    /// [`LOG_LIMIT`](Self::LOG_LIMIT) of them).
+    /// Every call so far, in order (the most recent 16,384 of them: a
+    /// long-running simulation does not grow with every call).
+    #[cfg(any(test, feature = "test-util"))]
     pub fn log(&self) -> Vec<LoggedOp> {
         self.state.lock().log.iter().cloned().collect()
     }
 
     /// The operations of every call so far, in order (the most recent
-    /// [`LOG_LIMIT`](Self::LOG_LIMIT)).
+    /// 16,384).
+    #[cfg(any(test, feature = "test-util"))]
     pub fn ops(&self) -> Vec<BackendOp> {
         self.state.lock().log.iter().map(|l| l.op).collect()
     }
 
     /// Forgets the log (the fault plan and call counts stay).
+    #[cfg(any(test, feature = "test-util"))]
     pub fn clear_log(&self) {
         self.state.lock().log.clear();
     }
 
     /// How many times `op` has been called.
+    #[cfg(any(test, feature = "test-util"))]
     pub fn calls(&self, op: BackendOp) -> u64 {
         self.state.lock().calls.get(&op).copied().unwrap_or(0)
     }
 
     /// Lanes, streams, domains and scopes issued and not yet released.
+    #[cfg(any(test, feature = "test-util"))]
     pub fn live_handles(&self) -> usize {
         live(&self.state.lock())
     }
 
     /// Simulated free bytes of a device (no call is logged; works on a
     /// faulted device).
+    #[cfg(any(test, feature = "test-util"))]
     pub fn free_bytes(&self, device: DeviceOrdinal) -> Option<u64> {
         self.state.lock().devices.get(&device).map(|d| d.free)
     }
 
     /// The sticky fault code of a device, if it has faulted.
+    #[cfg(any(test, feature = "test-util"))]
     pub fn sticky_fault(&self, device: DeviceOrdinal) -> Option<u32> {
         self.state
             .lock()
@@ -424,6 +464,10 @@ impl SimBackend {
     ) -> Result<T, BackendError> {
         self.pass_gate(op);
         let mut state = self.state.lock();
+        if state.panic_on == Some(op) {
+            drop(state);
+            panic!("the simulated backend panics in {op}, as it was told to");
+        }
         let ordinal = device(&state);
         let result = match state.planned_error(op, ordinal) {
             Some(error) => {
@@ -436,7 +480,7 @@ impl SimBackend {
         if let Err(error) = &result {
             state.note(error);
         }
-        if state.log.len() == Self::LOG_LIMIT {
+        if state.log.len() == LOG_LIMIT {
             state.log.pop_front();
         }
         state.log.push_back(LoggedOp {
@@ -492,7 +536,7 @@ fn is_member(state: &State, domain: &Domain, mut stream: u64) -> bool {
     }
 }
 
-impl GpuBackend for SimBackend {
+impl BackendOps for SimBackend {
     fn name(&self) -> &'static str {
         "sim"
     }

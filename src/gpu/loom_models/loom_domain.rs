@@ -7,7 +7,7 @@ use std::sync::Arc as StdArc;
 
 use super::model;
 use crate::gpu::backend::sim::{SimBackend, SimDevice};
-use crate::gpu::backend::{DeviceOrdinal, GpuBackend, SharedBackend};
+use crate::gpu::backend::{BackendOps, DeviceOrdinal, SharedBackend};
 use crate::gpu::domain::AllocationDomain;
 use loom::sync::Arc;
 use loom::thread;
