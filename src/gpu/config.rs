@@ -71,8 +71,8 @@ impl GpuConfig {
     /// [`QueueBounds::new`],
     /// [`DeviceProfileBuilder::build`](super::DeviceProfileBuilder::build) or
     /// [`DeviceSet::new`] refuses; and `ADMISSION_GPU_DEVICES` for a
-    /// selection that [`parse_device_selection`] refuses or that names an
-    /// ordinal without a profile.
+    /// selection that is malformed (not comma-separated ordinals, or one
+    /// repeated) or that names an ordinal without a profile.
     pub fn from_toml(toml: &str, selection: Option<&str>) -> Result<GpuConfig, ConfigError> {
         let root: toml::Table =
             toml::from_str(toml).map_err(|e| ConfigError::new("toml", e.to_string()))?;
@@ -202,7 +202,9 @@ impl GpuConfig {
 ///
 /// [`ConfigError`] naming `ADMISSION_GPU_DEVICES` for a token that is not an
 /// ordinal or an ordinal listed twice.
-pub fn parse_device_selection(value: &str) -> Result<Option<Vec<DeviceOrdinal>>, ConfigError> {
+pub(crate) fn parse_device_selection(
+    value: &str,
+) -> Result<Option<Vec<DeviceOrdinal>>, ConfigError> {
     if value.trim().is_empty() {
         return Ok(None);
     }
@@ -234,7 +236,7 @@ pub fn parse_device_selection(value: &str) -> Result<Option<Vec<DeviceOrdinal>>,
 /// [`ConfigError`] naming `field` when `text` has no leading digits, its unit
 /// is not one of `B`, `KiB`, `MiB`, `GiB`, `TiB`, `KB`, `MB`, `GB`, `TB`
 /// (case-insensitive), or the size does not fit in a `u64`.
-pub fn parse_byte_size(field: &'static str, text: &str) -> Result<u64, ConfigError> {
+pub(crate) fn parse_byte_size(field: &'static str, text: &str) -> Result<u64, ConfigError> {
     let text = text.trim();
     let split = text
         .find(|c: char| !c.is_ascii_digit())
@@ -416,5 +418,56 @@ impl<'de> Deserialize<'de> for RawBytes {
         }
 
         deserializer.deserialize_any(BytesVisitor)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GIB: u64 = 1 << 30;
+
+    #[test]
+    fn a_malformed_or_repeated_selection_is_refused() {
+        for bad in ["0,x", "0,,1", "-1", "0,0"] {
+            let error = parse_device_selection(bad).expect_err(bad);
+            assert_eq!(error.field(), "ADMISSION_GPU_DEVICES", "{bad}");
+        }
+        assert_eq!(
+            parse_device_selection("2,0"),
+            Ok(Some(vec![DeviceOrdinal(2), DeviceOrdinal(0)]))
+        );
+    }
+
+    #[test]
+    fn byte_sizes_accept_integers_and_unit_strings() {
+        for (text, bytes) in [
+            ("512MiB", 512 << 20),
+            ("80GiB", 80 * GIB),
+            ("80 GiB", 80 * GIB),
+            ("80gib", 80 * GIB),
+            ("2TiB", 2 << 40),
+            ("4KiB", 4096),
+            ("80GB", 80_000_000_000),
+            ("1MB", 1_000_000),
+            ("3KB", 3_000),
+            ("1TB", 1_000_000_000_000),
+            ("1000", 1000),
+            ("1000B", 1000),
+        ] {
+            assert_eq!(parse_byte_size("cache_cap", text), Ok(bytes), "{text}");
+        }
+        for bad in [
+            "",
+            "GiB",
+            "1.5GiB",
+            "80 XB",
+            "-1GiB",
+            "99999999999999999999",
+            "17000000TiB",
+        ] {
+            let error = parse_byte_size("cache_cap", bad).expect_err(bad);
+            assert_eq!(error.field(), "cache_cap", "{bad}");
+        }
     }
 }

@@ -150,17 +150,6 @@ impl BuildStep {
             BuildStep::WorkerScope => BackendOp::OpenWorkerScope,
         }
     }
-
-    /// The backend operation that undoes the step.
-    pub fn undo_op(self) -> BackendOp {
-        match self {
-            BuildStep::AttemptLane => BackendOp::CloseLane,
-            BuildStep::RootStream => BackendOp::DestroyStream,
-            BuildStep::AllocationDomain => BackendOp::CloseDomain,
-            BuildStep::RootMembership => BackendOp::LeaveDomain,
-            BuildStep::WorkerScope => BackendOp::CloseWorkerScope,
-        }
-    }
 }
 
 /// One clean-up call and its outcome.

@@ -325,7 +325,7 @@ pub mod bench_internals {
 }
 
 #[cfg(feature = "config")]
-pub use config::{parse_byte_size, parse_device_selection, GpuConfig, DEVICES_ENV};
+pub use config::{GpuConfig, DEVICES_ENV};
 pub use domain::{AllocationDomain, LeakReport, SubReservation};
 pub use envelope::{
     BuildStep, DeviceHealth, Disposition, EnvelopeError, ExecutionContext, SourcePermit,

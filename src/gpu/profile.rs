@@ -115,7 +115,7 @@ impl DeviceProfile {
     /// [`ConfigError`] naming `managed_capacity` when the pool alone exceeds
     /// `total_bytes`, and `backend_reserve` when the pool fits but the pool
     /// plus the reserve does not.
-    pub fn check_device_memory(&self, total_bytes: u64) -> Result<(), ConfigError> {
+    pub(crate) fn check_device_memory(&self, total_bytes: u64) -> Result<(), ConfigError> {
         let device = self.ordinal;
         if self.managed_capacity > total_bytes {
             return Err(ConfigError::new(

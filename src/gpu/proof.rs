@@ -82,17 +82,17 @@ impl CapabilitySet {
     }
 
     /// Whether every capability of `required` is in this set.
-    pub fn satisfies(&self, required: &CapabilitySet) -> bool {
+    pub(crate) fn satisfies(&self, required: &CapabilitySet) -> bool {
         required.0.is_subset(&self.0)
     }
 
     /// The capabilities of `required` that this set lacks, in name order.
-    pub fn missing(&self, required: &CapabilitySet) -> CapabilitySet {
+    pub(crate) fn missing(&self, required: &CapabilitySet) -> CapabilitySet {
         CapabilitySet(required.0.difference(&self.0).cloned().collect())
     }
 
     /// Every capability of either set.
-    pub fn union(&self, other: &CapabilitySet) -> CapabilitySet {
+    pub(crate) fn union(&self, other: &CapabilitySet) -> CapabilitySet {
         CapabilitySet(self.0.union(&other.0).cloned().collect())
     }
 
@@ -269,7 +269,7 @@ impl CapabilityProof {
     }
 
     /// The issuer that made this proof.
-    pub fn issuer_id(&self) -> IssuerId {
+    pub(crate) fn issuer_id(&self) -> IssuerId {
         self.issuer
     }
 
@@ -279,7 +279,7 @@ impl CapabilityProof {
     }
 
     /// The device capabilities the plan needs.
-    pub fn required_capabilities(&self) -> &CapabilitySet {
+    pub(crate) fn required_capabilities(&self) -> &CapabilitySet {
         &self.required
     }
 
@@ -290,13 +290,15 @@ impl CapabilityProof {
     }
 
     /// Every allocation owner of the plan, in name order.
-    pub fn allocation_owners(&self) -> impl Iterator<Item = &str> {
+    #[cfg(test)]
+    pub(crate) fn allocation_owners(&self) -> impl Iterator<Item = &str> {
         self.owners.iter().map(String::as_str)
     }
 
     /// How many lowered plans this proof binds: 1, or producers + consumer
     /// for a composed proof.
-    pub fn bound_plans(&self) -> usize {
+    #[cfg(test)]
+    pub(crate) fn bound_plans(&self) -> usize {
         self.bound_plans
     }
 }
@@ -459,7 +461,7 @@ impl ProofIssuer {
     /// # Errors
     ///
     /// [`LoweringError::ForeignProof`] when another issuer issued `proof`.
-    pub fn verify(&self, proof: &CapabilityProof) -> Result<(), LoweringError> {
+    pub(crate) fn verify(&self, proof: &CapabilityProof) -> Result<(), LoweringError> {
         if proof.issuer == self.id {
             Ok(())
         } else {

@@ -147,8 +147,9 @@ pub enum ServiceError {
     /// The backend could not list its devices.
     Inventory(BackendError),
     /// A profile does not fit its device: managed capacity plus backend
-    /// reserve exceed the device's total memory. The error names the field
-    /// ([`DeviceProfile::check_device_memory`](super::DeviceProfile::check_device_memory)).
+    /// reserve exceed the device's total memory. The error names the field:
+    /// `managed_capacity` when the pool alone exceeds the device, otherwise
+    /// `backend_reserve`.
     ProfileExceedsDevice(ConfigError),
     /// A profiled ordinal is not a device of the backend.
     DeviceNotInstalled {
