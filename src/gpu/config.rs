@@ -73,6 +73,41 @@ impl GpuConfig {
     /// [`DeviceSet::new`] refuses; and `ADMISSION_GPU_DEVICES` for a
     /// selection that is malformed (not comma-separated ordinals, or one
     /// repeated) or that names an ordinal without a profile.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use admission::gpu::backend::DeviceOrdinal;
+    /// use admission::gpu::GpuConfig;
+    ///
+    /// const TOML: &str = r#"
+    /// [admission.queue]
+    /// max_pending = 64
+    /// max_wait_ms = 30000
+    /// overtake_budget = 4
+    ///
+    /// [[admission.device_profiles]]
+    /// ordinal = 0
+    /// managed_capacity = "72GiB"
+    /// backend_reserve = "4GiB"
+    /// max_active_attempts = 4
+    /// memory_ownership = "exclusive"
+    ///
+    /// [[admission.device_profiles]]
+    /// ordinal = 1
+    /// managed_capacity = "24GiB"
+    /// memory_ownership = "exclusive"
+    /// "#;
+    ///
+    /// let config = GpuConfig::from_toml(TOML, None).unwrap();
+    /// assert_eq!(config.devices().len(), 2);
+    /// // A selection (the value of `ADMISSION_GPU_DEVICES`) narrows it.
+    /// let only_1 = GpuConfig::from_toml(TOML, Some("1")).unwrap();
+    /// assert_eq!(only_1.devices().ordinals(), vec![DeviceOrdinal(1)]);
+    /// // A bad value names its field.
+    /// let bad = TOML.replace("\"24GiB\"", "\"24 parsecs\"");
+    /// assert_eq!(GpuConfig::from_toml(&bad, None).unwrap_err().field(), "managed_capacity");
+    /// ```
     pub fn from_toml(toml: &str, selection: Option<&str>) -> Result<GpuConfig, ConfigError> {
         let root: toml::Table =
             toml::from_str(toml).map_err(|e| ConfigError::new("toml", e.to_string()))?;
@@ -173,6 +208,35 @@ impl GpuConfig {
     ///
     /// As [`from_toml`](Self::from_toml), and a [`ConfigError`] naming
     /// `ADMISSION_GPU_DEVICES` when the variable is not valid Unicode.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use admission::gpu::GpuConfig;
+    ///
+    /// const TOML: &str = r#"
+    /// [admission.queue]
+    /// max_pending = 64
+    /// max_wait_ms = 30000
+    /// overtake_budget = 4
+    ///
+    /// [[admission.device_profiles]]
+    /// ordinal = 0
+    /// managed_capacity = "72GiB"
+    /// backend_reserve = "4GiB"
+    /// max_active_attempts = 4
+    /// memory_ownership = "exclusive"
+    ///
+    /// [[admission.device_profiles]]
+    /// ordinal = 1
+    /// managed_capacity = "24GiB"
+    /// memory_ownership = "exclusive"
+    /// "#;
+    ///
+    /// // Every profiled device, unless ADMISSION_GPU_DEVICES selects some.
+    /// let config = GpuConfig::from_toml_and_env(TOML).unwrap();
+    /// assert!(!config.devices().is_empty());
+    /// ```
     pub fn from_toml_and_env(toml: &str) -> Result<GpuConfig, ConfigError> {
         match std::env::var(DEVICES_ENV) {
             Ok(selection) => Self::from_toml(toml, Some(&selection)),

@@ -1298,6 +1298,40 @@ impl ExecutionContext {
     /// otherwise the backend's error ([`BackendError::Driver`] for out of
     /// memory, [`BackendError::Fault`], [`BackendError::Panicked`], ...),
     /// with the charge returned to the grant.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use std::sync::Arc;
+    /// # use std::time::Duration;
+    /// # use admission::gpu::backend::sim::{SimBackend, SimDevice};
+    /// # use admission::gpu::backend::DeviceOrdinal;
+    /// # use admission::gpu::{DeviceProfile, DeviceSet, MemoryOwnership, QueryService, QueueBounds};
+    /// # const GIB: u64 = 1 << 30;
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let gpu0 = DeviceOrdinal(0);
+    /// # let profile = DeviceProfile::builder(gpu0).managed_capacity(80 * GIB).max_active_attempts(4)
+    /// #     .cache_cap(16 * GIB).streams_per_attempt(4).build()?;
+    /// # let devices = DeviceSet::new(vec![profile], vec![MemoryOwnership::exclusive(gpu0)])?;
+    /// # let bounds = QueueBounds::new(64, Duration::from_secs(30), 4)?;
+    /// # let backend = Arc::new(SimBackend::new([SimDevice::new(0, 96 * GIB)]));
+    /// # let service = QueryService::new(backend, devices, bounds)?;
+    /// # let handle = service.admit_resources(4 * GIB).await?;
+    /// # let ctx = handle.execution_context()?;
+    /// use admission::gpu::backend::BackendError;
+    ///
+    /// let ptr = ctx.alloc(GIB)?;
+    /// assert_eq!(ctx.domain().used_bytes(), GIB);
+    /// // The grant is a ceiling: past it, nothing reaches the driver.
+    /// let too_much = handle.grant_bytes();
+    /// assert!(matches!(ctx.alloc(too_much), Err(BackendError::GrantExceeded { .. })));
+    /// ctx.free(ptr)?;
+    /// # drop(ctx);
+    /// # handle.release().await;
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn alloc(&self, bytes: u64) -> Result<DevicePtr, BackendError> {
         self.shared.domain.alloc(bytes, self.stream)
     }
@@ -1310,6 +1344,37 @@ impl ExecutionContext {
     /// of the attempt; otherwise the backend's error for the free, after
     /// which the allocation is forgotten and its bytes are back under the
     /// grant all the same.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use std::sync::Arc;
+    /// # use std::time::Duration;
+    /// # use admission::gpu::backend::sim::{SimBackend, SimDevice};
+    /// # use admission::gpu::backend::DeviceOrdinal;
+    /// # use admission::gpu::{DeviceProfile, DeviceSet, MemoryOwnership, QueryService, QueueBounds};
+    /// # const GIB: u64 = 1 << 30;
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let gpu0 = DeviceOrdinal(0);
+    /// # let profile = DeviceProfile::builder(gpu0).managed_capacity(80 * GIB).max_active_attempts(4)
+    /// #     .cache_cap(16 * GIB).streams_per_attempt(4).build()?;
+    /// # let devices = DeviceSet::new(vec![profile], vec![MemoryOwnership::exclusive(gpu0)])?;
+    /// # let bounds = QueueBounds::new(64, Duration::from_secs(30), 4)?;
+    /// # let backend = Arc::new(SimBackend::new([SimDevice::new(0, 96 * GIB)]));
+    /// # let service = QueryService::new(backend, devices, bounds)?;
+    /// # let handle = service.admit_resources(4 * GIB).await?;
+    /// # let ctx = handle.execution_context()?;
+    /// let ptr = ctx.alloc(GIB)?;
+    /// ctx.free(ptr)?;
+    /// assert_eq!(ctx.domain().used_bytes(), 0);
+    /// // A pointer freed already is not this domain's any more.
+    /// assert!(ctx.free(ptr).is_err());
+    /// # drop(ctx);
+    /// # handle.release().await;
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn free(&self, ptr: DevicePtr) -> Result<(), BackendError> {
         self.shared.domain.free(ptr, self.stream)
     }
@@ -1320,6 +1385,38 @@ impl ExecutionContext {
     ///
     /// [`BackendError::GrantExceeded`] when the aligned size does not fit
     /// under the grant's remaining bytes; nothing is charged then.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use std::sync::Arc;
+    /// # use std::time::Duration;
+    /// # use admission::gpu::backend::sim::{SimBackend, SimDevice};
+    /// # use admission::gpu::backend::DeviceOrdinal;
+    /// # use admission::gpu::{DeviceProfile, DeviceSet, MemoryOwnership, QueryService, QueueBounds};
+    /// # const GIB: u64 = 1 << 30;
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let gpu0 = DeviceOrdinal(0);
+    /// # let profile = DeviceProfile::builder(gpu0).managed_capacity(80 * GIB).max_active_attempts(4)
+    /// #     .cache_cap(16 * GIB).streams_per_attempt(4).build()?;
+    /// # let devices = DeviceSet::new(vec![profile], vec![MemoryOwnership::exclusive(gpu0)])?;
+    /// # let bounds = QueueBounds::new(64, Duration::from_secs(30), 4)?;
+    /// # let backend = Arc::new(SimBackend::new([SimDevice::new(0, 96 * GIB)]));
+    /// # let service = QueryService::new(backend, devices, bounds)?;
+    /// # let handle = service.admit_resources(4 * GIB).await?;
+    /// # let ctx = handle.execution_context()?;
+    /// // Room for a library's own workspace, charged against the grant.
+    /// let workspace = ctx.reserve(GIB)?;
+    /// assert_eq!(workspace.bytes(), GIB);
+    /// assert_eq!(ctx.domain().used_bytes(), GIB);
+    /// drop(workspace);
+    /// assert_eq!(ctx.domain().used_bytes(), 0);
+    /// # drop(ctx);
+    /// # handle.release().await;
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn reserve(&self, bytes: u64) -> Result<SubReservation<'_>, BackendError> {
         self.shared.domain.reserve(bytes)
     }

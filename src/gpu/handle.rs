@@ -248,6 +248,39 @@ impl QueryHandle {
     /// [`GpuAdmitError::ProofBoundElsewhere`] when `proof` is bound to
     /// another device or grant; [`GpuAdmitError::ProofMismatch`] when its
     /// plan fingerprint differs from the admitted one.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use std::sync::Arc;
+    /// # use std::time::Duration;
+    /// # use admission::gpu::backend::sim::{SimBackend, SimDevice};
+    /// # use admission::gpu::backend::DeviceOrdinal;
+    /// # use admission::gpu::{DeviceProfile, DeviceSet, MemoryOwnership, QueryService, QueueBounds};
+    /// # const GIB: u64 = 1 << 30;
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let gpu0 = DeviceOrdinal(0);
+    /// # let profile = DeviceProfile::builder(gpu0).managed_capacity(80 * GIB).max_active_attempts(4)
+    /// #     .cache_cap(16 * GIB).streams_per_attempt(4).build()?;
+    /// # let devices = DeviceSet::new(vec![profile], vec![MemoryOwnership::exclusive(gpu0)])?;
+    /// # let bounds = QueueBounds::new(64, Duration::from_secs(30), 4)?;
+    /// # let backend = Arc::new(SimBackend::new([SimDevice::new(0, 96 * GIB)]));
+    /// # use admission::gpu::{PhaseRequirement, PlanDescription, PlanFingerprint};
+    /// # let (service, issuer) = QueryService::builder(backend, devices, bounds).build_with_issuer()?;
+    /// let plan = PlanDescription::new(PlanFingerprint(1))
+    ///     .phase(PhaseRequirement::new("build", 2 * GIB, "join"));
+    /// let proof = issuer.lower(&plan)?;
+    /// let handle = service.ticket(&proof)?.admit().await?;
+    /// handle.authorize(&proof)?;
+    /// // A proof of another plan does not authorize this admission.
+    /// let other = issuer.lower(&PlanDescription::new(PlanFingerprint(2))
+    ///     .phase(PhaseRequirement::new("build", 2 * GIB, "join")))?;
+    /// assert!(handle.authorize(&other).is_err());
+    /// handle.release().await;
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn authorize(&self, proof: &CapabilityProof) -> Result<(), GpuAdmitError> {
         let Some(admitted) = &self.proof else {
             return Err(GpuAdmitError::ResourceOnlyHandle);
@@ -290,6 +323,36 @@ impl QueryHandle {
     /// of dropped ones the device's worker has not destroyed yet) already
     /// fill `streams_per_attempt`; [`EnvelopeError::Backend`] when the
     /// backend fails to fork the stream.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use std::sync::Arc;
+    /// # use std::time::Duration;
+    /// # use admission::gpu::backend::sim::{SimBackend, SimDevice};
+    /// # use admission::gpu::backend::DeviceOrdinal;
+    /// # use admission::gpu::{DeviceProfile, DeviceSet, MemoryOwnership, QueryService, QueueBounds};
+    /// # const GIB: u64 = 1 << 30;
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let gpu0 = DeviceOrdinal(0);
+    /// # let profile = DeviceProfile::builder(gpu0).managed_capacity(80 * GIB).max_active_attempts(4)
+    /// #     .cache_cap(16 * GIB).streams_per_attempt(4).build()?;
+    /// # let devices = DeviceSet::new(vec![profile], vec![MemoryOwnership::exclusive(gpu0)])?;
+    /// # let bounds = QueueBounds::new(64, Duration::from_secs(30), 4)?;
+    /// # let backend = Arc::new(SimBackend::new([SimDevice::new(0, 96 * GIB)]));
+    /// # let service = QueryService::new(backend, devices, bounds)?;
+    /// let handle = service.admit_resources(4 * GIB).await?;
+    /// let ctx = handle.execution_context()?;
+    /// let ptr = ctx.alloc(GIB)?;
+    /// assert_eq!(ctx.device(), gpu0);
+    /// ctx.free(ptr)?;
+    /// // The teardown waits for every context to be dropped.
+    /// drop(ctx);
+    /// handle.release().await;
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn execution_context(&self) -> Result<ExecutionContext, EnvelopeError> {
         self.envelope.execution_context()
     }
@@ -301,6 +364,33 @@ impl QueryHandle {
     ///
     /// [`EnvelopeError::SourceWorkExhausted`] when `source_work_allowance`
     /// permits are live already.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use std::sync::Arc;
+    /// # use std::time::Duration;
+    /// # use admission::gpu::backend::sim::{SimBackend, SimDevice};
+    /// # use admission::gpu::backend::DeviceOrdinal;
+    /// # use admission::gpu::{DeviceProfile, DeviceSet, MemoryOwnership, QueryService, QueueBounds};
+    /// # const GIB: u64 = 1 << 30;
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let gpu0 = DeviceOrdinal(0);
+    /// # let profile = DeviceProfile::builder(gpu0).managed_capacity(80 * GIB).max_active_attempts(4)
+    /// #     .cache_cap(16 * GIB).streams_per_attempt(4).build()?;
+    /// # let devices = DeviceSet::new(vec![profile], vec![MemoryOwnership::exclusive(gpu0)])?;
+    /// # let bounds = QueueBounds::new(64, Duration::from_secs(30), 4)?;
+    /// # let backend = Arc::new(SimBackend::new([SimDevice::new(0, 96 * GIB)]));
+    /// # let service = QueryService::new(backend, devices, bounds)?;
+    /// let handle = service.admit_resources(GIB).await?;
+    /// let permit = handle.try_source_permit()?;
+    /// // ... read the attempt's input while holding the permit ...
+    /// drop(permit);
+    /// handle.release().await;
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn try_source_permit(&self) -> Result<SourcePermit, EnvelopeError> {
         self.envelope.try_source_permit()
     }
@@ -316,6 +406,34 @@ impl QueryHandle {
     /// the teardown still runs on the device's worker once every execution
     /// context and source permit is dropped, and the grant is released after
     /// it.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use std::sync::Arc;
+    /// # use std::time::Duration;
+    /// # use admission::gpu::backend::sim::{SimBackend, SimDevice};
+    /// # use admission::gpu::backend::DeviceOrdinal;
+    /// # use admission::gpu::{DeviceProfile, DeviceSet, MemoryOwnership, QueryService, QueueBounds};
+    /// # const GIB: u64 = 1 << 30;
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let gpu0 = DeviceOrdinal(0);
+    /// # let profile = DeviceProfile::builder(gpu0).managed_capacity(80 * GIB).max_active_attempts(4)
+    /// #     .cache_cap(16 * GIB).streams_per_attempt(4).build()?;
+    /// # let devices = DeviceSet::new(vec![profile], vec![MemoryOwnership::exclusive(gpu0)])?;
+    /// # let bounds = QueueBounds::new(64, Duration::from_secs(30), 4)?;
+    /// # let backend = Arc::new(SimBackend::new([SimDevice::new(0, 96 * GIB)]));
+    /// # let service = QueryService::new(backend, devices, bounds)?;
+    /// let handle = service.admit_resources(GIB).await?;
+    /// let grant = handle.grant_bytes();
+    /// let report = handle.release().await;
+    /// assert_eq!(report.grant_bytes, grant);
+    /// assert!(report.ledger_released);
+    /// assert!(report.teardown.errors.is_empty());
+    /// # Ok(())
+    /// # }
+    /// ```
     pub async fn release(self) -> AttemptReport {
         let QueryHandle {
             envelope,

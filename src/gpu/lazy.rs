@@ -72,6 +72,35 @@ impl LazyAdmission {
     ///
     /// The [`GpuAdmitError`] the admission failed with (see
     /// [`AdmissionTicket::admit`]); every later call returns a clone of it.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use std::sync::Arc;
+    /// # use std::time::Duration;
+    /// # use admission::gpu::backend::sim::{SimBackend, SimDevice};
+    /// # use admission::gpu::backend::DeviceOrdinal;
+    /// # use admission::gpu::{DeviceProfile, DeviceSet, MemoryOwnership, QueryService, QueueBounds};
+    /// # const GIB: u64 = 1 << 30;
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let gpu0 = DeviceOrdinal(0);
+    /// # let profile = DeviceProfile::builder(gpu0).managed_capacity(80 * GIB).max_active_attempts(4)
+    /// #     .cache_cap(16 * GIB).streams_per_attempt(4).build()?;
+    /// # let devices = DeviceSet::new(vec![profile], vec![MemoryOwnership::exclusive(gpu0)])?;
+    /// # let bounds = QueueBounds::new(64, Duration::from_secs(30), 4)?;
+    /// # let backend = Arc::new(SimBackend::new([SimDevice::new(0, 96 * GIB)]));
+    /// # let service = QueryService::new(backend, devices, bounds)?;
+    /// let lazy = service.resource_ticket(GIB).lazy();
+    /// assert!(!lazy.is_admitted());
+    /// // Admitted at the first step that needs the device, then reused.
+    /// let grant = lazy.handle().await?.grant_bytes();
+    /// assert!(lazy.is_admitted());
+    /// assert_eq!(lazy.handle().await?.grant_bytes(), grant);
+    /// lazy.release().await;
+    /// # Ok(())
+    /// # }
+    /// ```
     pub async fn handle(&self) -> Result<&QueryHandle, GpuAdmitError> {
         let outcome = self
             .admitted
@@ -92,6 +121,32 @@ impl LazyAdmission {
     /// # Errors
     ///
     /// As [`handle`](Self::handle); `step` is not run then.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use std::sync::Arc;
+    /// # use std::time::Duration;
+    /// # use admission::gpu::backend::sim::{SimBackend, SimDevice};
+    /// # use admission::gpu::backend::DeviceOrdinal;
+    /// # use admission::gpu::{DeviceProfile, DeviceSet, MemoryOwnership, QueryService, QueueBounds};
+    /// # const GIB: u64 = 1 << 30;
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let gpu0 = DeviceOrdinal(0);
+    /// # let profile = DeviceProfile::builder(gpu0).managed_capacity(80 * GIB).max_active_attempts(4)
+    /// #     .cache_cap(16 * GIB).streams_per_attempt(4).build()?;
+    /// # let devices = DeviceSet::new(vec![profile], vec![MemoryOwnership::exclusive(gpu0)])?;
+    /// # let bounds = QueueBounds::new(64, Duration::from_secs(30), 4)?;
+    /// # let backend = Arc::new(SimBackend::new([SimDevice::new(0, 96 * GIB)]));
+    /// # let service = QueryService::new(backend, devices, bounds)?;
+    /// let lazy = service.resource_ticket(GIB).lazy();
+    /// let device = lazy.run(|handle| handle.device()).await?;
+    /// assert_eq!(device, gpu0);
+    /// lazy.release().await;
+    /// # Ok(())
+    /// # }
+    /// ```
     pub async fn run<R>(&self, step: impl FnOnce(&QueryHandle) -> R) -> Result<R, GpuAdmitError> {
         self.handle().await.map(step)
     }
@@ -110,6 +165,35 @@ impl LazyAdmission {
     /// As [`QueryHandle::release`]: dropping the future part-way loses only
     /// the report; the teardown still runs and the grant is released after
     /// it.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use std::sync::Arc;
+    /// # use std::time::Duration;
+    /// # use admission::gpu::backend::sim::{SimBackend, SimDevice};
+    /// # use admission::gpu::backend::DeviceOrdinal;
+    /// # use admission::gpu::{DeviceProfile, DeviceSet, MemoryOwnership, QueryService, QueueBounds};
+    /// # const GIB: u64 = 1 << 30;
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let gpu0 = DeviceOrdinal(0);
+    /// # let profile = DeviceProfile::builder(gpu0).managed_capacity(80 * GIB).max_active_attempts(4)
+    /// #     .cache_cap(16 * GIB).streams_per_attempt(4).build()?;
+    /// # let devices = DeviceSet::new(vec![profile], vec![MemoryOwnership::exclusive(gpu0)])?;
+    /// # let bounds = QueueBounds::new(64, Duration::from_secs(30), 4)?;
+    /// # let backend = Arc::new(SimBackend::new([SimDevice::new(0, 96 * GIB)]));
+    /// # let service = QueryService::new(backend, devices, bounds)?;
+    /// // A query that never needed the device held nothing: no report.
+    /// let unused = service.resource_ticket(GIB).lazy();
+    /// assert!(unused.release().await.is_none());
+    ///
+    /// let used = service.resource_ticket(GIB).lazy();
+    /// used.handle().await?;
+    /// assert!(used.release().await.is_some());
+    /// # Ok(())
+    /// # }
+    /// ```
     pub async fn release(self) -> Option<AttemptReport> {
         match self.admitted.into_inner() {
             Some(Ok(handle)) => Some(handle.release().await),

@@ -290,6 +290,31 @@ impl DeviceProfileBuilder {
     /// when over the managed capacity; `attempt_floor` when it (set or
     /// defaulted) is zero, exceeds the managed capacity, or times
     /// `max_active_attempts` does.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use admission::gpu::backend::DeviceOrdinal;
+    /// use admission::gpu::DeviceProfile;
+    ///
+    /// const GIB: u64 = 1 << 30;
+    /// let profile = DeviceProfile::builder(DeviceOrdinal(0))
+    ///     .managed_capacity(72 * GIB)
+    ///     .backend_reserve(4 * GIB)
+    ///     .max_active_attempts(4)
+    ///     .build()
+    ///     .unwrap();
+    /// assert_eq!(profile.attempt_floor(), 9 * GIB); // derived: capacity / 8
+    ///
+    /// // An attempt floor no slot count can honour names its field.
+    /// let error = DeviceProfile::builder(DeviceOrdinal(0))
+    ///     .managed_capacity(8 * GIB)
+    ///     .max_active_attempts(4)
+    ///     .attempt_floor(4 * GIB)
+    ///     .build()
+    ///     .unwrap_err();
+    /// assert_eq!(error.field(), "attempt_floor");
+    /// ```
     pub fn build(self) -> Result<DeviceProfile, ConfigError> {
         let device = self.ordinal;
         let capacity = match self.managed_capacity {
@@ -475,6 +500,35 @@ impl DeviceSet {
     /// declarations, a declaration without a profile or a profile without a
     /// declaration; `external_bytes` when a shared device's external bytes
     /// exceed its backend reserve.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use admission::gpu::backend::DeviceOrdinal;
+    /// use admission::gpu::{DeviceProfile, DeviceSet, MemoryOwnership};
+    ///
+    /// const GIB: u64 = 1 << 30;
+    /// let profile = |n| {
+    ///     DeviceProfile::builder(DeviceOrdinal(n))
+    ///         .managed_capacity(24 * GIB)
+    ///         // Room outside the pool, where another process's bytes must fit.
+    ///         .backend_reserve(4 * GIB)
+    ///         .build()
+    /// };
+    /// let devices = DeviceSet::new(
+    ///     vec![profile(1).unwrap(), profile(0).unwrap()],
+    ///     vec![
+    ///         MemoryOwnership::exclusive(DeviceOrdinal(0)),
+    ///         // Another process may hold up to 2 GiB of this one.
+    ///         MemoryOwnership::shared(DeviceOrdinal(1), 2 * GIB),
+    ///     ],
+    /// )
+    /// .unwrap();
+    /// assert_eq!(devices.ordinals(), vec![DeviceOrdinal(0), DeviceOrdinal(1)]);
+    ///
+    /// // Every profile needs its ownership declaration.
+    /// assert!(DeviceSet::new(vec![profile(0).unwrap()], vec![]).is_err());
+    /// ```
     pub fn new(
         profiles: Vec<DeviceProfile>,
         ownerships: Vec<MemoryOwnership>,
@@ -608,6 +662,19 @@ impl QueueBounds {
     ///
     /// [`ConfigError`] naming `max_pending` when it is zero, or `max_wait`
     /// when it is zero.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    ///
+    /// use admission::gpu::QueueBounds;
+    ///
+    /// let bounds = QueueBounds::new(64, Duration::from_secs(30), 4).unwrap();
+    /// assert_eq!(bounds.max_pending(), 64);
+    /// // A queue that can hold nobody is a configuration error.
+    /// assert!(QueueBounds::new(0, Duration::from_secs(30), 4).is_err());
+    /// ```
     pub fn new(
         max_pending: usize,
         max_wait: Duration,

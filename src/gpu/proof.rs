@@ -387,6 +387,21 @@ impl ProofIssuer {
     /// [`LoweringError::UnresolvedPhase`] when its minimum working bytes are
     /// unknown, otherwise [`LoweringError::UnresolvedOwner`] when its
     /// allocation owner is unresolved.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use admission::gpu::{PhaseRequirement, PlanDescription, PlanFingerprint, ProofIssuer};
+    ///
+    /// const GIB: u64 = 1 << 30;
+    /// let issuer = ProofIssuer::new();
+    /// let plan = PlanDescription::new(PlanFingerprint(42))
+    ///     .phase(PhaseRequirement::new("build", 12 * GIB, "join"))
+    ///     .phase(PhaseRequirement::new("probe", 4 * GIB, "join"));
+    /// let proof = issuer.lower(&plan).unwrap();
+    /// // The least grant the plan can run in: its largest phase.
+    /// assert_eq!(proof.required_floor_bytes(), 12 * GIB);
+    /// ```
     pub fn lower(&self, plan: &PlanDescription) -> Result<CapabilityProof, LoweringError> {
         let mut floor_bytes = 0u64;
         let mut owners = BTreeSet::new();
@@ -426,6 +441,29 @@ impl ProofIssuer {
     ///
     /// [`LoweringError::ForeignProof`] for the first part (producers, then
     /// the consumer) that another issuer issued.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use admission::gpu::{PhaseRequirement, PlanDescription, PlanFingerprint, ProofIssuer};
+    ///
+    /// const GIB: u64 = 1 << 30;
+    /// let issuer = ProofIssuer::new();
+    /// let lower = |id, bytes| {
+    ///     issuer.lower(&PlanDescription::new(PlanFingerprint(id))
+    ///         .phase(PhaseRequirement::new("run", bytes, "op")))
+    /// };
+    /// let producer = lower(1, 2 * GIB).unwrap();
+    /// let consumer = lower(2, 6 * GIB).unwrap();
+    /// let pipeline = issuer.compose(&[producer], &consumer).unwrap();
+    /// assert!(pipeline.required_floor_bytes() >= 6 * GIB);
+    ///
+    /// // A part another issuer made is refused.
+    /// let foreign = ProofIssuer::new()
+    ///     .lower(&PlanDescription::new(PlanFingerprint(3)).phase(PhaseRequirement::new("run", GIB, "op")))
+    ///     .unwrap();
+    /// assert!(issuer.compose(&[foreign], &consumer).is_err());
+    /// ```
     pub fn compose(
         &self,
         producers: &[CapabilityProof],

@@ -361,6 +361,32 @@ impl QueryServiceBuilder {
     /// profiled ordinal the backend does not manage;
     /// [`ServiceError::ProfileExceedsDevice`] when a profile's managed
     /// capacity plus backend reserve exceed its device's total memory.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use std::sync::Arc;
+    /// # use std::time::Duration;
+    /// # use admission::gpu::backend::sim::{SimBackend, SimDevice};
+    /// # use admission::gpu::backend::DeviceOrdinal;
+    /// # use admission::gpu::{DeviceProfile, DeviceSet, MemoryOwnership, QueryService, QueueBounds};
+    /// # const GIB: u64 = 1 << 30;
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let gpu0 = DeviceOrdinal(0);
+    /// # let profile = DeviceProfile::builder(gpu0).managed_capacity(80 * GIB).max_active_attempts(4)
+    /// #     .cache_cap(16 * GIB).streams_per_attempt(4).build()?;
+    /// # let devices = DeviceSet::new(vec![profile], vec![MemoryOwnership::exclusive(gpu0)])?;
+    /// # let bounds = QueueBounds::new(64, Duration::from_secs(30), 4)?;
+    /// # let backend = Arc::new(SimBackend::new([SimDevice::new(0, 96 * GIB)]));
+    /// let service = QueryService::builder(backend, devices, bounds)
+    ///     // Told of every decision, as a log line or a metric would be.
+    ///     .observer(|observation| tracing::debug!(?observation))
+    ///     .build()?;
+    /// assert_eq!(service.devices().ordinals(), vec![gpu0]);
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn build(self) -> Result<QueryService, ServiceError> {
         // An issuer nobody holds: no proof can ever carry its id.
         self.build_accepting(&ProofIssuer::new())
@@ -374,6 +400,35 @@ impl QueryServiceBuilder {
     /// # Errors
     ///
     /// As [`build`](Self::build).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use std::sync::Arc;
+    /// # use std::time::Duration;
+    /// # use admission::gpu::backend::sim::{SimBackend, SimDevice};
+    /// # use admission::gpu::backend::DeviceOrdinal;
+    /// # use admission::gpu::{DeviceProfile, DeviceSet, MemoryOwnership, QueryService, QueueBounds};
+    /// # const GIB: u64 = 1 << 30;
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let gpu0 = DeviceOrdinal(0);
+    /// # let profile = DeviceProfile::builder(gpu0).managed_capacity(80 * GIB).max_active_attempts(4)
+    /// #     .cache_cap(16 * GIB).streams_per_attempt(4).build()?;
+    /// # let devices = DeviceSet::new(vec![profile], vec![MemoryOwnership::exclusive(gpu0)])?;
+    /// # let bounds = QueueBounds::new(64, Duration::from_secs(30), 4)?;
+    /// # let backend = Arc::new(SimBackend::new([SimDevice::new(0, 96 * GIB)]));
+    /// use admission::gpu::{PhaseRequirement, PlanDescription, PlanFingerprint};
+    ///
+    /// let (service, issuer) = QueryService::builder(backend, devices, bounds).build_with_issuer()?;
+    /// // Only the holder of the issuer mints proofs this service accepts.
+    /// let plan = PlanDescription::new(PlanFingerprint(7))
+    ///     .phase(PhaseRequirement::new("scan", 4 * GIB, "scan"));
+    /// let proof = issuer.lower(&plan)?;
+    /// assert!(service.ticket(&proof).is_ok());
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn build_with_issuer(self) -> Result<(QueryService, ProofIssuer), ServiceError> {
         let issuer = ProofIssuer::new();
         let service = self.build_accepting(&issuer)?;
@@ -489,6 +544,35 @@ impl QueryService {
     /// # Errors
     ///
     /// As [`QueryServiceBuilder::build`].
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use std::sync::Arc;
+    /// # use std::time::Duration;
+    /// # use admission::gpu::backend::sim::{SimBackend, SimDevice};
+    /// # use admission::gpu::backend::DeviceOrdinal;
+    /// # use admission::gpu::{DeviceProfile, DeviceSet, MemoryOwnership, QueryService, QueueBounds};
+    /// # const GIB: u64 = 1 << 30;
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let gpu0 = DeviceOrdinal(0);
+    /// # let profile = DeviceProfile::builder(gpu0).managed_capacity(80 * GIB).max_active_attempts(4)
+    /// #     .cache_cap(16 * GIB).streams_per_attempt(4).build()?;
+    /// # let devices = DeviceSet::new(vec![profile], vec![MemoryOwnership::exclusive(gpu0)])?;
+    /// # let bounds = QueueBounds::new(64, Duration::from_secs(30), 4)?;
+    /// # let backend = Arc::new(SimBackend::new([SimDevice::new(0, 96 * GIB)]));
+    /// let service = QueryService::new(backend, devices, bounds)?;
+    /// assert_eq!(service.device_ledger_reports()[0].live_grants_bytes, 0);
+    ///
+    /// // A profile that promises more memory than the device has is refused.
+    /// let small = Arc::new(SimBackend::new([SimDevice::new(0, 16 * GIB)]));
+    /// let profile = DeviceProfile::builder(gpu0).managed_capacity(80 * GIB).build()?;
+    /// let devices = DeviceSet::new(vec![profile], vec![MemoryOwnership::exclusive(gpu0)])?;
+    /// assert!(QueryService::new(small, devices, bounds).is_err());
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn new(
         backend: SharedBackend,
         devices: DeviceSet,
@@ -509,6 +593,35 @@ impl QueryService {
     ///
     /// [`GpuAdmitError::ForeignProof`] when `proof` was issued by another
     /// issuer than the one this service accepts.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use std::sync::Arc;
+    /// # use std::time::Duration;
+    /// # use admission::gpu::backend::sim::{SimBackend, SimDevice};
+    /// # use admission::gpu::backend::DeviceOrdinal;
+    /// # use admission::gpu::{DeviceProfile, DeviceSet, MemoryOwnership, QueryService, QueueBounds};
+    /// # const GIB: u64 = 1 << 30;
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let gpu0 = DeviceOrdinal(0);
+    /// # let profile = DeviceProfile::builder(gpu0).managed_capacity(80 * GIB).max_active_attempts(4)
+    /// #     .cache_cap(16 * GIB).streams_per_attempt(4).build()?;
+    /// # let devices = DeviceSet::new(vec![profile], vec![MemoryOwnership::exclusive(gpu0)])?;
+    /// # let bounds = QueueBounds::new(64, Duration::from_secs(30), 4)?;
+    /// # let backend = Arc::new(SimBackend::new([SimDevice::new(0, 96 * GIB)]));
+    /// # use admission::gpu::{PhaseRequirement, PlanDescription, PlanFingerprint};
+    /// # let (service, issuer) = QueryService::builder(backend, devices, bounds).build_with_issuer()?;
+    /// let plan = PlanDescription::new(PlanFingerprint(1))
+    ///     .phase(PhaseRequirement::new("probe", 2 * GIB, "join"));
+    /// let proof = issuer.lower(&plan)?;
+    /// let handle = service.ticket(&proof)?.admit().await?;
+    /// assert!(handle.grant_bytes() >= 2 * GIB);
+    /// handle.release().await;
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn ticket(&self, proof: &CapabilityProof) -> Result<AdmissionTicket, GpuAdmitError> {
         if proof.issuer_id() != self.inner.issuer {
             return Err(GpuAdmitError::ForeignProof {
@@ -550,6 +663,33 @@ impl QueryService {
     /// # Errors
     ///
     /// As [`AdmissionTicket::admit`].
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use std::sync::Arc;
+    /// # use std::time::Duration;
+    /// # use admission::gpu::backend::sim::{SimBackend, SimDevice};
+    /// # use admission::gpu::backend::DeviceOrdinal;
+    /// # use admission::gpu::{DeviceProfile, DeviceSet, MemoryOwnership, QueryService, QueueBounds};
+    /// # const GIB: u64 = 1 << 30;
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let gpu0 = DeviceOrdinal(0);
+    /// # let profile = DeviceProfile::builder(gpu0).managed_capacity(80 * GIB).max_active_attempts(4)
+    /// #     .cache_cap(16 * GIB).streams_per_attempt(4).build()?;
+    /// # let devices = DeviceSet::new(vec![profile], vec![MemoryOwnership::exclusive(gpu0)])?;
+    /// # let bounds = QueueBounds::new(64, Duration::from_secs(30), 4)?;
+    /// # let backend = Arc::new(SimBackend::new([SimDevice::new(0, 96 * GIB)]));
+    /// # let service = QueryService::new(backend, devices, bounds)?;
+    /// let handle = service.admit_resources(4 * GIB).await?;
+    /// assert!(handle.is_resource_only());
+    /// assert!(handle.grant_bytes() >= 4 * GIB);
+    /// let report = handle.release().await;
+    /// assert!(report.ledger_released);
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn admit_resources(
         &self,
         min_bytes: u64,
@@ -630,6 +770,36 @@ impl QueryService {
     /// [`ReinstateError::WorkerGone`] when the device's worker could not run
     /// the probe; [`ReinstateError::ProbeFailed`] with the failing step when
     /// the probe fails, and the device stays quarantined.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use std::sync::Arc;
+    /// # use std::time::Duration;
+    /// # use admission::gpu::backend::sim::{SimBackend, SimDevice};
+    /// # use admission::gpu::backend::DeviceOrdinal;
+    /// # use admission::gpu::{DeviceProfile, DeviceSet, MemoryOwnership, QueryService, QueueBounds};
+    /// # const GIB: u64 = 1 << 30;
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let gpu0 = DeviceOrdinal(0);
+    /// # let profile = DeviceProfile::builder(gpu0).managed_capacity(80 * GIB).max_active_attempts(4)
+    /// #     .cache_cap(16 * GIB).streams_per_attempt(4).build()?;
+    /// # let devices = DeviceSet::new(vec![profile], vec![MemoryOwnership::exclusive(gpu0)])?;
+    /// # let bounds = QueueBounds::new(64, Duration::from_secs(30), 4)?;
+    /// # let backend = Arc::new(SimBackend::new([SimDevice::new(0, 96 * GIB)]));
+    /// # let service = QueryService::new(backend, devices, bounds)?;
+    /// use admission::gpu::LedgerHealth;
+    ///
+    /// // An operator takes the device out after an external health check failed...
+    /// service.quarantine(gpu0, 700);
+    /// assert!(matches!(service.device_ledger_reports()[0].health, LedgerHealth::Quarantined { .. }));
+    /// // ...and brings it back once the device was reset.
+    /// service.reinstate(gpu0).await?;
+    /// assert_eq!(service.device_ledger_reports()[0].health, LedgerHealth::Healthy);
+    /// # Ok(())
+    /// # }
+    /// ```
     pub async fn reinstate(&self, device: DeviceOrdinal) -> Result<(), ReinstateError> {
         let inner = &self.inner;
         let health = inner
@@ -687,6 +857,36 @@ impl QueryService {
     /// the unclaimed bytes; for an evict, pin or unpin, `CacheUnderflow` for
     /// more bytes than the counter holds; `Accounting` if a counter would
     /// overflow.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use std::sync::Arc;
+    /// # use std::time::Duration;
+    /// # use admission::gpu::backend::sim::{SimBackend, SimDevice};
+    /// # use admission::gpu::backend::DeviceOrdinal;
+    /// # use admission::gpu::{DeviceProfile, DeviceSet, MemoryOwnership, QueryService, QueueBounds};
+    /// # const GIB: u64 = 1 << 30;
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let gpu0 = DeviceOrdinal(0);
+    /// # let profile = DeviceProfile::builder(gpu0).managed_capacity(80 * GIB).max_active_attempts(4)
+    /// #     .cache_cap(16 * GIB).streams_per_attempt(4).build()?;
+    /// # let devices = DeviceSet::new(vec![profile], vec![MemoryOwnership::exclusive(gpu0)])?;
+    /// # let bounds = QueueBounds::new(64, Duration::from_secs(30), 4)?;
+    /// # let backend = Arc::new(SimBackend::new([SimDevice::new(0, 96 * GIB)]));
+    /// # let service = QueryService::new(backend, devices, bounds)?;
+    /// use admission::gpu::CacheChange;
+    ///
+    /// // The engine keeps 8 GiB of its own cache resident on the device.
+    /// service.change_cache(gpu0, CacheChange::Charge(8 * GIB))?;
+    /// assert_eq!(service.device_ledger_reports()[0].cache_evictable_bytes, 8 * GIB);
+    /// service.change_cache(gpu0, CacheChange::Evict(8 * GIB))?;
+    /// // More than the counter holds is refused, the ledger unchanged.
+    /// assert!(service.change_cache(gpu0, CacheChange::Evict(1)).is_err());
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn change_cache(
         &self,
         device: DeviceOrdinal,
@@ -713,6 +913,33 @@ impl QueryService {
     /// Dropping the future only stops the wait; it holds nothing. Once it
     /// has been polled, the empty marker jobs it queued still run on the
     /// workers, which changes nothing.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use std::sync::Arc;
+    /// # use std::time::Duration;
+    /// # use admission::gpu::backend::sim::{SimBackend, SimDevice};
+    /// # use admission::gpu::backend::DeviceOrdinal;
+    /// # use admission::gpu::{DeviceProfile, DeviceSet, MemoryOwnership, QueryService, QueueBounds};
+    /// # const GIB: u64 = 1 << 30;
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let gpu0 = DeviceOrdinal(0);
+    /// # let profile = DeviceProfile::builder(gpu0).managed_capacity(80 * GIB).max_active_attempts(4)
+    /// #     .cache_cap(16 * GIB).streams_per_attempt(4).build()?;
+    /// # let devices = DeviceSet::new(vec![profile], vec![MemoryOwnership::exclusive(gpu0)])?;
+    /// # let bounds = QueueBounds::new(64, Duration::from_secs(30), 4)?;
+    /// # let backend = Arc::new(SimBackend::new([SimDevice::new(0, 96 * GIB)]));
+    /// # let service = QueryService::new(backend, devices, bounds)?;
+    /// let handle = service.admit_resources(GIB).await?;
+    /// // Dropped without `release`: the teardown runs on the device's worker.
+    /// drop(handle);
+    /// service.settle().await;
+    /// assert_eq!(service.device_ledger_reports()[0].live_grants_bytes, 0);
+    /// # Ok(())
+    /// # }
+    /// ```
     pub async fn settle(&self) {
         let jobs: Vec<_> = self
             .inner
@@ -834,6 +1061,36 @@ impl AdmissionTicket {
     /// wait without a tokio timer; `EnvelopeStepFailed`, `DeviceFault`,
     /// `WorkerGone` or `EnvelopeInvalid` when the envelope build fails, after
     /// it was rolled back and the grant returned.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use std::sync::Arc;
+    /// # use std::time::Duration;
+    /// # use admission::gpu::backend::sim::{SimBackend, SimDevice};
+    /// # use admission::gpu::backend::DeviceOrdinal;
+    /// # use admission::gpu::{DeviceProfile, DeviceSet, MemoryOwnership, QueryService, QueueBounds};
+    /// # const GIB: u64 = 1 << 30;
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let gpu0 = DeviceOrdinal(0);
+    /// # let profile = DeviceProfile::builder(gpu0).managed_capacity(80 * GIB).max_active_attempts(4)
+    /// # .cache_cap(16 * GIB).streams_per_attempt(4).build()?;
+    /// # let devices = DeviceSet::new(vec![profile], vec![MemoryOwnership::exclusive(gpu0)])?;
+    /// # let bounds = QueueBounds::new(64, Duration::from_secs(30), 4)?;
+    /// # let backend = Arc::new(SimBackend::new([SimDevice::new(0, 96 * GIB)]));
+    /// # let service = QueryService::new(backend, devices, bounds)?;
+    /// let handle = service
+    ///     .resource_ticket(GIB)
+    ///     // More than the floor, when the device has room for it.
+    ///     .with_working_set_hint(24 * GIB)
+    ///     .admit()
+    ///     .await?;
+    /// assert_eq!(handle.grant_bytes(), 24 * GIB);
+    /// handle.release().await;
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn admit(
         self,
     ) -> impl Future<Output = Result<QueryHandle, GpuAdmitError>> + Send + 'static {

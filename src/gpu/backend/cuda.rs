@@ -214,6 +214,21 @@ impl CudaBackend {
     /// ordinal past the device count; [`BackendError::Driver`] or
     /// [`BackendError::Fault`] when the driver fails to open a device's
     /// context or read its facts.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use admission::gpu::backend::cuda::CudaBackend;
+    /// use admission::gpu::backend::{BackendError, DeviceOrdinal};
+    ///
+    ///
+    /// match CudaBackend::new([DeviceOrdinal(0)]) {
+    ///     Ok(backend) => println!("{backend:?}"),
+    ///     // A machine without the driver answers, it does not panic.
+    ///     Err(BackendError::NoDriver | BackendError::NoDevice) => println!("no GPU here"),
+    ///     Err(other) => panic!("{other}"),
+    /// }
+    /// ```
     pub fn new(ordinals: impl IntoIterator<Item = DeviceOrdinal>) -> Result<Self, BackendError> {
         Self::with_options(ordinals, CudaOptions::default())
     }
@@ -225,6 +240,23 @@ impl CudaBackend {
     /// As [`new`](Self::new); a failure to switch a context to blocking
     /// synchronization ([`CudaOptions::blocking_sync`]) is also a
     /// [`BackendError::Driver`] or [`BackendError::Fault`].
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use admission::gpu::backend::cuda::{CudaBackend, CudaOptions};
+    /// use admission::gpu::backend::DeviceOrdinal;
+    ///
+    ///
+    /// let options = CudaOptions {
+    ///     // Synchronization sleeps in the driver instead of spinning a core.
+    ///     blocking_sync: true,
+    ///     ..CudaOptions::default()
+    /// };
+    /// if let Ok(backend) = CudaBackend::with_options([DeviceOrdinal(0)], options) {
+    ///     println!("{backend:?}");
+    /// }
+    /// ```
     pub fn with_options(
         ordinals: impl IntoIterator<Item = DeviceOrdinal>,
         options: CudaOptions,
@@ -285,6 +317,24 @@ impl CudaBackend {
     ///
     /// [`BackendError::UnknownDevice`] when `ordinal` is not a device this
     /// backend opened.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use admission::gpu::backend::cuda::CudaBackend;
+    /// use admission::gpu::backend::{BackendError, DeviceOrdinal};
+    ///
+    ///
+    /// if let Ok(backend) = CudaBackend::new([DeviceOrdinal(0)]) {
+    ///     let context = backend.context(DeviceOrdinal(0)).unwrap();
+    ///     println!("{:?}", context.name());
+    ///     // An ordinal the backend did not open is an error, not a panic.
+    ///     assert!(matches!(
+    ///         backend.context(DeviceOrdinal(99)),
+    ///         Err(BackendError::UnknownDevice { .. })
+    ///     ));
+    /// }
+    /// ```
     pub fn context(&self, ordinal: DeviceOrdinal) -> Result<Arc<CudaContext>, BackendError> {
         Ok(self.devices[self.device_index(ordinal)?].ctx.clone())
     }
