@@ -202,6 +202,26 @@ impl WorkQueue<SlotGranter> {
     ///
     /// [`ConfigError`] naming `total_slots` if it exceeds
     /// [`SlotGranter::MAX_TOTAL`](crate::grant::SlotGranter::MAX_TOTAL).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// use admission::{Priority, TenantId, WorkInfo, WorkQueue};
+    ///
+    /// let queue = WorkQueue::new(4)?;
+    /// let permit = queue.admit(WorkInfo::new(TenantId::new(1), Priority::NORMAL)).await?;
+    /// assert_eq!(queue.granter_snapshot().used, 1);
+    /// drop(permit); // the slot goes back, or to the next waiter
+    /// assert_eq!(queue.granter_snapshot().used, 0);
+    ///
+    /// // More slots than a ledger can count are refused.
+    /// let too_many = admission::grant::SlotGranter::MAX_TOTAL + 1;
+    /// assert_eq!(WorkQueue::new(too_many).unwrap_err().field(), "total_slots");
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn new(total_slots: u64) -> Result<Self, ConfigError> {
         Self::builder().total_slots(total_slots).build()
     }
@@ -223,6 +243,19 @@ impl WorkQueue<SlotGranter> {
     /// [`ConfigError`] naming `total_slots` if `total` exceeds
     /// [`SlotGranter::MAX_TOTAL`](crate::grant::SlotGranter::MAX_TOTAL); the
     /// total is then unchanged.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use admission::WorkQueue;
+    ///
+    /// let queue = WorkQueue::new(4).unwrap();
+    /// queue.set_total_slots(8).unwrap();
+    /// assert_eq!(queue.granter_snapshot().total, 8);
+    /// // Past the most a ledger can count is refused, and the total stays.
+    /// assert!(queue.set_total_slots(u64::MAX).is_err());
+    /// assert_eq!(queue.granter_snapshot().total, 8);
+    /// ```
     pub fn set_total_slots(&self, total: u64) -> Result<(), ConfigError> {
         self.shared.granter.set_total(total)?;
         self.shared.with_state(|queue, grants, wakes| {
@@ -393,6 +426,23 @@ impl<G: Granter> WorkQueue<G> {
     /// [`ConfigError`] naming `tenant_weight` when `tenant` has no weight of
     /// its own yet, `weight` is not the default, and `max_tenants` tenants
     /// have one already; nothing changes then.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use admission::{TenantId, TenantWeight, WorkQueue};
+    ///
+    /// let queue = WorkQueue::builder().total_slots(4).max_tenants(2).build().unwrap();
+    /// // Under contention, tenant 1 gets twice tenant 2's share of the slots,
+    /// // and four times that of a tenant with the default weight (1).
+    /// queue.set_tenant_weight(TenantId::new(1), TenantWeight::new(4).unwrap()).unwrap();
+    /// queue.set_tenant_weight(TenantId::new(2), TenantWeight::new(2).unwrap()).unwrap();
+    /// // The weight table is bounded: a third weighted tenant is refused.
+    /// let error = queue
+    ///     .set_tenant_weight(TenantId::new(3), TenantWeight::new(2).unwrap())
+    ///     .unwrap_err();
+    /// assert_eq!(error.field(), "tenant_weight");
+    /// ```
     pub fn set_tenant_weight(
         &self,
         tenant: TenantId,
@@ -413,6 +463,20 @@ impl<G: Granter> WorkQueue<G> {
     ///
     /// [`ConfigError`] naming `tenant_weight` when more than `max_tenants`
     /// of `weights` are not the default; the table is left as it was.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use admission::{TenantId, TenantWeight, WorkQueue};
+    ///
+    /// let queue = WorkQueue::new(4).unwrap();
+    /// let weight = |w| TenantWeight::new(w).unwrap();
+    /// queue
+    ///     .set_tenant_weights([(TenantId::new(1), weight(4)), (TenantId::new(2), weight(2))])
+    ///     .unwrap();
+    /// // Tenants left out go back to the default weight.
+    /// queue.set_tenant_weights([(TenantId::new(2), weight(2))]).unwrap();
+    /// ```
     pub fn set_tenant_weights(
         &self,
         weights: impl IntoIterator<Item = (TenantId, TenantWeight)>,
@@ -764,6 +828,26 @@ impl WorkQueueBuilder {
     /// (`total_slots`, `max_waiters`, `max_tenants`, `elastic_share`,
     /// `grant_burst`, `grant_burst_timeout`, `reset_period`, `name`), with
     /// the range it broke.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    ///
+    /// use admission::WorkQueue;
+    ///
+    /// let queue = WorkQueue::builder()
+    ///     .name("search")
+    ///     .total_slots(16)
+    ///     .max_waiters(1_000)
+    ///     .reset_period(Duration::from_secs(1))
+    ///     .build()
+    ///     .unwrap();
+    /// assert_eq!(queue.name(), "search");
+    ///
+    /// let error = WorkQueue::builder().total_slots(u64::MAX).build().unwrap_err();
+    /// assert_eq!(error.field(), "total_slots");
+    /// ```
     pub fn build(self) -> Result<WorkQueue<SlotGranter>, ConfigError> {
         let granter = SlotGranter::new(self.total_slots)?;
         self.build_with(granter)
@@ -775,6 +859,27 @@ impl WorkQueueBuilder {
     ///
     /// [`ConfigError`] naming the first setting out of its range, as
     /// [`build`](Self::build).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// use admission::grant::TokenGranter;
+    /// use admission::{Priority, TenantId, WorkInfo, WorkQueue};
+    ///
+    /// // A queue over a granter of its own: here a token bucket of 1,000 units.
+    /// let queue = WorkQueue::builder().name("uploads").build_with(TokenGranter::new(1_000)?)?;
+    /// let work = WorkInfo::builder()
+    ///     .tenant(TenantId::new(1))
+    ///     .priority(Priority::NORMAL)
+    ///     .requested(200)
+    ///     .build();
+    /// let permit = queue.admit(work).await?;
+    /// drop(permit); // tokens are consumed: nothing comes back
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn build_with<G: Granter>(self, granter: G) -> Result<WorkQueue<G>, ConfigError> {
         if self.max_waiters == 0 {
             return Err(ConfigError::new(

@@ -40,6 +40,29 @@ impl WorkQueue<TokenGranter> {
     /// # Errors
     ///
     /// [`ConfigError`] naming `burst` if it is zero.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// use admission::{Priority, TenantId, WorkInfo, WorkQueue};
+    ///
+    /// let queue = WorkQueue::tokens(4_096)?;
+    /// // Unlimited until the budget is turned on.
+    /// queue.set_token_limit(Some(4_096))?;
+    /// queue.add_tokens(1_024);
+    /// let work = WorkInfo::builder()
+    ///     .tenant(TenantId::new(1))
+    ///     .priority(Priority::NORMAL)
+    ///     .requested(512)
+    ///     .build();
+    /// drop(queue.admit(work).await?);
+    ///
+    /// assert_eq!(WorkQueue::tokens(0).unwrap_err().field(), "burst");
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn tokens(burst: u64) -> Result<Self, ConfigError> {
         token_builder(WorkQueueBuilder::default()).build_with(TokenGranter::new(burst)?)
     }
@@ -89,6 +112,17 @@ impl WorkQueue<TokenGranter> {
     ///
     /// [`ConfigError`] naming `burst` if it is `Some(0)`; the limit is then
     /// unchanged.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use admission::WorkQueue;
+    ///
+    /// let queue = WorkQueue::tokens(4_096).unwrap();
+    /// queue.set_token_limit(Some(1_024)).unwrap(); // budgeted from now on
+    /// queue.set_token_limit(None).unwrap(); // unlimited again
+    /// assert_eq!(queue.set_token_limit(Some(0)).unwrap_err().field(), "burst");
+    /// ```
     pub fn set_token_limit(&self, burst: Option<u64>) -> Result<(), ConfigError> {
         let burst = burst
             .map(|burst| TokenGranter::nonzero_burst("burst", burst))
@@ -179,6 +213,28 @@ impl TokenQueues {
     ///
     /// [`ConfigError`] naming `regular_burst` or `elastic_burst`, whichever is
     /// zero.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// use admission::{Priority, TenantId, TokenQueues, WorkInfo};
+    ///
+    /// let io = TokenQueues::new(1 << 20, 256 << 10)?;
+    /// io.set_limits(Some(1 << 20), Some(256 << 10))?;
+    /// io.add_tokens(64 << 10, 16 << 10);
+    /// let write = WorkInfo::builder()
+    ///     .tenant(TenantId::new(1))
+    ///     .priority(Priority::NORMAL)
+    ///     .requested(4 << 10)
+    ///     .build();
+    /// drop(io.admit(write).await?);
+    ///
+    /// assert_eq!(TokenQueues::new(1, 0).unwrap_err().field(), "elastic_burst");
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn new(regular_burst: u64, elastic_burst: u64) -> Result<Self, ConfigError> {
         Self::with_builder(
             WorkQueueBuilder::default().name("io"),
@@ -196,6 +252,16 @@ impl TokenQueues {
     /// [`ConfigError`] naming `regular_burst` or `elastic_burst`, whichever is
     /// zero; otherwise one naming the first setting of `builder` out of its
     /// range, as [`WorkQueueBuilder::build_with`].
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use admission::{TokenQueues, WorkQueue};
+    ///
+    /// let io = TokenQueues::with_builder(WorkQueue::builder().max_waiters(10_000), 1 << 20, 1 << 18)
+    ///     .unwrap();
+    /// assert_eq!(io.regular().name(), "default");
+    /// ```
     pub fn with_builder(
         builder: WorkQueueBuilder,
         regular_burst: u64,
@@ -240,6 +306,26 @@ impl TokenQueues {
     /// As [`WorkQueue::admit`]: an [`AdmitError`](crate::AdmitError) for a full
     /// or closed queue, the request's deadline, or more bytes than one burst
     /// can ever hold.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// use admission::{Priority, TenantId, TokenQueues, WorkInfo};
+    ///
+    /// let io = TokenQueues::new(1 << 20, 1 << 20)?;
+    /// // Compactions are elastic work: they draw on the elastic class's tokens.
+    /// let compaction = WorkInfo::builder()
+    ///     .tenant(TenantId::SYSTEM)
+    ///     .priority(Priority::BULK_LOW)
+    ///     .requested(64 << 10)
+    ///     .build();
+    /// let permit = io.admit(compaction).await?;
+    /// drop(permit);
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn admit(&self, work: WorkInfo) -> Admit<TokenGranter> {
         self.queue(TokenClass::of(work.priority())).admit(work)
     }
@@ -259,6 +345,18 @@ impl TokenQueues {
     ///
     /// [`ConfigError`] naming `regular_burst` or `elastic_burst` for a burst
     /// of zero; neither class is changed then.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use admission::TokenQueues;
+    ///
+    /// let io = TokenQueues::new(1 << 20, 1 << 18).unwrap();
+    /// // Regular work budgeted, elastic work unlimited for now.
+    /// io.set_limits(Some(1 << 20), None).unwrap();
+    /// let error = io.set_limits(Some(0), Some(1)).unwrap_err();
+    /// assert_eq!(error.field(), "regular_burst");
+    /// ```
     pub fn set_limits(
         &self,
         regular: Option<u64>,

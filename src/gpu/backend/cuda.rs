@@ -346,6 +346,39 @@ impl CudaBackend {
     ///
     /// [`BackendError::UnknownHandle`] when `id` is not a live stream of
     /// this backend.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// use std::sync::Arc;
+    ///
+    /// use admission::gpu::backend::cuda::CudaBackend;
+    /// use admission::gpu::backend::DeviceOrdinal;
+    /// use admission::gpu::{DeviceProfile, DeviceSet, MemoryOwnership, QueryService, QueueBounds};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let gpu0 = DeviceOrdinal(0);
+    /// let Ok(cuda) = CudaBackend::new([gpu0]) else {
+    ///     return Ok(()); // no GPU on this machine
+    /// };
+    /// let cuda = Arc::new(cuda);
+    /// let profile = DeviceProfile::builder(gpu0).managed_capacity(1 << 30).streams_per_attempt(2).build()?;
+    /// let devices = DeviceSet::new(vec![profile], vec![MemoryOwnership::exclusive(gpu0)])?;
+    /// let bounds = QueueBounds::new(16, Duration::from_secs(5), 2)?;
+    /// let service = QueryService::new(cuda.clone(), devices, bounds)?;
+    ///
+    /// let handle = service.admit_resources(1 << 28).await?;
+    /// let ctx = handle.execution_context()?;
+    /// // The attempt's stream, for the kernels its work launches.
+    /// let stream = cuda.stream(ctx.stream())?;
+    /// stream.synchronize()?;
+    /// drop((stream, ctx));
+    /// handle.release().await;
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn stream(&self, id: StreamId) -> Result<Arc<CudaStream>, BackendError> {
         self.tables
             .lock()
