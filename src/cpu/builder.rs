@@ -236,6 +236,28 @@ impl ControllerBuilder {
     /// `max_slots`, `initial_slots`, `period`, `threshold`, `poll_estimate`,
     /// `idle_below`, `idle_period`, or the queue's), or `sampler` if the
     /// sampler's OS thread cannot be started.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use admission::cpu::Controller;
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let handle = tokio::runtime::Handle::current();
+    /// let controller = Controller::for_runtime(&handle).max_slots(64).build()?;
+    /// // One slot per worker to start with.
+    /// assert_eq!(controller.queue().snapshot().granter.total, 1);
+    ///
+    /// let err = Controller::for_runtime(&handle)
+    ///     .period(Duration::ZERO)
+    ///     .build()
+    ///     .unwrap_err();
+    /// assert_eq!(err.field(), "period");
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn build(self) -> Result<Controller, ConfigError> {
         self.validate()?;
         let (mut signal, runtime, source): (Box<dyn CpuSignal>, _, _) = match self.signal {

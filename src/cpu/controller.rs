@@ -260,6 +260,29 @@ impl Controller {
     /// As [`WorkQueue::admit`]: an [`AdmitError`](crate::AdmitError) for a full
     /// or closed queue, the request's deadline, early rejection or a request
     /// larger than `max_slots`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use admission::cpu::Controller;
+    /// use admission::{Priority, TenantId, WorkInfo};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let controller = Controller::for_runtime(&tokio::runtime::Handle::current()).build()?;
+    /// let work = WorkInfo::builder()
+    ///     .tenant(TenantId::new(7))
+    ///     .priority(Priority::USER_HIGH)
+    ///     .timeout(Duration::from_millis(100))
+    ///     .build();
+    /// let permit = controller.admit(work).await?;
+    /// assert_eq!(controller.queue().snapshot().granter.used, 1);
+    /// // ... the handler's work, holding the slot ...
+    /// drop(permit);
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn admit(&self, work: WorkInfo) -> Admit<SlotGranter> {
         self.core.queue.admit(work)
     }

@@ -146,6 +146,28 @@ impl RuntimeSignal {
     ///
     /// [`ConfigError`] naming `signal_source` if the source needs per-worker
     /// queue depths and the build lacks `--cfg tokio_unstable`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use admission::cpu::{RuntimeSignal, SignalSource};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let handle = tokio::runtime::Handle::current();
+    /// // The probe works in every build.
+    /// let signal = RuntimeSignal::with_source(&handle, SignalSource::GlobalQueueAndProbe)?;
+    /// assert_eq!(signal.source(), SignalSource::GlobalQueueAndProbe);
+    ///
+    /// // Queue depths only where the build has them.
+    /// let depths = RuntimeSignal::with_source(&handle, SignalSource::QueueDepths);
+    /// match depths {
+    ///     Ok(signal) => assert_eq!(signal.source(), SignalSource::QueueDepths),
+    ///     Err(err) => assert_eq!(err.field(), "signal_source"),
+    /// }
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn with_source(handle: &Handle, source: SignalSource) -> Result<Self, ConfigError> {
         match source {
             SignalSource::GlobalQueueAndProbe => Ok(Self::probing(handle)),

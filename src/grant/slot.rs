@@ -76,6 +76,22 @@ impl SlotGranter {
     ///
     /// [`ConfigError`] naming `total_slots` if `total` exceeds
     /// [`MAX_TOTAL`](Self::MAX_TOTAL).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use admission::grant::SlotGranter;
+    /// use admission::WorkQueue;
+    ///
+    /// let granter = SlotGranter::new(4)?;
+    /// assert_eq!(granter.total(), 4);
+    /// let queue = WorkQueue::builder().build_with(granter)?;
+    /// assert_eq!(queue.snapshot().granter.total, 4);
+    ///
+    /// let err = SlotGranter::new(SlotGranter::MAX_TOTAL + 1).unwrap_err();
+    /// assert_eq!(err.field(), "total_slots");
+    /// # Ok::<(), admission::ConfigError>(())
+    /// ```
     pub fn new(total: u64) -> Result<Self, ConfigError> {
         Self::check_total(total)?;
         Ok(SlotGranter {
@@ -142,6 +158,32 @@ impl SlotGranter {
     ///
     /// [`ConfigError`] naming `ceiling` if it exceeds
     /// [`MAX_TOTAL`](Self::MAX_TOTAL).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use admission::{WorkInfo, WorkQueue};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let queue = WorkQueue::new(2)?;
+    /// queue.granter().set_ceiling(8)?;
+    /// // Four slots fit under the ceiling: the request waits for the total
+    /// // to grow rather than being refused as never fitting.
+    /// let four = WorkInfo::builder().requested(4).build();
+    /// let waiting = tokio::spawn(queue.admit(four));
+    /// tokio::task::yield_now().await;
+    /// assert_eq!(queue.waiting(), 1);
+    ///
+    /// queue.set_total_slots(4)?;
+    /// let permit = waiting.await??;
+    /// assert_eq!(queue.snapshot().granter.used, 4);
+    ///
+    /// let err = queue.granter().set_ceiling(u64::MAX).unwrap_err();
+    /// assert_eq!(err.field(), "ceiling");
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn set_ceiling(&self, ceiling: u64) -> Result<(), ConfigError> {
         if ceiling > Self::MAX_TOTAL {
             return Err(ConfigError::out_of_range(
@@ -165,6 +207,21 @@ impl SlotGranter {
     ///
     /// [`ConfigError`] naming `total_slots` if `total` exceeds
     /// [`MAX_TOTAL`](Self::MAX_TOTAL); the total is then unchanged.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use admission::grant::SlotGranter;
+    ///
+    /// let granter = SlotGranter::new(4)?;
+    /// granter.set_total(2)?;
+    /// assert_eq!(granter.total(), 2);
+    ///
+    /// let err = granter.set_total(SlotGranter::MAX_TOTAL + 1).unwrap_err();
+    /// assert_eq!(err.field(), "total_slots");
+    /// assert_eq!(granter.total(), 2);
+    /// # Ok::<(), admission::ConfigError>(())
+    /// ```
     pub fn set_total(&self, total: u64) -> Result<(), ConfigError> {
         Self::check_total(total)?;
         self.total.store(total, Ordering::Release);

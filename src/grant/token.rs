@@ -267,6 +267,19 @@ impl TokenGranter {
     /// # Errors
     ///
     /// [`ConfigError`] naming `burst` if it is zero.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use admission::grant::{TokenClass, TokenGranter};
+    ///
+    /// let granter = TokenGranter::new(64 << 20)?;
+    /// assert_eq!(granter.class(), TokenClass::Regular);
+    /// assert!(granter.is_unlimited());
+    ///
+    /// assert_eq!(TokenGranter::new(0).unwrap_err().field(), "burst");
+    /// # Ok::<(), admission::ConfigError>(())
+    /// ```
     pub fn new(burst: u64) -> Result<Self, ConfigError> {
         let burst = Self::nonzero_burst("burst", burst)?;
         Ok(Self::nonzero_pair(burst, burst).0)
@@ -281,6 +294,23 @@ impl TokenGranter {
     ///
     /// [`ConfigError`] naming `regular_burst` if it is zero, otherwise
     /// `elastic_burst` if that is zero.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use admission::grant::{TokenClass, TokenGranter};
+    /// use admission::WorkQueue;
+    ///
+    /// let (regular, elastic) = TokenGranter::pair(64 << 20, 8 << 20)?;
+    /// assert_eq!(elastic.class(), TokenClass::Elastic);
+    /// // One queue per class, spending one shared bucket.
+    /// let writes = WorkQueue::builder().build_with(regular)?;
+    /// let backfills = WorkQueue::builder().build_with(elastic)?;
+    ///
+    /// let err = TokenGranter::pair(64 << 20, 0).unwrap_err();
+    /// assert_eq!(err.field(), "elastic_burst");
+    /// # Ok::<(), admission::ConfigError>(())
+    /// ```
     pub fn pair(
         regular_burst: u64,
         elastic_burst: u64,
@@ -341,6 +371,24 @@ impl TokenGranter {
     ///
     /// [`ConfigError`] naming `burst` if it is zero; the burst is then
     /// unchanged.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use admission::grant::TokenGranter;
+    /// use admission::WorkQueue;
+    ///
+    /// let queue = WorkQueue::builder().build_with(TokenGranter::new(1_000)?)?;
+    /// queue.set_token_limit(Some(1_000))?;
+    /// queue.granter().set_burst(100)?;
+    /// queue.add_tokens(500);
+    /// // The balance banks no more than the new burst.
+    /// assert_eq!(queue.snapshot().granter.available, 100);
+    ///
+    /// assert_eq!(queue.granter().set_burst(0).unwrap_err().field(), "burst");
+    /// assert_eq!(queue.snapshot().granter.burst, 100);
+    /// # Ok::<(), admission::ConfigError>(())
+    /// ```
     pub fn set_burst(&self, burst: u64) -> Result<(), ConfigError> {
         self.set_nonzero_burst(Self::nonzero_burst("burst", burst)?);
         Ok(())

@@ -213,6 +213,32 @@ impl Controller {
     /// As [`WorkQueue::admit`](crate::WorkQueue::admit): an
     /// [`AdmitError`](crate::AdmitError) for a full or closed queue, the
     /// request's deadline, or more bytes than one burst can ever hold.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use admission::io::{Controller, LsmStats};
+    /// use admission::{Priority, TenantId, WorkInfo};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// // An engine whose L0 is empty (an adapter such as `io::fjall` reads
+    /// // a real one).
+    /// let controller = Controller::builder(LsmStats::default).build()?;
+    /// let write = WorkInfo::builder()
+    ///     .tenant(TenantId::new(7))
+    ///     .priority(Priority::NORMAL)
+    ///     .requested(64 << 10) // the write's estimated bytes
+    ///     .build();
+    /// let permit = controller.admit(write.clone()).await?;
+    /// // ... the write ...
+    /// drop(permit); // tokens are spent at admission: nothing goes back here
+    ///
+    /// // It wrote less than estimated: the difference is credited back.
+    /// controller.correct_tokens(&write, 64 << 10, 40 << 10);
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn admit(&self, work: WorkInfo) -> Admit<TokenGranter> {
         self.core.queues.admit(work)
     }
@@ -322,6 +348,27 @@ impl ControllerBuilder {
     ///
     /// A [`ConfigError`] naming the setting that is out of its range, or
     /// `ticker` if the thread cannot be started.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use admission::io::{Controller, LsmStats};
+    ///
+    /// // An engine whose L0 is empty: no limit on writes.
+    /// let controller = Controller::builder(LsmStats::default)
+    ///     .interval(Duration::from_secs(15))
+    ///     .memtable_stop_threshold(4)
+    ///     .build()?;
+    /// assert!(controller.queues().regular().granter().is_unlimited());
+    ///
+    /// let err = Controller::builder(LsmStats::default)
+    ///     .l0_file_threshold(0)
+    ///     .build()
+    ///     .unwrap_err();
+    /// assert_eq!(err.field(), "l0_file_threshold");
+    /// # Ok::<(), admission::ConfigError>(())
+    /// ```
     pub fn build(self) -> Result<Controller, ConfigError> {
         Controller::new(self.source, self.config, self.manual)
     }

@@ -166,6 +166,20 @@ impl CpuPoolBuilder {
     /// [`ConfigError`] naming the first setting out of its range (`threads`,
     /// `max_borrowed`, `spin_before_wait`, `thread_name`, the queue's
     /// settings), or `threads` if the OS refuses to start a thread.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use admission::pool::CpuPool;
+    ///
+    /// let pool = CpuPool::builder().threads(2).build()?;
+    /// assert_eq!(pool.threads(), 2);
+    /// assert_eq!(pool.snapshot().queue.granter.total, 2);
+    ///
+    /// let err = CpuPool::builder().threads(0).build().unwrap_err();
+    /// assert_eq!(err.field(), "threads");
+    /// # Ok::<(), admission::ConfigError>(())
+    /// ```
     pub fn build(self) -> Result<CpuPool, ConfigError> {
         let threads = match self.threads {
             Some(threads) => threads,

@@ -379,6 +379,27 @@ impl CpuPool {
     /// [`AdmitError`](crate::AdmitError) when `work` is not admitted,
     /// [`PoolError::Panicked`] when `f` panicked, or [`PoolError::Closed`] when
     /// the pool shut down first.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use admission::pool::{CpuPool, PoolError};
+    /// use admission::{Priority, TenantId, WorkInfo};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let pool = CpuPool::builder().threads(1).build()?;
+    /// let work = || WorkInfo::new(TenantId::new(7), Priority::NORMAL);
+    /// let sum = pool.spawn(work(), || (1..=100u64).sum::<u64>()).await?;
+    /// assert_eq!(sum, 5_050);
+    ///
+    /// // A panic comes back as an error; the thread goes on to the next job.
+    /// let panicked = pool.spawn(work(), || -> u64 { panic!("bad input") }).await;
+    /// assert!(matches!(panicked, Err(PoolError::Panicked { .. })));
+    /// assert_eq!(pool.spawn(work(), || 1).await?, 1);
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn spawn<F, T>(&self, work: WorkInfo, f: F) -> PoolTask<T>
     where
         F: FnOnce() -> T + Send + 'static,
@@ -408,6 +429,27 @@ impl CpuPool {
     /// As [`WorkQueue::set_tenant_weight`](crate::WorkQueue::set_tenant_weight):
     /// a [`ConfigError`] naming `tenant_weight` when the weight would be one
     /// more than `max_tenants` other than the default.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use admission::pool::CpuPool;
+    /// use admission::{Priority, TenantId, TenantWeight, WorkInfo};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let pool = CpuPool::builder().threads(2).build()?;
+    /// let tenant = TenantId::new(7);
+    /// pool.spawn(WorkInfo::new(tenant, Priority::NORMAL), || ()).await?;
+    /// // Under backlog, tenant 7 now gets three threads for every one of an
+    /// // unweighted tenant's.
+    /// pool.set_tenant_weight(tenant, TenantWeight::new(3)?)?;
+    /// let seen = pool.snapshot().queue.tenants;
+    /// let weight = seen.iter().find(|t| t.tenant == tenant).map(|t| t.weight);
+    /// assert_eq!(weight, Some(TenantWeight::new(3)?));
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn set_tenant_weight(
         &self,
         tenant: TenantId,
@@ -424,6 +466,29 @@ impl CpuPool {
     /// As [`WorkQueue::set_tenant_weights`](crate::WorkQueue::set_tenant_weights):
     /// a [`ConfigError`] naming `tenant_weight` when more than `max_tenants`
     /// of `weights` are not the default, the table then unchanged.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use admission::pool::CpuPool;
+    /// use admission::{Priority, TenantId, TenantWeight, WorkInfo};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let pool = CpuPool::builder().threads(2).build()?;
+    /// let (a, b) = (TenantId::new(1), TenantId::new(2));
+    /// for tenant in [a, b] {
+    ///     pool.spawn(WorkInfo::new(tenant, Priority::NORMAL), || ()).await?;
+    /// }
+    /// pool.set_tenant_weight(a, TenantWeight::new(3)?)?;
+    /// // A tenant left out goes back to the default weight.
+    /// pool.set_tenant_weights([(b, TenantWeight::new(2)?)])?;
+    /// let tenants = pool.snapshot().queue.tenants;
+    /// let weights: Vec<_> = tenants.iter().map(|t| (t.tenant, t.weight.get())).collect();
+    /// assert_eq!(weights, [(a, 1), (b, 2)]);
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn set_tenant_weights(
         &self,
         weights: impl IntoIterator<Item = (TenantId, TenantWeight)>,

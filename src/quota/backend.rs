@@ -174,6 +174,28 @@ pub trait QuotaBackend: fmt::Debug + Send + Sync + 'static {
     /// implementation must leave the store consistent if dropped at any
     /// await point. The exchange then counts as failed: whatever the store
     /// applied of it is lost to the fleet, as with a lost answer.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use admission::quota::{InMemoryBackend, Lease, LeaseBatch, QuotaBackend};
+    /// use admission::TenantId;
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let backend = InMemoryBackend::new();
+    /// // Node "a" asks for 40 units of tenant 7's bucket (100 a second,
+    /// // bursts of 100), reporting a demand of 20 a second.
+    /// let lease = Lease::new(TenantId::new(7), 100, 100, 40, 20);
+    /// let batch = LeaseBatch::new("a", Duration::from_secs(3), vec![lease]);
+    /// let answers = backend.exchange(&batch).await?;
+    /// // One answer per lease, in order; a new bucket starts full.
+    /// assert_eq!(answers.len(), 1);
+    /// assert_eq!(answers[0].granted, 40);
+    /// # Ok(())
+    /// # }
+    /// ```
     fn exchange<'a>(&'a self, batch: &'a LeaseBatch) -> LeaseFuture<'a>;
 }
 

@@ -181,6 +181,19 @@ impl TenantQuota {
     ///
     /// A zero rate would admit nothing, ever; a zero burst could never
     /// bank a unit.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use admission::quota::TenantQuota;
+    ///
+    /// // 100 requests a second, fleet-wide, and bursts of up to 200.
+    /// let quota = TenantQuota::new(100, 200)?;
+    /// assert_eq!((quota.rate(), quota.burst()), (100, 200));
+    ///
+    /// assert_eq!(TenantQuota::new(0, 200).unwrap_err().field(), "rate");
+    /// # Ok::<(), admission::ConfigError>(())
+    /// ```
     pub fn new(rate: u64, burst: u64) -> Result<Self, ConfigError> {
         for (field, value) in [("rate", rate), ("burst", burst)] {
             if value == 0 || value > Self::MAX_UNITS {
@@ -350,6 +363,28 @@ impl QuotaBuilder {
     ///
     /// A [`ConfigError`] naming the setting out of range, or `thread` when
     /// the leasing thread cannot be started.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use admission::quota::{Quota, TenantQuota};
+    /// use admission::TenantId;
+    ///
+    /// let quota = Quota::builder()
+    ///     .tenant(TenantId::new(7), TenantQuota::new(100, 100)?)
+    ///     .build()?;
+    /// assert_eq!(quota.quota_of(TenantId::new(7)).map(|q| q.rate()), Some(100));
+    /// // Without a default quota, other tenants are not limited.
+    /// assert_eq!(quota.quota_of(TenantId::new(8)), None);
+    ///
+    /// let err = Quota::builder()
+    ///     .lease_period(Duration::from_millis(1))
+    ///     .build()
+    ///     .unwrap_err();
+    /// assert_eq!(err.field(), "lease_period");
+    /// # Ok::<(), admission::ConfigError>(())
+    /// ```
     pub fn build(self) -> Result<Quota, ConfigError> {
         let (quota, leaser) = self.assemble()?;
         let thread = leaser::spawn(leaser)
@@ -595,6 +630,32 @@ impl Quota {
     ///
     /// As [`admit`](Self::admit): dropping the future at any point loses
     /// neither quota nor capacity; units already taken are refunded.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use admission::quota::{Quota, TenantQuota};
+    /// use admission::{AdmitError, Priority, TenantId, WorkInfo, WorkQueue};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let capacity = WorkQueue::new(8)?;
+    /// // Each tenant may upload 1 MiB a second; an upload pays its bytes.
+    /// let quota = Quota::builder()
+    ///     .default_quota(TenantQuota::new(1 << 20, 1 << 20)?)
+    ///     .build()?;
+    /// let upload = || WorkInfo::new(TenantId::new(3), Priority::NORMAL);
+    /// let permit = quota.admit_units(&capacity, upload(), 64 << 10).await?;
+    /// drop(permit);
+    ///
+    /// // Capacity refuses the next one: its units go back to the tenant.
+    /// capacity.close();
+    /// let refused = quota.admit_units(&capacity, upload(), 64 << 10).await;
+    /// assert!(matches!(refused, Err(AdmitError::Closed)));
+    /// assert_eq!(quota.snapshot().tenants[0].refunded, 64 << 10);
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn admit_units<G: Granter>(
         &self,
         capacity: &WorkQueue<G>,

@@ -88,6 +88,27 @@ impl RedisBackendBuilder {
     ///
     /// A [`ConfigError`] naming `url` if the `redis` crate cannot parse it,
     /// `key_prefix` if it is empty, or `key_ttl` if it is under a second.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use admission::quota::RedisBackend;
+    ///
+    /// // Nothing connects yet: no server is needed to build one.
+    /// let backend = RedisBackend::builder("redis://127.0.0.1:6379/")
+    ///     .key_prefix("checkout:quota")
+    ///     .key_ttl(Duration::from_secs(300))
+    ///     .build()?;
+    /// assert_eq!(backend.key(admission::TenantId::new(7)), "checkout:quota:7");
+    ///
+    /// let err = RedisBackend::builder("redis://127.0.0.1:6379/")
+    ///     .key_ttl(Duration::from_millis(100))
+    ///     .build()
+    ///     .unwrap_err();
+    /// assert_eq!(err.field(), "key_ttl");
+    /// # Ok::<(), admission::ConfigError>(())
+    /// ```
     pub fn build(self) -> Result<RedisBackend, ConfigError> {
         let client = redis::Client::open(self.url.as_str())
             .map_err(|error| ConfigError::new("url", error.to_string()))?;
@@ -117,6 +138,20 @@ impl RedisBackend {
     /// # Errors
     ///
     /// A [`ConfigError`] naming `url` if it does not parse.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use admission::quota::RedisBackend;
+    ///
+    /// // Parsed here, connected on the quota's first exchange.
+    /// let backend = RedisBackend::new("redis://127.0.0.1:6379/")?;
+    /// assert_eq!(backend.key(admission::TenantId::new(7)), "admission:quota:7");
+    ///
+    /// let err = RedisBackend::new("not a url").unwrap_err();
+    /// assert_eq!(err.field(), "url");
+    /// # Ok::<(), admission::ConfigError>(())
+    /// ```
     pub fn new(url: &str) -> Result<Self, ConfigError> {
         Self::builder(url).build()
     }

@@ -185,6 +185,22 @@ impl HttpClassifier {
     /// [`ConfigError`] naming `default_priority` if it is above
     /// [`max_priority`](Self::max_priority): a default the cap would cut is a
     /// mistake, not a silent cap.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use admission::tower::HttpClassifier;
+    /// use admission::Priority;
+    ///
+    /// let classifier = HttpClassifier::new().default_priority(Priority::USER_LOW)?;
+    /// let work = classifier.classify(&http::Request::new(()));
+    /// assert_eq!(work.priority(), Priority::USER_LOW);
+    ///
+    /// // Above the cap (user-high unless raised): refused, not capped.
+    /// let err = HttpClassifier::new().default_priority(Priority::HIGH).unwrap_err();
+    /// assert_eq!(err.field(), "default_priority");
+    /// # Ok::<(), admission::ConfigError>(())
+    /// ```
     pub fn default_priority(mut self, priority: Priority) -> Result<Self, ConfigError> {
         if priority > self.config.max_priority {
             return Err(ConfigError::new(
@@ -209,6 +225,28 @@ impl HttpClassifier {
     ///
     /// [`ConfigError`] naming `max_priority` if it is below the default
     /// priority.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use admission::tower::{HttpClassifier, PRIORITY_HEADER};
+    /// use admission::Priority;
+    ///
+    /// let classifier = HttpClassifier::new()
+    ///     .trust_all()
+    ///     .max_priority(Priority::LOCKING_NORMAL)?;
+    /// // A trusted caller asking for more than the cap gets the cap.
+    /// let request = http::Request::builder()
+    ///     .header(PRIORITY_HEADER, "high")
+    ///     .body(())
+    ///     .unwrap();
+    /// assert_eq!(classifier.classify(&request).priority(), Priority::LOCKING_NORMAL);
+    ///
+    /// // Below the default priority (normal unless lowered): refused.
+    /// let err = HttpClassifier::new().max_priority(Priority::USER_LOW).unwrap_err();
+    /// assert_eq!(err.field(), "max_priority");
+    /// # Ok::<(), admission::ConfigError>(())
+    /// ```
     pub fn max_priority(mut self, priority: Priority) -> Result<Self, ConfigError> {
         if priority < self.config.default_priority {
             return Err(ConfigError::new(
@@ -258,6 +296,23 @@ impl HttpClassifier {
     ///
     /// [`ConfigError`] naming `default_timeout` if it is zero (use
     /// [`no_default_timeout`](Self::no_default_timeout) for none).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use admission::tower::HttpClassifier;
+    ///
+    /// let classifier = HttpClassifier::new().default_timeout(Duration::from_millis(100))?;
+    /// assert_eq!(classifier.timeout(), Some(Duration::from_millis(100)));
+    /// // A request without a deadline header gets one 100 ms out.
+    /// let work = classifier.classify(&http::Request::new(()));
+    /// assert_eq!(work.deadline(), Some(work.create_time() + Duration::from_millis(100)));
+    ///
+    /// let err = HttpClassifier::new().default_timeout(Duration::ZERO).unwrap_err();
+    /// assert_eq!(err.field(), "default_timeout");
+    /// # Ok::<(), admission::ConfigError>(())
+    /// ```
     pub fn default_timeout(mut self, timeout: Duration) -> Result<Self, ConfigError> {
         if timeout.is_zero() {
             return Err(ConfigError::new(

@@ -76,18 +76,24 @@ impl TenantWeight {
     /// A weight, or a [`ConfigError`] naming `tenant_weight` if it lies
     /// outside `MIN..=MAX`.
     ///
-    /// ```
-    /// use admission::TenantWeight;
-    ///
-    /// assert_eq!(TenantWeight::new(5).unwrap().get(), 5);
-    /// let err = TenantWeight::new(0).unwrap_err();
-    /// assert!(err.to_string().contains("tenant_weight"));
-    /// ```
-    ///
     /// # Errors
     ///
     /// [`ConfigError`] naming `tenant_weight` if it is outside
     /// [`MIN`](Self::MIN)..=[`MAX`](Self::MAX).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use admission::{TenantId, TenantWeight, WorkQueue};
+    ///
+    /// let queue = WorkQueue::new(8)?;
+    /// // Under backlog, tenant 1 gets five slots for every one of tenant 2's.
+    /// queue.set_tenant_weight(TenantId::new(1), TenantWeight::new(5)?)?;
+    ///
+    /// let err = TenantWeight::new(0).unwrap_err();
+    /// assert_eq!(err.field(), "tenant_weight");
+    /// # Ok::<(), admission::ConfigError>(())
+    /// ```
     pub fn new(weight: u32) -> Result<Self, ConfigError> {
         if (Self::MIN.0..=Self::MAX.0).contains(&weight) {
             Ok(TenantWeight(weight))

@@ -127,6 +127,22 @@ impl RetryBudget {
     /// A [`ConfigError`] naming `retry_ratio` for a ratio outside
     /// 0.0..=1.0 (or not a number), or `budget_window` for a window out of
     /// its range.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use admission::tower::client::RetryBudget;
+    ///
+    /// // The SRE book's budget: retries at most 10% of the requests, plus
+    /// // one a second for a client that sends few.
+    /// let budget = RetryBudget::new(0.1, 1, Duration::from_secs(10))?;
+    /// assert_eq!(budget.snapshot().retries, 0);
+    ///
+    /// let err = RetryBudget::new(1.5, 1, Duration::from_secs(10)).unwrap_err();
+    /// assert_eq!(err.field(), "retry_ratio");
+    /// # Ok::<(), admission::ConfigError>(())
+    /// ```
     pub fn new(ratio: f64, min_per_sec: u32, window: Duration) -> Result<Self, ConfigError> {
         let rule = BudgetRule::checked(ratio, min_per_sec, window)?;
         Ok(Self::with_rule(rule, Instant::now()))

@@ -393,6 +393,24 @@ impl DownstreamsBuilder {
     /// A [`ConfigError`] naming the first setting out of its range:
     /// `endpoint`, `level_ttl`, `throttle_multiplier`, `throttle_window`,
     /// `max_attempts`, `retry_backoff`, `retry_ratio` or `budget_window`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use admission::tower::client::Downstreams;
+    ///
+    /// let downstreams = Downstreams::builder()
+    ///     .endpoint("users.internal:8080")
+    ///     .endpoint("search.internal:8080")
+    ///     .max_attempts(2)
+    ///     .build()?;
+    /// // Nothing heard from the endpoint yet: no level to refuse by.
+    /// assert_eq!(downstreams.level("users.internal:8080"), None);
+    ///
+    /// let err = Downstreams::builder().max_attempts(0).build().unwrap_err();
+    /// assert_eq!(err.field(), "max_attempts");
+    /// # Ok::<(), admission::ConfigError>(())
+    /// ```
     pub fn build(self) -> Result<Downstreams, ConfigError> {
         let now = Instant::now();
         let mut endpoints: Vec<Endpoint> = Vec::with_capacity(self.endpoints.len());
