@@ -68,7 +68,7 @@
 //!
 //! # Faults
 //!
-//! The seed's rule ([`proven_isolation`](super::envelope::proven_isolation)):
+//! The seed's rule (`proven_isolation` in the envelope's reports):
 //! a fault that a stream synchronization reported as
 //! [`FaultIsolation::Device`](super::backend::FaultIsolation::Device) quarantines that ledger; any other fault
 //! (a sticky code on a create, close or destroy, whose reach nothing
