@@ -87,7 +87,7 @@ impl SimDevice {
 // One definition, public only with `test-util`: without it, the log is
 // kept (it costs what it always cost) but nothing outside reads it.
 #[cfg_attr(
-    not(any(test, feature = "test-util")),
+    not(any(test, loom, feature = "test-util")),
     allow(dead_code, unreachable_pub)
 )]
 mod logged {
@@ -106,12 +106,12 @@ mod logged {
         pub result: Result<Option<u64>, BackendError>,
     }
 }
-#[cfg(not(any(test, feature = "test-util")))]
+#[cfg(not(any(test, loom, feature = "test-util")))]
 use logged::LoggedOp;
-#[cfg(any(test, feature = "test-util"))]
+#[cfg(any(test, loom, feature = "test-util"))]
 pub use logged::LoggedOp;
 
-#[cfg(any(test, feature = "test-util"))]
+#[cfg(any(test, loom, feature = "test-util"))]
 /// A blocking point a test set up with [`SimBackend::gate`]: the next call
 /// of the gated operation signals [`SimGate::reached`] and then waits until
 /// [`SimGate::open`] (or until the gate is dropped).
@@ -121,7 +121,7 @@ pub struct SimGate {
     open: mpsc::Sender<()>,
 }
 
-#[cfg(any(test, feature = "test-util"))]
+#[cfg(any(test, loom, feature = "test-util"))]
 impl SimGate {
     /// Blocks until the gated call has started (and is waiting).
     /// Returns `false` if the simulator dropped the gate first.
@@ -135,13 +135,13 @@ impl SimGate {
     }
 }
 
-#[cfg_attr(not(any(test, feature = "test-util")), allow(dead_code))]
+#[cfg_attr(not(any(test, loom, feature = "test-util")), allow(dead_code))]
 struct GateSide {
     reached: mpsc::Sender<()>,
     open: mpsc::Receiver<()>,
 }
 
-#[cfg_attr(not(any(test, feature = "test-util")), allow(dead_code))]
+#[cfg_attr(not(any(test, loom, feature = "test-util")), allow(dead_code))]
 struct Injected {
     op: BackendOp,
     at_call: u64,
@@ -308,7 +308,7 @@ impl SimBackend {
     /// While set, every call of `op` panics, as a backend with a bug would
     /// (`None` stops it). The panic happens before the call touches the
     /// simulated devices, so nothing is issued or released by it.
-    #[cfg(any(test, feature = "test-util"))]
+    #[cfg(any(test, loom, feature = "test-util"))]
     pub fn panic_on(&self, op: Option<BackendOp>) {
         self.state.lock().panic_on = op;
     }
@@ -343,7 +343,7 @@ impl SimBackend {
     /// Fails the `n`-th call of `op` from now (`n >= 1`) with `error`. A
     /// [`BackendError::Fault`] is reported with `op` as its operation and,
     /// when isolated to a device, makes that device's fault sticky.
-    #[cfg(any(test, feature = "test-util"))]
+    #[cfg(any(test, loom, feature = "test-util"))]
     pub fn fail_nth(&self, op: BackendOp, n: u64, error: BackendError) {
         let mut state = self.state.lock();
         let done = state.calls.get(&op).copied().unwrap_or(0);
@@ -357,7 +357,7 @@ impl SimBackend {
     /// The next `synchronize` of a stream on `device` reports a
     /// sticky fault `code` (700 is an illegal address), isolated to the
     /// device.
-    #[cfg(any(test, feature = "test-util"))]
+    #[cfg(any(test, loom, feature = "test-util"))]
     pub fn inject_sync_fault(&self, device: DeviceOrdinal, code: u32) {
         if let Some(dev) = self.state.lock().devices.get_mut(&device) {
             dev.pending_sync_fault = Some(code);
@@ -366,7 +366,7 @@ impl SimBackend {
 
     /// Resets a device, as an operator's device reset would: its sticky
     /// fault and any pending synchronization fault are cleared.
-    #[cfg(any(test, feature = "test-util"))]
+    #[cfg(any(test, loom, feature = "test-util"))]
     pub fn reset_device(&self, device: DeviceOrdinal) {
         if let Some(dev) = self.state.lock().devices.get_mut(&device) {
             dev.sticky = None;
@@ -375,7 +375,7 @@ impl SimBackend {
     }
 
     /// Makes the next call of `op` block until the returned gate opens.
-    #[cfg(any(test, feature = "test-util"))]
+    #[cfg(any(test, loom, feature = "test-util"))]
     pub fn gate(&self, op: BackendOp) -> SimGate {
         let (reached_tx, reached_rx) = mpsc::channel();
         let (open_tx, open_rx) = mpsc::channel();
@@ -394,45 +394,45 @@ impl SimBackend {
 
     /// Every call so far, in order (the most recent 16,384 of them: a
     /// long-running simulation does not grow with every call).
-    #[cfg(any(test, feature = "test-util"))]
+    #[cfg(any(test, loom, feature = "test-util"))]
     pub fn log(&self) -> Vec<LoggedOp> {
         self.state.lock().log.iter().cloned().collect()
     }
 
     /// The operations of every call so far, in order (the most recent
     /// 16,384).
-    #[cfg(any(test, feature = "test-util"))]
+    #[cfg(any(test, loom, feature = "test-util"))]
     pub fn ops(&self) -> Vec<BackendOp> {
         self.state.lock().log.iter().map(|l| l.op).collect()
     }
 
     /// Forgets the log (the fault plan and call counts stay).
-    #[cfg(any(test, feature = "test-util"))]
+    #[cfg(any(test, loom, feature = "test-util"))]
     pub fn clear_log(&self) {
         self.state.lock().log.clear();
     }
 
     /// How many times `op` has been called.
-    #[cfg(any(test, feature = "test-util"))]
+    #[cfg(any(test, loom, feature = "test-util"))]
     pub fn calls(&self, op: BackendOp) -> u64 {
         self.state.lock().calls.get(&op).copied().unwrap_or(0)
     }
 
     /// Lanes, streams, domains and scopes issued and not yet released.
-    #[cfg(any(test, feature = "test-util"))]
+    #[cfg(any(test, loom, feature = "test-util"))]
     pub fn live_handles(&self) -> usize {
         live(&self.state.lock())
     }
 
     /// Simulated free bytes of a device (no call is logged; works on a
     /// faulted device).
-    #[cfg(any(test, feature = "test-util"))]
+    #[cfg(any(test, loom, feature = "test-util"))]
     pub fn free_bytes(&self, device: DeviceOrdinal) -> Option<u64> {
         self.state.lock().devices.get(&device).map(|d| d.free)
     }
 
     /// The sticky fault code of a device, if it has faulted.
-    #[cfg(any(test, feature = "test-util"))]
+    #[cfg(any(test, loom, feature = "test-util"))]
     pub fn sticky_fault(&self, device: DeviceOrdinal) -> Option<u32> {
         self.state
             .lock()
