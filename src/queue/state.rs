@@ -629,10 +629,49 @@ impl QueueState {
         waker: &Waker,
     ) -> Attempt {
         let priority = work.priority();
-        self.stats.requested(priority, resumed);
         if !priority.is_elastic() {
             self.regular_requests = self.regular_requests.saturating_add(1);
         }
+        // The clock is read only for work that has a deadline, and for
+        // work that is about to queue: the fast path stays clock-free
+        // (unless slot holds are timed, for early rejection or a
+        // controller's second signal; see `charge_now`).
+        let mut now = None;
+        // The uncontended case first, in one pass: what the steps below
+        // would decide when nobody waits, nothing is closed, no per-tenant
+        // epoch state is kept and no elastic share can hold the request
+        // back, without their separate look-ups. Anything else (and a
+        // refusal by the granter) goes the long way, which then does not
+        // ask the granter a second time.
+        let mut refused = false;
+        if !self.closed
+            && self.waiting == 0
+            && self.lifo.is_none()
+            && !work.is_bypass()
+            && !(priority.is_elastic() && self.limits.elastic_share.is_some())
+        {
+            let live = match work.deadline() {
+                None => true,
+                // A deadline seen by the epoch scale, or one already
+                // passed, goes the long way.
+                Some(deadline) => {
+                    self.deadline_scale.is_none()
+                        && deadline > *now.get_or_insert_with(Instant::now)
+                }
+            };
+            if live {
+                match grants.try_get(work.requested()) {
+                    Some(accounted) => {
+                        self.stats.admitted_at_once(priority, resumed);
+                        return Attempt::Admitted {
+                            charge: self.charge_at_once(work, accounted, now),
+                        };
+                    }
+                    None => refused = true,
+                }
+            }
+        }
+        self.stats.requested(priority, resumed);
         if self.closed {
             return self.reject(work, AdmitError::Closed, None);
         }
@@ -645,11 +684,6 @@ impl QueueState {
             let accounted = grants.took_without_permission(work.requested());
             return self.admit_at_once(work, accounted, None);
         }
-        // The clock is read only for work that has a deadline, and for
-        // work that is about to queue: the fast path stays clock-free
-        // (unless slot holds are timed, for early rejection or a
-        // controller's second signal; see `charge_now`).
-        let mut now = None;
         if let Some(deadline) = work.deadline() {
             let at = *now.get_or_insert_with(Instant::now);
             if deadline <= at {
@@ -667,7 +701,7 @@ impl QueueState {
         let nobody_grantable =
             self.waiting == 0 || (elastic_full && self.next_grantee(elastic_full).is_none());
         let elastic_blocked = priority.is_elastic() && elastic_full;
-        if nobody_grantable && !elastic_blocked {
+        if nobody_grantable && !elastic_blocked && !refused {
             if let Some(accounted) = grants.try_get(work.requested()) {
                 return self.admit_at_once(work, accounted, now);
             }
@@ -709,6 +743,18 @@ impl QueueState {
     /// Admission without waiting (fast path or bypass): charged, counted
     /// with a zero wait. `now` if the clock was read for it.
     fn admit_at_once(&mut self, work: &WorkInfo, accounted: bool, now: Option<Instant>) -> Attempt {
+        self.stats.admitted(work.priority(), Duration::ZERO);
+        Attempt::Admitted {
+            charge: self.charge_at_once(work, accounted, now),
+        }
+    }
+
+    /// The books of an admission without waiting, but for the priority's
+    /// counters: the tenant charged, the level, the charge the permit
+    /// carries. `now` if the clock was read for it (the hold, if timed,
+    /// starts then: the same critical section).
+    #[inline]
+    fn charge_at_once(&mut self, work: &WorkInfo, accounted: bool, now: Option<Instant>) -> Charge {
         let priority = work.priority();
         let count = work.requested();
         if priority.is_elastic() {
@@ -716,20 +762,22 @@ impl QueueState {
         }
         self.in_flight = self.in_flight.saturating_add(count);
         let epoch_lifo = self.lifo.is_some();
-        self.tenant_record(work.tenant(), false, |t| {
+        let charge = move |t: &mut Tenant| {
             t.used = t.used.saturating_add(count);
             if epoch_lifo {
                 t.states.admitted_at_once(priority);
             }
-        });
-        let waited = Duration::ZERO;
-        self.stats.admitted(priority, waited);
+        };
+        match self.tenants.get_mut(&work.tenant()) {
+            // A tenant with nothing waiting has no `tenant_order` key to
+            // move (see `update_tenant`): one look-up instead of three.
+            Some(tenant) if !tenant.has_waiters() => charge(tenant),
+            _ => self.tenant_record(work.tenant(), false, charge),
+        }
         if !work.is_bypass() {
-            self.level.admitted(priority, waited, now);
+            self.level.admitted(priority, Duration::ZERO, now);
         }
-        Attempt::Admitted {
-            charge: self.charge_now(priority, count, None, accounted, work.deadline()),
-        }
+        self.charge_now(priority, count, now, accounted, work.deadline())
     }
 
     /// How many slots elastic work may hold: its share of the granter's
@@ -775,6 +823,7 @@ impl QueueState {
 
     /// The charge of a slot granted now; the clock is read only when slot
     /// holds are timed.
+    #[inline]
     fn charge_now(
         &mut self,
         priority: Priority,
@@ -1002,6 +1051,7 @@ impl QueueState {
     /// Hands capacity to waiters in order for as long as the granter allows,
     /// expiring any whose deadline has passed on the way. Returns the number
     /// of slots granted.
+    #[inline]
     pub(crate) fn grant_waiting<G: Granter>(
         &mut self,
         grants: &mut Grants<'_, G>,
@@ -1011,9 +1061,21 @@ impl QueueState {
         // with nobody it could go to.
         self.kept_for_arrivals = false;
         if self.waiting == 0 {
-            // Every release runs this: keep the uncontended case free.
+            // Every release runs this: keep the uncontended case free (and
+            // inlined: no call).
             return 0;
         }
+        self.grant_in_order(grants, wakes)
+    }
+
+    /// The grant loop of [`grant_waiting`](Self::grant_waiting), with
+    /// someone waiting.
+    #[inline(never)]
+    fn grant_in_order<G: Granter>(
+        &mut self,
+        grants: &mut Grants<'_, G>,
+        wakes: &mut WakeList,
+    ) -> u64 {
         let mut granted: u64 = 0;
         let mut now = None;
         let epoch_lifo = self.lifo.is_some();
@@ -1394,6 +1456,7 @@ impl QueueState {
     /// Admitted work completed: its slot goes back to the granter and on to
     /// the next waiter, and its tenant is un-charged (if charged in this
     /// generation).
+    #[inline]
     pub(crate) fn release<G: Granter>(
         &mut self,
         tenant: TenantId,
@@ -1409,6 +1472,7 @@ impl QueueState {
 
     /// Takes a finished (`unused`: never observed) grant off the books and
     /// passes its capacity on to waiters.
+    #[inline]
     fn forget<G: Granter>(
         &mut self,
         tenant: TenantId,
@@ -1449,6 +1513,7 @@ impl QueueState {
     /// instead of going to a waiter now: only with arrivals first, while
     /// requests wait where the runtime keeps them from the queue, and one
     /// slot at a time (see `arrivals.rs`).
+    #[inline]
     fn keep_for_arrivals(&mut self) -> bool {
         let Some(arrivals_waiting) = self.limits.arrivals_waiting else {
             return false;
