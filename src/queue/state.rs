@@ -174,8 +174,9 @@ impl Charge {
 pub(crate) enum Attempt {
     /// Admitted at once (fast path or bypass).
     Admitted { charge: Charge },
-    /// Enqueued under this slab key.
-    Queued { key: usize },
+    /// Enqueued under this slab key at `since` (the clock read that
+    /// queued it, which the future's span times the wait from).
+    Queued { key: usize, since: Instant },
     /// Failed without queueing.
     Rejected(AdmitError),
 }
@@ -737,7 +738,7 @@ impl QueueState {
             }
         }
         let key = self.enqueue(work, resumed, now, waker);
-        Attempt::Queued { key }
+        Attempt::Queued { key, since: now }
     }
 
     /// Admission without waiting (fast path or bypass): charged, counted
