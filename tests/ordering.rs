@@ -253,7 +253,12 @@ async fn uncontended_admissions_keep_every_count_the_long_path_keeps() {
     let snapshot = queue.snapshot();
     let normal = snapshot.priority(Priority::NORMAL).unwrap();
     assert_eq!(
-        (normal.requested, normal.admitted, normal.errored, normal.resumed),
+        (
+            normal.requested,
+            normal.admitted,
+            normal.errored,
+            normal.resumed
+        ),
         (3, 2, 1, 0)
     );
     assert_eq!(normal.wait.count(), 2);
@@ -263,7 +268,11 @@ async fn uncontended_admissions_keep_every_count_the_long_path_keeps() {
         (2, 2, 0, 1)
     );
     assert_eq!(high.wait.count(), 2);
-    let used: Vec<_> = snapshot.tenants.iter().map(|t| (t.tenant, t.used)).collect();
+    let used: Vec<_> = snapshot
+        .tenants
+        .iter()
+        .map(|t| (t.tenant, t.used))
+        .collect();
     assert!(used.contains(&(TenantId::new(1), 2)));
     assert!(used.contains(&(TenantId::new(2), 2)));
     assert_eq!(queue.granter_snapshot().used, 4);
