@@ -112,23 +112,33 @@ impl Boundary {
     /// `f` is asserted unwind-safe: callers pass user code together with
     /// borrows of state that the code itself owns (a signal, a source, a
     /// granter's state), which a panic leaves as the user's code left it.
+    #[inline]
     pub(crate) fn call<R>(&self, f: impl FnOnce() -> R) -> Option<R> {
         let value = self.backstop(f)?;
         if self.consecutive.load(Ordering::Relaxed) != 0 {
-            self.consecutive.store(0, Ordering::Relaxed);
-            tracing::info!(
-                target: "admission",
-                component = self.component,
-                "callback recovered"
-            );
+            self.recovered();
         }
         Some(value)
+    }
+
+    /// A normal return after panics: out of line, so that the inlined
+    /// `call` on every admission is a load and a compare.
+    #[cold]
+    #[inline(never)]
+    fn recovered(&self) {
+        self.consecutive.store(0, Ordering::Relaxed);
+        tracing::info!(
+            target: "admission",
+            component = self.component,
+            "callback recovered"
+        );
     }
 
     /// Like [`call`](Self::call), for a last-resort boundary around code
     /// that has boundaries of its own inside: a panic is recorded, but a
     /// normal return says nothing about the user code and ends no run of
     /// failures.
+    #[inline]
     pub(crate) fn backstop<R>(&self, f: impl FnOnce() -> R) -> Option<R> {
         match catch_unwind(AssertUnwindSafe(f)) {
             Ok(value) => Some(value),

@@ -205,3 +205,89 @@ async fn counting_grants_shares_even_one_slot_by_weight() {
     let share = counts[1] as f64 / (counts[0] + counts[1]) as f64;
     assert!((share - 0.75).abs() < 0.01, "{counts:?}");
 }
+
+/// The uncontended path decides in one pass what the long one would: every
+/// counter its admissions touch (the priority's requests, admissions,
+/// resumed requests and zero waits, the tenant's usage) comes out as the
+/// long path leaves it, and a deadline already passed is still refused.
+#[tokio::test(start_paused = true)]
+async fn uncontended_admissions_keep_every_count_the_long_path_keeps() {
+    use admission::{AdmitError, Priority, Usage, WorkInfo};
+
+    let queue = WorkQueue::builder()
+        .total_slots(8)
+        .usage(Usage::Held)
+        .build()
+        .unwrap();
+    let soon = Instant::now() + Duration::from_secs(1);
+    let plain = admit_now(&queue, WorkInfo::new(TenantId::new(1), Priority::NORMAL));
+    let with_deadline = admit_now(
+        &queue,
+        WorkInfo::builder()
+            .tenant(TenantId::new(1))
+            .priority(Priority::NORMAL)
+            .deadline(soon)
+            .build(),
+    );
+    let two_slots = admit_now(
+        &queue,
+        WorkInfo::builder()
+            .tenant(TenantId::new(2))
+            .priority(Priority::HIGH)
+            .requested(2)
+            .build(),
+    );
+    // Work in progress asking again: counted as resumed.
+    let (_, resumed) = two_slots.release_during(async {}).await;
+    let resumed = resumed.unwrap();
+    let passed = WorkInfo::builder()
+        .tenant(TenantId::new(3))
+        .priority(Priority::NORMAL)
+        .deadline(Instant::now())
+        .build();
+    assert!(matches!(
+        refused_at_once(&queue, passed),
+        AdmitError::DeadlinePassed
+    ));
+
+    let snapshot = queue.snapshot();
+    let normal = snapshot.priority(Priority::NORMAL).unwrap();
+    assert_eq!(
+        (
+            normal.requested,
+            normal.admitted,
+            normal.errored,
+            normal.resumed
+        ),
+        (3, 2, 1, 0)
+    );
+    assert_eq!(normal.wait.count(), 2);
+    let high = snapshot.priority(Priority::HIGH).unwrap();
+    assert_eq!(
+        (high.requested, high.admitted, high.errored, high.resumed),
+        (2, 2, 0, 1)
+    );
+    assert_eq!(high.wait.count(), 2);
+    let used: Vec<_> = snapshot
+        .tenants
+        .iter()
+        .map(|t| (t.tenant, t.used))
+        .collect();
+    assert!(used.contains(&(TenantId::new(1), 2)));
+    assert!(used.contains(&(TenantId::new(2), 2)));
+    assert_eq!(queue.granter_snapshot().used, 4);
+
+    // Held usage is given back on release, so tenant 1 (still holding one
+    // slot) now sorts behind tenant 2 (holding none) at the next grant,
+    // though the queue knew it first.
+    drop(with_deadline);
+    drop(resumed);
+    queue.set_total_slots(1).unwrap();
+    let mut waiters = vec![
+        ("t1", enqueue(&queue, work(1, 0, Instant::now(), 0))),
+        ("t2", enqueue(&queue, work(2, 0, Instant::now(), 0))),
+    ];
+    queue.set_total_slots(2).unwrap();
+    assert_eq!(names(&granted(&mut waiters)), ["t2"]);
+    drop(plain);
+}

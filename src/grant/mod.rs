@@ -205,6 +205,7 @@ impl<G: Granter> Grants<'_, G> {
     /// Takes `count` units: `None` if the granter refused, else whether the
     /// granter counted them (`false` when it panicked and the queue failed
     /// open).
+    #[inline]
     pub(crate) fn try_get(&mut self, count: u64) -> Option<bool> {
         self.settle_owed();
         let (granter, state) = (self.granter, &mut *self.state);
@@ -215,6 +216,7 @@ impl<G: Granter> Grants<'_, G> {
         }
     }
 
+    #[inline]
     pub(crate) fn return_grant(&mut self, count: u64) {
         let (granter, state) = (self.granter, &mut *self.state);
         if self
@@ -256,6 +258,7 @@ impl<G: Granter> Grants<'_, G> {
     }
 
     /// Retries returns that panicked; they stay owed while they panic.
+    #[inline]
     fn settle_owed(&mut self) {
         if *self.owed == 0 {
             return;

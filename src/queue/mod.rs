@@ -115,6 +115,7 @@ struct Locked<G: Granter> {
 impl<G: Granter> Shared<G> {
     /// Runs `f` on the state under the lock, then wakes whatever it
     /// collected once the lock is released.
+    #[inline]
     fn with_state<R>(
         &self,
         f: impl FnOnce(&mut QueueState, &mut Grants<'_, G>, &mut WakeList) -> R,
@@ -144,6 +145,7 @@ impl<G: Granter> Shared<G> {
         f(&mut self.locked.lock().queue)
     }
 
+    #[inline]
     fn release(&self, tenant: TenantId, charge: Charge) {
         self.with_state(|state, granter, wakes| state.release(tenant, charge, granter, wakes));
     }
