@@ -18,6 +18,7 @@ mod level;
 mod order;
 mod pacing;
 mod permit;
+mod ready;
 mod runnable;
 mod state;
 mod tenant;

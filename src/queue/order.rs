@@ -1,4 +1,4 @@
-//! The two orderings of the WorkQueue, as `Ord` keys for B-trees.
+//! The two orderings of the WorkQueue, as `Ord` keys.
 
 use std::cmp::{Ordering, Reverse};
 

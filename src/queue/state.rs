@@ -6,14 +6,15 @@
 //! (see `queue/mod.rs`), together with the granter's own state, so the
 //! granter is only ever consulted with that mutex held.
 //! Waiters live in a slab; the slab key is the waiter's identity and is held
-//! by its `Admit` future. B-trees give the order:
+//! by its `Admit` future. Two levels give the order:
 //!
-//! * `tenant_order`: every tenant with at least one *waiting* request, keyed
-//!   by [`TenantOrder`] (least `used / weight` first).
-//! * each tenant's ready set, keyed by [`WaiterKey`] (priority, then create
-//!   time oldest-first, or newest-first for LIFO-marked work, then arrival),
-//!   and its open-epoch set for LIFO-marked work whose epoch has not closed
-//!   (see `epoch.rs`; empty unless epoch-LIFO is on).
+//! * `tenant_order`: every tenant with at least one *waiting* request, in a
+//!   B-tree keyed by [`TenantOrder`] (least `used / weight` first).
+//! * each tenant's ready set, in [`WaiterKey`] order (priority, then create
+//!   time oldest-first, or newest-first for LIFO-marked work, then arrival):
+//!   per-priority linked lists that take in-order arrivals and any cancel in
+//!   O(1) (`ready.rs`); and its open-epoch B-tree for LIFO-marked work whose
+//!   epoch has not closed (see `epoch.rs`; empty unless epoch-LIFO is on).
 //!
 //! A tenant's key embeds its `used`, so `used` or `weight` only ever changes
 //! through [`QueueState::update_tenant`], which takes the key out of the tree
@@ -31,7 +32,7 @@
 //! Only the grant loop, expiry and close move a waiter out of `Waiting`, all
 //! under the lock; only the owning future removes its slab entry, so a slab
 //! key is never reused while a future still holds it. A waiter in `Waiting`
-//! is in exactly one tenant's `waiting` tree and its tenant is in
+//! is in exactly one tenant's ready or open set and its tenant is in
 //! `tenant_order`; in every other state it is in neither.
 //!
 //! **Invariants** (checked by the property test and the loom models):
@@ -100,7 +101,8 @@ use super::epoch::{DeadlineScale, EpochLifo};
 use super::level::{LevelWindows, QueueLoad};
 use super::order::{OpenKey, Place, Recency, TenantOrder, WaiterKey};
 use super::pacing::Pacing;
-use super::tenant::{newcomer_used, Tenant};
+use super::ready::Entry;
+use super::tenant::{newcomer_used, Seat, Tenant};
 use super::work::WorkWindow;
 use super::Usage;
 use crate::error::{AdmitError, ConfigError};
@@ -138,7 +140,7 @@ struct Waiter {
     priority: Priority,
     /// Units asked for.
     count: u64,
-    place: Place,
+    seat: Seat,
     deadline: Option<Instant>,
     enqueued_at: Instant,
     state: WaiterState,
@@ -148,11 +150,14 @@ impl Waiter {
     /// Work in progress asking for its slot again after a wait.
     fn is_resumed(&self) -> bool {
         matches!(
-            self.place,
-            Place::Ready(WaiterKey {
-                recency: Recency::Resumed(_),
-                ..
-            })
+            self.seat,
+            Seat::Ready(
+                WaiterKey {
+                    recency: Recency::Resumed(_),
+                    ..
+                },
+                _
+            )
         )
     }
 }
@@ -376,6 +381,9 @@ pub(crate) struct Limits {
 #[derive(Debug)]
 struct Drain {
     since: Instant,
+    /// `since + RATE_WINDOW` (`None` past the clock's range), so that the
+    /// check on every enqueue is a comparison, not a subtraction.
+    window_ends: Option<Instant>,
     completions: u64,
     per_sec: f64,
     hold: BTreeMap<Priority, Duration>,
@@ -481,12 +489,12 @@ impl Drain {
     /// halve the rate toward zero every window and the next request to
     /// queue would be refused as if nothing ever completed.
     fn update(&mut self, now: Instant, busy: bool) {
-        let elapsed = now.saturating_duration_since(self.since);
-        if elapsed < RATE_WINDOW {
+        if self.window_ends.is_none_or(|ends| now < ends) {
             return;
         }
+        let elapsed = now.saturating_duration_since(self.since);
         if self.completions == 0 && !busy {
-            self.since = now;
+            self.start_window(now);
             return;
         }
         let observed = self.completions as f64 / elapsed.as_secs_f64();
@@ -495,8 +503,13 @@ impl Drain {
         } else {
             0.5 * self.per_sec + 0.5 * observed
         };
-        self.since = now;
+        self.start_window(now);
         self.completions = 0;
+    }
+
+    fn start_window(&mut self, now: Instant) {
+        self.since = now;
+        self.window_ends = now.checked_add(RATE_WINDOW);
     }
 }
 
@@ -515,7 +528,9 @@ pub(crate) struct QueueState {
     /// Tenant records made so far: each record's `since`.
     records_made: u64,
     generation: u64,
-    last_reset: Instant,
+    /// When the usage reset is next due (`None`: past the clock's range),
+    /// checked on every enqueue by a comparison.
+    next_reset: Option<Instant>,
     gc_threshold: usize,
     pacing: Pacing,
     /// Epoch-LIFO's settings now (the builder's, or chosen from the
@@ -567,7 +582,7 @@ impl QueueState {
             next_seq: 0,
             records_made: 0,
             generation: 0,
-            last_reset: now,
+            next_reset: now.checked_add(limits.reset_period),
             gc_threshold: MIN_GC_THRESHOLD.min(limits.max_tenants),
             pacing: Pacing::new(limits.grant_burst, limits.grant_burst_timeout),
             lifo: limits.epoch_lifo,
@@ -578,6 +593,7 @@ impl QueueState {
                 .then(DeadlineScale::default),
             drain: Drain {
                 since: now,
+                window_ends: now.checked_add(RATE_WINDOW),
                 completions: 0,
                 per_sec: 0.0,
                 any_hold: None,
@@ -797,7 +813,9 @@ impl QueueState {
             // A tenant with nothing waiting has no `tenant_order` key to
             // move (see `update_tenant`): one look-up instead of three.
             Some(tenant) if !tenant.has_waiters() => charge(tenant),
-            _ => self.tenant_record(work.tenant(), false, charge),
+            _ => {
+                self.tenant_record(work.tenant(), false, charge);
+            }
         }
         if !work.is_bypass() {
             self.level.admitted(priority, Duration::ZERO, now);
@@ -1056,18 +1074,32 @@ impl QueueState {
                 seq,
             }),
         };
-        let slab_key = self.waiters.insert(Waiter {
+        let slab_key = self.waiters.vacant_key();
+        // The record always exists once `with_tenant` returns; the fallback
+        // only keeps an impossible miss from panicking (the waiter is then
+        // found by nothing but its own cancel or deadline).
+        let seat = self
+            .with_tenant(tenant_id, |tenant| tenant.insert(place, slab_key))
+            .unwrap_or(Seat::Ready(
+                WaiterKey {
+                    priority: Reverse(priority),
+                    recency: Recency::Oldest(create_time),
+                    seq,
+                },
+                Entry::Sorted,
+            ));
+        let inserted = self.waiters.insert(Waiter {
             tenant: tenant_id,
             priority,
             count: work.requested(),
-            place,
+            seat,
             deadline: work.deadline(),
             enqueued_at: now,
             state: WaiterState::Waiting {
                 waker: Some(waker.clone()),
             },
         });
-        self.with_tenant(tenant_id, |tenant| tenant.insert(place, slab_key));
+        debug_assert_eq!(inserted, slab_key);
         self.waiting += 1;
         self.waiting_at[super::level::index(priority)] += 1;
         slab_key
@@ -1632,14 +1664,14 @@ impl QueueState {
 
     /// Runs the periodic reset if it is due.
     fn maybe_reset(&mut self, now: Instant) {
-        if now.saturating_duration_since(self.last_reset) >= self.limits.reset_period {
+        if self.next_reset.is_some_and(|due| now >= due) {
             self.reset(now);
         }
     }
 
     /// Forgets all usage and drops tenants with nothing waiting.
     fn reset(&mut self, now: Instant) {
-        self.last_reset = now;
+        self.next_reset = now.checked_add(self.limits.reset_period);
         self.generation += 1;
         self.regular_before = std::mem::take(&mut self.regular_requests);
         self.tenants.retain(|_, tenant| tenant.has_waiters());
@@ -1674,8 +1706,8 @@ impl QueueState {
         for tenant in self.tenants.values_mut() {
             moved.extend(tenant.close_epochs(u64::MAX));
         }
-        for (slab_key, place) in moved {
-            self.waiters[slab_key].place = place;
+        for (slab_key, seat) in moved {
+            self.waiters[slab_key].seat = seat;
         }
         self.lifo = Some(settings);
         self.origin = now;
@@ -1724,8 +1756,8 @@ impl QueueState {
             tenant.lifo_threshold = threshold;
             moved.extend(tenant.close_epochs(last_closed));
         }
-        for (slab_key, place) in moved {
-            self.waiters[slab_key].place = place;
+        for (slab_key, seat) in moved {
+            self.waiters[slab_key].seat = seat;
         }
     }
 
@@ -1816,11 +1848,11 @@ impl QueueState {
     /// Takes a waiting request out of its tenant's set (and its tenant out
     /// of `tenant_order` if that was its last one).
     fn unlink(&mut self, slab_key: usize) {
-        let (tenant, place, priority) = {
+        let (tenant, seat, priority) = {
             let waiter = &self.waiters[slab_key];
-            (waiter.tenant, waiter.place, waiter.priority)
+            (waiter.tenant, waiter.seat, waiter.priority)
         };
-        self.update_tenant(tenant, |t| t.remove(&place));
+        self.update_tenant(tenant, |t| t.remove(&seat));
         self.waiting -= 1;
         self.waiting_at[super::level::index(priority)] -= 1;
     }
@@ -1875,16 +1907,20 @@ impl QueueState {
     /// except for work admitted at once, which competed with nobody:
     /// bypass work is the node's own, and the fast path runs only when
     /// nobody waits.
-    fn with_tenant(&mut self, tenant: TenantId, change: impl FnOnce(&mut Tenant)) {
-        self.tenant_record(tenant, true, change);
+    fn with_tenant<R>(
+        &mut self,
+        tenant: TenantId,
+        change: impl FnOnce(&mut Tenant) -> R,
+    ) -> Option<R> {
+        self.tenant_record(tenant, true, change)
     }
 
-    fn tenant_record(
+    fn tenant_record<R>(
         &mut self,
         tenant: TenantId,
         behind_waiters: bool,
-        change: impl FnOnce(&mut Tenant),
-    ) {
+        change: impl FnOnce(&mut Tenant) -> R,
+    ) -> Option<R> {
         if !self.tenants.contains_key(&tenant) {
             if self.tenants.len() >= self.gc_threshold {
                 self.sweep_tenants();
@@ -1901,7 +1937,7 @@ impl QueueState {
             self.tenants
                 .insert(tenant, Tenant::new(weight, count_priorities, used, since));
         }
-        self.update_tenant(tenant, change);
+        self.update_tenant(tenant, change)
     }
 
     /// Bounds the tenant table without anyone calling `maintain`: the usage
@@ -1932,16 +1968,20 @@ impl QueueState {
 
     /// The only way to change a tracked tenant's `used`, `weight` or waiting
     /// work: keeps its `tenant_order` key in step.
-    fn update_tenant(&mut self, id: TenantId, change: impl FnOnce(&mut Tenant)) {
+    fn update_tenant<R>(
+        &mut self,
+        id: TenantId,
+        change: impl FnOnce(&mut Tenant) -> R,
+    ) -> Option<R> {
         let Some(tenant) = self.tenants.get_mut(&id) else {
             debug_assert!(false, "update of an untracked tenant");
-            return;
+            return None;
         };
         // Tenants with nothing waiting are not in the order (the fast path's
         // case), and a change that leaves the key alone (one more waiter of
         // an already waiting tenant) needs no tree update.
         let before = tenant.has_waiters().then(|| tenant.order(id));
-        change(tenant);
+        let changed = change(tenant);
         let after = tenant.has_waiters().then(|| tenant.order(id));
         if before != after {
             if let Some(before) = before {
@@ -1951,5 +1991,6 @@ impl QueueState {
                 self.tenant_order.insert(after);
             }
         }
+        Some(changed)
     }
 }

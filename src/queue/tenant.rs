@@ -5,6 +5,7 @@ use std::collections::BTreeMap;
 
 use super::epoch::{PriorityStates, ALL_FIFO};
 use super::order::{OpenKey, Place, Recency, TenantOrder, WaiterKey};
+use super::ready::{Entry, ReadyQueue};
 use crate::work::{Priority, TenantId, TenantWeight};
 
 /// The usage a tenant starts at when the queue first sees it (with
@@ -31,6 +32,14 @@ pub(super) fn newcomer_used(least: Option<&TenantOrder>, weight: TenantWeight) -
     u64::try_from(scaled).unwrap_or(u64::MAX).saturating_add(1)
 }
 
+/// Where a waiting request is filed in its tenant's record: its
+/// [`Place`], and for ready work the entry that finds it in O(1).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Seat {
+    Ready(WaiterKey, Entry),
+    Open(OpenKey),
+}
+
 #[derive(Debug)]
 pub(super) struct Tenant {
     pub(super) weight: TenantWeight,
@@ -44,7 +53,7 @@ pub(super) struct Tenant {
     /// What the current epoch saw, for the next threshold.
     pub(super) states: PriorityStates,
     /// Waiting work that may be granted now, in service order.
-    ready: BTreeMap<WaiterKey, usize>,
+    ready: ReadyQueue,
     /// LIFO-marked work whose epoch is still open.
     open: BTreeMap<OpenKey, usize>,
     /// Waiting requests per priority, in both sets; kept only when early
@@ -61,7 +70,7 @@ impl Tenant {
             since,
             lifo_threshold: ALL_FIFO,
             states: PriorityStates::default(),
-            ready: BTreeMap::new(),
+            ready: ReadyQueue::default(),
             open: BTreeMap::new(),
             waiting_at: count_priorities.then(BTreeMap::new),
         }
@@ -91,8 +100,9 @@ impl Tenant {
     /// The slab key of the request to grant next: ready work first; open
     /// epochs only when nothing else of the tenant waits.
     pub(super) fn first(&self) -> Option<usize> {
-        let ready = self.ready.first_key_value().map(|(_, &slab_key)| slab_key);
-        ready.or_else(|| self.open.first_key_value().map(|(_, &slab_key)| slab_key))
+        self.ready
+            .first()
+            .or_else(|| self.open.first_key_value().map(|(_, &slab_key)| slab_key))
     }
 
     /// Ready work from the last to be granted to the first, each with how
@@ -100,32 +110,34 @@ impl Tenant {
     pub(super) fn ready_last_first(&self) -> impl Iterator<Item = (u64, usize)> + '_ {
         let last = self.ready.len() as u64;
         self.ready
-            .values()
-            .rev()
+            .last_first()
             .zip((0..last).rev())
-            .map(|(&slab_key, ahead)| (ahead, slab_key))
+            .map(|(slab_key, ahead)| (ahead, slab_key))
     }
 
-    pub(super) fn insert(&mut self, place: Place, slab_key: usize) {
-        let priority = match place {
-            Place::Ready(key) => {
-                self.ready.insert(key, slab_key);
-                key.priority.0
-            }
+    /// Files the request at `slab_key` at `place`; what it returns finds
+    /// it again.
+    pub(super) fn insert(&mut self, place: Place, slab_key: usize) -> Seat {
+        let (seat, priority) = match place {
+            Place::Ready(key) => (
+                Seat::Ready(key, self.ready.insert(key, slab_key)),
+                key.priority.0,
+            ),
             Place::Open(key) => {
                 self.open.insert(key, slab_key);
-                key.priority.0
+                (Seat::Open(key), key.priority.0)
             }
         };
         if let Some(waiting_at) = &mut self.waiting_at {
             *waiting_at.entry(priority).or_default() += 1;
         }
+        seat
     }
 
-    pub(super) fn remove(&mut self, place: &Place) {
-        let (removed, priority) = match place {
-            Place::Ready(key) => (self.ready.remove(key).is_some(), key.priority.0),
-            Place::Open(key) => (self.open.remove(key).is_some(), key.priority.0),
+    pub(super) fn remove(&mut self, seat: &Seat) {
+        let (removed, priority) = match seat {
+            Seat::Ready(key, entry) => (self.ready.remove(key, *entry), key.priority.0),
+            Seat::Open(key) => (self.open.remove(key).is_some(), key.priority.0),
         };
         let Some(waiting_at) = self.waiting_at.as_mut().filter(|_| removed) else {
             return;
@@ -160,7 +172,7 @@ impl Tenant {
 
     /// Moves LIFO-marked work of epochs up to `closed` into the ready set.
     /// Returns each moved request's slab key and new place.
-    pub(super) fn close_epochs(&mut self, closed: u64) -> Vec<(usize, Place)> {
+    pub(super) fn close_epochs(&mut self, closed: u64) -> Vec<(usize, Seat)> {
         let mut moved = Vec::new();
         while let Some(entry) = self.open.first_entry() {
             if entry.key().epoch > closed {
@@ -172,8 +184,8 @@ impl Tenant {
                 recency: Recency::Newest(Reverse(key.create_time)),
                 seq: key.seq,
             };
-            self.ready.insert(ready, slab_key);
-            moved.push((slab_key, Place::Ready(ready)));
+            let entry = self.ready.insert(ready, slab_key);
+            moved.push((slab_key, Seat::Ready(ready, entry)));
         }
         moved
     }
