@@ -409,6 +409,46 @@ async fn elastic_work_takes_every_slot_while_no_regular_work_is_about() {
     assert_eq!(names(&granted(&mut bulk_waiting)), ["bulk"]);
 }
 
+/// Where holds are timed, elastic work that holds its slots about as long
+/// as regular work (at most twice as long) is not held to the share: an
+/// arrival waits for it no longer than for regular work in the same slots,
+/// and the cap would only leave a slot idle. Longer holds are capped.
+#[tokio::test(start_paused = true)]
+async fn elastic_work_that_holds_like_regular_work_is_not_held_to_the_share() {
+    for (bulk_hold, capped) in [
+        (ms(1), false),
+        (ms(2), false),
+        (ms(3), true),
+        (ms(10), true),
+    ] {
+        let t0 = Instant::now();
+        let queue = WorkQueue::builder()
+            .total_slots(2)
+            .elastic_share(0.5)
+            .early_rejection(true)
+            .build()
+            .unwrap();
+        // One hold each teaches the queue the typical holds: regular 1 ms.
+        let regular = admit_now(&queue, work(1, 0, t0, 0));
+        tokio::time::advance(ms(1)).await;
+        drop(regular);
+        let bulk = admit_now(&queue, elastic(1, t0, 1));
+        tokio::time::advance(bulk_hold).await;
+        drop(bulk);
+
+        // Bulk work holds its share (one slot of two); a second bulk
+        // request takes the free slot or waits beside it.
+        let _first = admit_now(&queue, elastic(1, t0, 2));
+        let mut second = tokio_test::task::spawn(queue.admit(elastic(1, t0, 3)));
+        let admitted = matches!(second.poll(), Poll::Ready(Ok(_)));
+        assert_eq!(admitted, !capped, "bulk holds of {bulk_hold:?}");
+        // Regular work still gets a slot that is free.
+        if capped {
+            drop(admit_now(&queue, work(2, 0, t0, 4)));
+        }
+    }
+}
+
 #[test]
 fn the_elastic_share_is_validated() {
     let error = WorkQueue::builder().elastic_share(0.0).build().unwrap_err();

@@ -129,7 +129,8 @@ impl ControllerBuilder {
     /// counted as [`Usage::Granted`] (with few slots, slots held cannot
     /// express tenant weights: two slots and weights 1:4 give 1:1 under
     /// [`Usage::Held`]), and elastic work (bulk and background priorities)
-    /// capped at half the slots while regular work is about
+    /// capped at half the slots while regular work is about, unless it
+    /// holds its slots about as long as regular work does
     /// ([`WorkQueueBuilder::elastic_share`]), and tenants seen for the
     /// first time starting behind the least-served waiting one
     /// ([`WorkQueueBuilder::newcomers_start_behind`]: tenant ids often come

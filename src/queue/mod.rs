@@ -740,7 +740,13 @@ impl WorkQueueBuilder {
     /// chunk) before the cap is back. Elastic work that offers its slot
     /// to higher priorities between chunks ([`SlotPermit::give_way`]) is
     /// not capped once it has: it gives its slot back when asked, which is
-    /// what the cap is for. Between 0 (exclusive) and 1. Off by default;
+    /// what the cap is for. Nor is elastic work whose holds are like
+    /// regular work's, where holds are timed (with
+    /// [`early_rejection`](Self::early_rejection), or under a controller):
+    /// its priority's typical hold at most twice the longest typical hold
+    /// of a regular priority. It keeps an arrival waiting no longer than
+    /// regular work in the same slots would, and capping it would only
+    /// leave a slot idle. Between 0 (exclusive) and 1. Off by default;
     /// 0.5 in
     /// [`ControllerBuilder::default_queue`](crate::cpu::ControllerBuilder::default_queue).
     pub fn elastic_share(mut self, share: f64) -> Self {
