@@ -221,7 +221,12 @@ impl LevelWindows {
         let at = index(priority);
         self.current.admitted[at] = self.current.admitted[at].saturating_add(1);
         self.current.mark(at);
-        self.current.waits.record(waited);
+        if waited.is_zero() {
+            // Every admission without a wait: no bucket search.
+            self.current.waits.record_zero();
+        } else {
+            self.current.waits.record(waited);
+        }
         if shedding {
             self.update();
         }

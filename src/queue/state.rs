@@ -1597,11 +1597,17 @@ impl QueueState {
         // A permit from before the last reset was already forgotten; its
         // tenant record may even be gone. Counting grants, nothing is
         // returned before the reset.
-        if (unused || self.limits.usage == Usage::Held)
-            && charge.generation == self.generation
-            && self.tenants.contains_key(&tenant)
-        {
-            self.update_tenant(tenant, |t| t.used = t.used.saturating_sub(charge.count));
+        if (unused || self.limits.usage == Usage::Held) && charge.generation == self.generation {
+            let uncharge = |t: &mut Tenant| t.used = t.used.saturating_sub(charge.count);
+            match self.tenants.get_mut(&tenant) {
+                None => {}
+                // Nothing waiting: no `tenant_order` key to move (see
+                // `update_tenant`), so one look-up does.
+                Some(record) if !record.has_waiters() => uncharge(record),
+                Some(_) => {
+                    self.update_tenant(tenant, uncharge);
+                }
+            }
         }
         if self.keep_for_arrivals() {
             return;
