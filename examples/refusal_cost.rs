@@ -20,15 +20,18 @@
 //!   no report headers;
 //! * `+level`: the same refusal with the admission level header (the
 //!   layer's default, `x-admission-level`);
-//! * `+load`: the same with the level and the ORCA load report
-//!   (`endpoint-load-metrics`, opt-in).
+//! * `+load`: the same with load reports on (`endpoint-load-metrics`,
+//!   opt-in), for a request that does not ask for one;
+//! * `+asked`: the same for a request that asks (ORCA's per-request
+//!   `endpoint-load-metrics-format`), which gets the report; its share is
+//!   against the same asking request refused without reports.
 //!
 //! The last lines are the ratio refused / baseline and what each header
 //! adds to the refusal path, as a share of `refused`, beside the floor of
 //! any two headers on such a response whatever computes them: a refusal's
 //! header map built as the layer builds it, with and without two fixed
-//! values of the same names inserted. The `refused`, `+level` and `+load`
-//! rows and the floor run interleaved, in rounds (their rows are medians
+//! values of the same names inserted. The `refused`, `+level`, `+load` and
+//! `+asked` rows and the floor run interleaved, in rounds (their rows are medians
 //! over the rounds, the shares medians of each round's ratio), so that a
 //! machine's drift lands on all of them alike. Compare rows of one run,
 //! not runs across machines.
@@ -118,6 +121,17 @@ fn request() -> Request<Body> {
         .expect("a valid request")
 }
 
+/// A request that asks for a load report (ORCA's per-request header).
+fn asking_request() -> Request<Body> {
+    Request::get("/")
+        .header(
+            HeaderName::from_static("endpoint-load-metrics-format"),
+            HeaderValue::from_static("TEXT"),
+        )
+        .body(Body::empty())
+        .expect("a valid request")
+}
+
 /// A queue with no slots whose one waiting place is taken: every request
 /// is refused at once.
 fn full_queue() -> (WorkQueue, impl Future) {
@@ -183,18 +197,22 @@ async fn serve(iterations: u32, queue: WorkQueue, decision: (f64, f64)) {
                 .load_reports(load),
         )
     };
-    let mut variants = [
-        refusing(false, false),
-        refusing(true, false),
-        refusing(true, true),
+    // (level header, load reports on, the request asks for one)
+    // The last is the asking request's own refusal without reports, which
+    // the report answering it is measured against.
+    const VARIANTS: [(bool, bool, bool); 5] = [
+        (false, false, false),
+        (true, false, false),
+        (true, true, false),
+        (true, true, true),
+        (true, false, true),
     ];
-    for (variant, reports) in variants
-        .iter_mut()
-        .zip([(false, false), (true, false), (true, true)])
-    {
+    let mut variants = VARIANTS.map(|(level, load, _)| refusing(level, load));
+    let request_of = |asks: bool| if asks { asking_request() } else { request() };
+    for (variant, (level, load, asks)) in variants.iter_mut().zip(VARIANTS) {
         let probe = variant
             .clone()
-            .oneshot(request())
+            .oneshot(request_of(asks))
             .await
             .expect("infallible");
         assert_eq!(probe.status(), 503, "the queue refuses");
@@ -203,20 +221,22 @@ async fn serve(iterations: u32, queue: WorkQueue, decision: (f64, f64)) {
             headers.contains_key(LEVEL_HEADER),
             headers.contains_key(LOAD_HEADER),
         );
-        assert_eq!(carried, reports);
+        assert_eq!(carried, (level, load && asks));
     }
     // Rounds of each variant in turn: each row is the median over its
     // rounds, and each header's share is the median of its ratio to the
     // bare refusal within a round, so that drift (another process taking
     // the core for a while) lands on both sides of each ratio.
     const ROUNDS: u32 = 40;
-    let mut rounds: Vec<[(f64, f64); 3]> = Vec::new();
+    let mut rounds: Vec<[(f64, f64); 5]> = Vec::new();
     let mut floors: Vec<f64> = Vec::new();
     for _ in 0..ROUNDS {
-        let mut round = [(0.0, 0.0); 3];
-        for (variant, row) in variants.iter_mut().zip(round.iter_mut()) {
+        let mut round = [(0.0, 0.0); 5];
+        for ((variant, row), (_, _, asks)) in
+            variants.iter_mut().zip(round.iter_mut()).zip(VARIANTS)
+        {
             *row = measure(iterations / ROUNDS, || {
-                let call = variant.call(request());
+                let call = variant.call(request_of(asks));
                 async move {
                     black_box(call.await.expect("infallible"));
                 }
@@ -240,15 +260,16 @@ async fn serve(iterations: u32, queue: WorkQueue, decision: (f64, f64)) {
             median(rounds.iter().map(|round| round[at].1).collect()),
         )
     };
-    let share = |at: usize| {
+    let share_of = |at: usize, of: usize| {
         median(
             rounds
                 .iter()
-                .map(|round| round[at].0 / round[0].0 - 1.0)
+                .map(|round| round[at].0 / round[of].0 - 1.0)
                 .collect(),
         )
     };
-    let (refused, level, load) = (row(0), row(1), row(2));
+    let share = |at: usize| share_of(at, 0);
+    let (refused, level, load, asked) = (row(0), row(1), row(2), row(3));
 
     println!("{:<10} {:>10} {:>12}", "row", "ns/call", "allocs/call");
     for (name, (nanos, allocations)) in [
@@ -258,15 +279,18 @@ async fn serve(iterations: u32, queue: WorkQueue, decision: (f64, f64)) {
         ("refused", refused),
         ("+level", level),
         ("+load", load),
+        ("+asked", asked),
     ] {
         println!("{name:<10} {nanos:>10.0} {allocations:>12.2}");
     }
     println!("refused / baseline: {:.2}", refused.0 / baseline.0);
     println!(
-        "level header: {:+.1}% of a refusal; level and load report: {:+.1}%; \
-         two fixed headers: {:+.1}% (medians of {ROUNDS} paired rounds)",
+        "level header: {:+.1}% of a refusal; with load reports on, a request that does not \
+         ask: {:+.1}%; the report that answers a request that asks: {:+.1}% of its refusal; two fixed headers: {:+.1}% \
+         (medians of {ROUNDS} paired rounds)",
         100.0 * share(1),
         100.0 * share(2),
+        100.0 * share_of(3, 4),
         100.0 * median(floors)
     );
 }

@@ -525,8 +525,46 @@ async fn the_callers_slot_is_given_back_during_the_call_and_taken_again() {
     );
 }
 
+/// ORCA's per-request header: `endpoint-load-metrics-format`.
+const LOAD_FORMAT_HEADER: &str = "endpoint-load-metrics-format";
+
+#[tokio::test(start_paused = true)]
+async fn the_client_asks_each_endpoint_for_a_load_report_once_a_period() {
+    let asked = Arc::new(Mutex::new(Vec::new()));
+    let transport = {
+        let asked = asked.clone();
+        service_fn(move |request: Request<String>| {
+            let asked = asked.clone();
+            async move {
+                let format = request.headers().get(LOAD_FORMAT_HEADER).cloned();
+                asked.lock().unwrap().push(format);
+                Ok::<_, Infallible>(answer(200, &[]))
+            }
+        })
+    };
+    let downstreams = to_endpoint().build().unwrap();
+    let client = downstreams.layer().layer(transport);
+    let mut expected = Vec::new();
+    for round in 0..3 {
+        for _ in 0..4 {
+            send(&client, Priority::NORMAL).await.unwrap();
+        }
+        // The first request of each period asks, in the text form.
+        expected.extend([true, false, false, false]);
+        tokio::time::advance(Duration::from_millis(100)).await;
+        let seen: Vec<bool> = asked.lock().unwrap().iter().map(Option::is_some).collect();
+        assert_eq!(seen, expected, "round {round}");
+    }
+    assert!(asked
+        .lock()
+        .unwrap()
+        .iter()
+        .flatten()
+        .all(|format| format == "TEXT"));
+}
+
 #[tokio::test]
-async fn every_response_carries_the_level_and_load_reports_are_opt_in() {
+async fn every_response_carries_the_level_and_load_reports_answer_requests_that_ask() {
     let app = |layer: admission::tower::HttpAdmissionLayer<HttpClassifier>| {
         Router::new()
             .route("/", get(|| async { "ok" }))
@@ -547,7 +585,16 @@ async fn every_response_carries_the_level_and_load_reports_are_opt_in() {
     let layer = AdmissionLayer::new(open.clone(), HttpClassifier::new())
         .http()
         .load_reports(true);
-    let served = app(layer).oneshot(get()).await.unwrap();
+    let served = app(layer.clone()).oneshot(get()).await.unwrap();
+    assert!(
+        served.headers().get(LOAD_HEADER).is_none(),
+        "a request that does not ask gets no report"
+    );
+    let asking = Request::get("/")
+        .header(LOAD_FORMAT_HEADER, "JSON")
+        .body(Body::empty())
+        .unwrap();
+    let served = app(layer).oneshot(asking).await.unwrap();
     let value = served.headers()[LOAD_HEADER].to_str().unwrap();
     assert!(value.starts_with("TEXT "), "{value}");
     assert!(value.contains("named_metrics.queue_length=0"), "{value}");

@@ -313,9 +313,15 @@ impl<C> HttpAdmissionLayer<C> {
         self
     }
 
-    /// Whether every response, refusals included, carries a load report in
-    /// [`LOAD_HEADER`](super::LOAD_HEADER) (`endpoint-load-metrics`, ORCA's
-    /// text form; default: off): the CPU utilization of the controller
+    /// Whether responses, refusals included, to requests that ask for one
+    /// carry a load report in [`LOAD_HEADER`](super::LOAD_HEADER)
+    /// (`endpoint-load-metrics`, ORCA's text form; default: off). A request
+    /// asks with ORCA's per-request header, `endpoint-load-metrics-format`
+    /// (any value: the answer is in the text form, which names itself), as
+    /// Envoy sends it and as this crate's
+    /// [`DownstreamLayer`](super::client::DownstreamLayer) does once per
+    /// endpoint every 100 ms; other responses carry no report and pay
+    /// nothing for it but one header look-up. The report: the CPU utilization of the controller
     /// this layer owns (when built with
     /// [`AdmissionLayer::for_controller`]), the completion rate, slots in
     /// flight, the queue length and the recent median wait; see
@@ -406,11 +412,16 @@ where
 
     fn call(&mut self, request: Request<B>) -> Self::Future {
         let grpc = is_grpc(&request);
+        let mut reports = self.reports;
+        // A load report answers a request that asks for one: a balancer
+        // or client asks as often as it wants fresh figures, and every
+        // other response is spared the report's cost.
+        reports.load &= request.headers().contains_key(super::report::LOAD_FORMAT);
         HttpResponseFuture {
             grpc,
             inner: self.inner.call(request),
             refusals: self.refusals,
-            reports: self.reports,
+            reports,
             seen: self.seen.clone(),
             paced: None,
             pause: None,

@@ -48,8 +48,8 @@
 //! Every HTTP-mode response, refusals included, carries the queue's
 //! admission level in [`LEVEL_HEADER`] (the lowest priority it still
 //! admits now; see [`HttpAdmissionLayer::admission_level_header`]), and
-//! opt-in an ORCA load report in [`LOAD_HEADER`]
-//! ([`HttpAdmissionLayer::load_reports`]). The [`client`] module is the
+//! opt-in an ORCA load report in [`LOAD_HEADER`] when the request asks for
+//! one ([`HttpAdmissionLayer::load_reports`]). The [`client`] module is the
 //! other end: a layer for outbound calls that learns those levels per
 //! downstream endpoint and refuses below them before sending, throttles
 //! adaptively, retries within a budget, and gives the caller's slot back

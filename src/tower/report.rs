@@ -33,8 +33,15 @@ pub const LEVEL_HEADER: &str = "x-admission-level";
 /// read it); see [`LoadReport`].
 pub const LOAD_HEADER: &str = "endpoint-load-metrics";
 
+/// The request header that asks for a load report (ORCA's per-request
+/// reporting, as Envoy, Triton and vLLM spell it): a server with load
+/// reports on answers a request that carries it, whatever format it names,
+/// in the text form, which names itself.
+pub(super) const LOAD_FORMAT_HEADER: &str = "endpoint-load-metrics-format";
+
 const LEVEL: HeaderName = HeaderName::from_static(LEVEL_HEADER);
 const LOAD: HeaderName = HeaderName::from_static(LOAD_HEADER);
+pub(super) const LOAD_FORMAT: HeaderName = HeaderName::from_static(LOAD_FORMAT_HEADER);
 
 /// A load report: what a server said about its load on one response.
 ///

@@ -68,7 +68,30 @@ pub(super) struct EndpointState {
     pub(super) throttle: Throttle,
     /// The last load report the endpoint sent.
     pub(super) load: Option<LoadReport>,
+    /// When a request last asked the endpoint for a load report.
+    pub(super) load_asked: Option<Instant>,
     pub(super) counts: EndpointCounts,
+}
+
+/// How often a client asks an endpoint for a load report (ORCA's
+/// per-request header on one request): as fresh as weighted balancing
+/// reads load (gRPC's weighted round robin updates weights every second),
+/// and the endpoint pays for a report on one response in that time instead
+/// of on all of them.
+pub(super) const LOAD_REPORT_PERIOD: Duration = Duration::from_millis(100);
+
+impl EndpointState {
+    /// Whether a request sent at `now` asks for a load report; if it does,
+    /// the next one asks a period later.
+    pub(super) fn asks_for_load(&mut self, now: Instant) -> bool {
+        let due = self
+            .load_asked
+            .is_none_or(|asked| now.saturating_duration_since(asked) >= LOAD_REPORT_PERIOD);
+        if due {
+            self.load_asked = Some(now);
+        }
+        due
+    }
 }
 
 /// Counters of one endpoint since the client was built.
@@ -427,6 +450,7 @@ impl DownstreamsBuilder {
                     level: None,
                     throttle: Throttle::new(self.throttle_multiplier, self.throttle_window, now),
                     load: None,
+                    load_asked: None,
                     counts: EndpointCounts::default(),
                 }),
             });

@@ -9,7 +9,9 @@
 //! RPCs themselves, and this module is the client's half of them; the
 //! server's half is the [`HttpAdmissionLayer`](super::HttpAdmissionLayer)'s
 //! [`LEVEL_HEADER`](super::LEVEL_HEADER) on every response (and, opt-in,
-//! its [`LOAD_HEADER`](super::LOAD_HEADER) load report).
+//! its [`LOAD_HEADER`](super::LOAD_HEADER) load report, which the client
+//! asks each endpoint for on one request every 100 ms, with ORCA's
+//! per-request `endpoint-load-metrics-format` header).
 //!
 //! * **Admission levels** (DAGOR): each response says the lowest priority
 //!   the endpoint's queue still admits; the client remembers it per

@@ -4,7 +4,7 @@
 use std::fmt;
 use std::task::{Context, Poll};
 
-use http::{Request, Response};
+use http::{HeaderValue, Request, Response};
 use tokio::time::Instant;
 use tower_service::Service;
 
@@ -12,6 +12,7 @@ use super::downstreams::Downstreams;
 use super::future::{DownstreamFuture, Learn, Local};
 use crate::tower::propagate::{current_work, header, parse_priority, PRIORITY_HEADER};
 use crate::tower::release::take_held;
+use crate::tower::report::LOAD_FORMAT;
 use crate::work::Priority;
 
 /// The service built by [`DownstreamLayer`](super::DownstreamLayer).
@@ -77,13 +78,20 @@ where
             .map_err(super::DownstreamError::Inner)
     }
 
-    fn call(&mut self, request: Request<B>) -> Self::Future {
+    fn call(&mut self, mut request: Request<B>) -> Self::Future {
         let shared = &self.downstreams.inner;
         let learn = match shared.endpoint_for(request.uri().authority()) {
             Some(endpoint) => {
                 let priority = priority_of(&request);
-                if let Err(refusal) = shared.check(endpoint, priority, Instant::now()) {
-                    return DownstreamFuture::refused(refusal);
+                match shared.check(endpoint, priority, Instant::now()) {
+                    Err(refusal) => return DownstreamFuture::refused(refusal),
+                    Ok(SendAs { ask_for_load }) => {
+                        if ask_for_load {
+                            request
+                                .headers_mut()
+                                .insert(LOAD_FORMAT, HeaderValue::from_static("TEXT"));
+                        }
+                    }
                 }
                 Some(Learn::new(shared.clone(), endpoint, priority))
             }
@@ -104,13 +112,14 @@ where
 
 impl super::downstreams::Inner {
     /// Whether a request of `priority` may go to `endpoint` at `now`: the
-    /// level, then the throttle (which counts the request either way).
+    /// level, then the throttle (which counts the request either way); and
+    /// how a request that may go is sent.
     fn check(
         &self,
         endpoint: usize,
         priority: Option<Priority>,
         now: Instant,
-    ) -> Result<(), Local> {
+    ) -> Result<SendAs, Local> {
         let state = &self.endpoints[endpoint].state;
         let probability = {
             let mut state = state.lock();
@@ -124,7 +133,9 @@ impl super::downstreams::Inner {
             state.throttle.requested(priority, now);
             if probability == 0.0 {
                 state.counts.sent = state.counts.sent.saturating_add(1);
-                return Ok(());
+                return Ok(SendAs {
+                    ask_for_load: state.asks_for_load(now),
+                });
             }
             probability
         };
@@ -136,9 +147,18 @@ impl super::downstreams::Inner {
             Err(Local::Throttled { probability })
         } else {
             state.counts.sent = state.counts.sent.saturating_add(1);
-            Ok(())
+            Ok(SendAs {
+                ask_for_load: state.asks_for_load(now),
+            })
         }
     }
+}
+
+/// How a request that may go to its endpoint is sent.
+struct SendAs {
+    /// With ORCA's per-request header: the endpoint's load report is due
+    /// (see `LOAD_REPORT_PERIOD`).
+    ask_for_load: bool,
 }
 
 impl<S: fmt::Debug> fmt::Debug for DownstreamService<S> {
