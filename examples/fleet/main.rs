@@ -465,10 +465,19 @@ mod tests {
         // 100) reaches 95 at the end of bin 21, 120 ms after the spike
         // began; at bin 20 it is 89.
         assert_eq!(
-            report::time_to_stable(&bins, 10, 100.0, bin),
+            report::time_to_stable(&bins, 10, 100.0, bin, Duration::from_millis(100)),
             Some(Duration::from_millis(120))
         );
         let never = vec![10.0; 80];
-        assert_eq!(report::time_to_stable(&never, 10, 100.0, bin), None);
+        assert_eq!(
+            report::time_to_stable(&never, 10, 100.0, bin, Duration::from_millis(100)),
+            None
+        );
+        // Through a 20 ms mean the same ramp is in its band at the end of
+        // bin 14 (90 and 100: 95), 50 ms after the spike began.
+        assert_eq!(
+            report::time_to_stable(&bins, 10, 100.0, bin, Duration::from_millis(20)),
+            Some(Duration::from_millis(50))
+        );
     }
 }

@@ -47,6 +47,11 @@ pub struct Summary {
     /// Goodput over the spike's second half, all classes.
     pub spike_goodput: f64,
     pub time_to_stable: Option<Duration>,
+    /// The trailing mean goodput is read through for `time_to_stable`.
+    pub window: Duration,
+    /// What the same mean reads for an instant step between the run's
+    /// goodput before the spike and at 3x: the rule's own floor.
+    pub step_floor: Option<Duration>,
     /// The smoothed goodput's standard deviation over its mean, over the
     /// spike's second half.
     pub wander: f64,
@@ -58,15 +63,36 @@ impl Summary {
     }
 }
 
-/// The trailing mean goodput is read through, for the stability rule and
-/// the chart.
+/// The trailing mean the chart draws goodput through.
 const SMOOTHING: Duration = Duration::from_millis(100);
+/// The trailing means the stability rule may read goodput through,
+/// shortest first: a trailing mean lags a step by up to its own length, so
+/// a 100 ms mean cannot show settling in 50 ms however fast it is, and
+/// the rule takes the shortest mean whose wander at 3x leaves the band
+/// resolvable (see [`window_for`]).
+const WINDOWS: [Duration; 4] = [
+    Duration::from_millis(20),
+    Duration::from_millis(30),
+    Duration::from_millis(50),
+    Duration::from_millis(100),
+];
 /// The band: within this share of the steady value.
 const BAND: f64 = 0.1;
 
-/// `bins` through a trailing mean of [`SMOOTHING`].
-fn smoothed(bins: &[f64], bin: Duration) -> Vec<f64> {
-    let width = ((SMOOTHING.as_nanos() / bin.as_nanos().max(1)) as usize).max(1);
+/// The shortest of [`WINDOWS`] through which the goodput of `bins` (a
+/// steady stretch) wanders at most half the band, so that the band is
+/// entered by settling and not by noise; the longest if none does.
+fn window_for(bins: &[f64], bin: Duration) -> Duration {
+    WINDOWS
+        .into_iter()
+        .filter(|window| *window >= bin)
+        .find(|&window| wander(bins, bin, window) <= BAND / 2.0)
+        .unwrap_or(WINDOWS[WINDOWS.len() - 1])
+}
+
+/// `bins` through a trailing mean of `window`.
+fn smoothed(bins: &[f64], bin: Duration, window: Duration) -> Vec<f64> {
+    let width = ((window.as_nanos() / bin.as_nanos().max(1)) as usize).max(1);
     (0..bins.len())
         .map(|at| {
             let from = (at + 1).saturating_sub(width);
@@ -76,10 +102,16 @@ fn smoothed(bins: &[f64], bin: Duration) -> Vec<f64> {
 }
 
 /// The time from the bin `onset` until goodput, through a trailing mean
-/// of [`SMOOTHING`], first comes within 10% of `steady` (measured to the
-/// end of that bin); `None` if it never does.
-pub fn time_to_stable(bins: &[f64], onset: usize, steady: f64, bin: Duration) -> Option<Duration> {
-    let smoothed = smoothed(bins, bin);
+/// of `window`, first comes within 10% of `steady` (measured to the end
+/// of that bin); `None` if it never does.
+pub fn time_to_stable(
+    bins: &[f64],
+    onset: usize,
+    steady: f64,
+    bin: Duration,
+    window: Duration,
+) -> Option<Duration> {
+    let smoothed = smoothed(bins, bin, window);
     (onset..smoothed.len())
         .find(|&at| (smoothed[at] - steady).abs() <= BAND * steady)
         .map(|at| bin * (at + 1 - onset) as u32)
@@ -87,9 +119,9 @@ pub fn time_to_stable(bins: &[f64], onset: usize, steady: f64, bin: Duration) ->
 
 /// How much the smoothed goodput wanders around its mean over `bins`: the
 /// standard deviation over the mean (what a 10% band is up against).
-fn wander(bins: &[f64], bin: Duration) -> f64 {
-    let smoothed = smoothed(bins, bin);
-    let width = ((SMOOTHING.as_nanos() / bin.as_nanos().max(1)) as usize).max(1);
+fn wander(bins: &[f64], bin: Duration, window: Duration) -> f64 {
+    let smoothed = smoothed(bins, bin, window);
+    let width = ((window.as_nanos() / bin.as_nanos().max(1)) as usize).max(1);
     let settled = smoothed.get(width..).unwrap_or_default();
     if settled.is_empty() {
         return 0.0;
@@ -176,17 +208,37 @@ pub fn summarize(run: &Run, settings: &Settings) -> Summary {
     let bin_of = |at: Duration| (at.as_nanos() / settings.bin.as_nanos()) as usize;
     let steady_bins = &timeline[bin_of(from)..bin_of(to).min(timeline.len())];
     let spike_goodput = steady_bins.iter().sum::<f64>() / steady_bins.len().max(1) as f64;
-    let wander = wander(steady_bins, settings.bin);
+    let window = window_for(steady_bins, settings.bin);
+    let wander = wander(steady_bins, settings.bin, window);
+    let onset = bin_of(phases.spike_start());
     // Goodput that collapsed to almost nothing has no value to settle at.
-    let time_to_stable = (spike_goodput > 0.1 * settings.capacity())
+    let settles = spike_goodput > 0.1 * settings.capacity();
+    let settled_after = settles
         .then(|| {
             time_to_stable(
                 &timeline[..bin_of(to).min(timeline.len())],
-                bin_of(phases.spike_start()),
+                onset,
                 spike_goodput,
                 settings.bin,
+                window,
             )
         })
+        .flatten();
+    // The same rule over an instant step from the goodput of the last
+    // half of the phase before the spike to the goodput at 3x.
+    let before = &timeline[bin_of(phases.spike_start() / 2)..onset.min(timeline.len())];
+    let before_goodput = before.iter().sum::<f64>() / before.len().max(1) as f64;
+    let step: Vec<f64> = (0..bin_of(to).min(timeline.len()))
+        .map(|at| {
+            if at < onset {
+                before_goodput
+            } else {
+                spike_goodput
+            }
+        })
+        .collect();
+    let step_floor = settles
+        .then(|| time_to_stable(&step, onset, spike_goodput, settings.bin, window))
         .flatten();
     Summary {
         setup: run.setup,
@@ -200,7 +252,9 @@ pub fn summarize(run: &Run, settings: &Settings) -> Summary {
         refused_downstream_share: share(refused_downstream),
         timeline,
         spike_goodput,
-        time_to_stable,
+        time_to_stable: settled_after,
+        window,
+        step_floor,
         wander,
     }
 }
@@ -251,7 +305,7 @@ pub fn table(summaries: &[Summary]) -> String {
         "refused here".to_owned(),
         "CPU wasted".to_owned(),
         "CPU refused downstream".to_owned(),
-        "stable after ms (wander)".to_owned(),
+        "stable after ms (mean, wander; a step)".to_owned(),
         "server CPU ms F/A/B".to_owned(),
     ]];
     for summary in summaries {
@@ -277,9 +331,11 @@ pub fn table(summaries: &[Summary]) -> String {
             percent(summary.wasted_share),
             percent(summary.refused_downstream_share),
             format!(
-                "{} ({})",
+                "{} ({} ms, {}; {})",
                 millis(summary.time_to_stable),
-                percent(summary.wander)
+                summary.window.as_millis(),
+                percent(summary.wander),
+                millis(summary.step_floor)
             ),
             summary
                 .units
@@ -360,11 +416,14 @@ pub fn targets(summaries: &[Summary]) -> String {
     let resolved = whole.wander <= BAND;
     out += &format!(
         "  goodput within 10% of its 3x value under 50 ms after the spike: first within \
-         10% after {} ms (backends-only without retries: {} ms), through a 100 ms trailing \
-         mean that wanders {} around its mean at 3x: {}\n",
+         10% after {} ms (backends-only without retries: {} ms), through a {} ms trailing \
+         mean that wanders {} around its mean at 3x (an instant step between the same \
+         goodputs reads {} ms through it): {}\n",
         millis(stable),
         millis(no_retries.time_to_stable),
+        whole.window.as_millis(),
         percent(whole.wander),
+        millis(whole.step_floor),
         if resolved {
             verdict(stable.is_some_and(|stable| stable < Duration::from_millis(50)))
         } else {
