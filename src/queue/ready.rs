@@ -31,6 +31,11 @@ const NIL: usize = usize::MAX;
 /// than keeping a burst's worth for good.
 const KEEP_NODES: usize = 1024;
 
+/// Up to this many lanes, an emptied lane stays (empty) rather than leave
+/// the vector: a tenant whose one request comes and goes, turn after turn,
+/// would otherwise shift the vector twice a turn.
+const KEEP_LANES: usize = 4;
+
 /// Where [`ReadyQueue::insert`] put an entry, for [`ReadyQueue::remove`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) enum Entry {
@@ -79,7 +84,8 @@ impl Lane {
 /// A tenant's ready work: see the module's notes.
 #[derive(Debug, Default)]
 pub(super) struct ReadyQueue {
-    /// In service order; none is empty.
+    /// In service order; empty ones only while there are at most
+    /// [`KEEP_LANES`].
     lanes: Vec<Lane>,
     nodes: Slab<Node>,
     len: usize,
@@ -172,7 +178,7 @@ impl ReadyQueue {
             return false;
         }
         self.len -= 1;
-        if lane.is_empty() {
+        if lane.is_empty() && self.lanes.len() > KEEP_LANES {
             self.lanes.remove(at);
         }
         if self.len == 0 && self.nodes.capacity() > KEEP_NODES {
@@ -183,7 +189,7 @@ impl ReadyQueue {
 
     /// The slab key of the first entry in service order.
     pub(super) fn first(&self) -> Option<usize> {
-        let lane = self.lanes.first()?;
+        let lane = self.lanes.iter().find(|lane| !lane.is_empty())?;
         let listed = (lane.head != NIL).then(|| &self.nodes[lane.head]);
         let sorted = lane.sorted.first_key_value();
         match (listed, sorted) {
