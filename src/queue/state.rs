@@ -47,7 +47,7 @@
 //! next `attempt`, whatever it answers, or the next grant loop, whatever
 //! runs it, gives it out.
 //!
-//! **The uncontended path** is the first thing `answer` tries: with nobody
+//! **The uncontended path** is the first thing `attempt` tries: with nobody
 //! waiting, the queue open, no epoch-LIFO state and no elastic share that
 //! could hold the request back, it asks the granter and, granted, books the
 //! admission in one pass (the priority's counters in one look-up, the
@@ -59,9 +59,10 @@
 //!
 //! Why not a lock-free word, as tokio's semaphore packs its permits? Counted
 //! under callgrind, taking and releasing the lock twice (admission and
-//! release) is about 50 of the roughly 680 instructions an uncontended
-//! admit + release costs; the rest is the book keeping that the order needs (the tenant's usage, the per-priority
-//! counters and level, the granter behind its panic boundary) and the
+//! release) is about 50 of the roughly 670 instructions an uncontended
+//! admit + release costs; the rest is the book keeping that the order
+//! needs (the tenant's usage, the per-priority counters and level, the
+//! granter behind its panic boundary) and the
 //! future and permit around it. A lock-free fast path must still charge the
 //! tenant exactly, because usage charged while nobody waits decides the
 //! order once someone does: per-tenant atomics need a concurrent map from
