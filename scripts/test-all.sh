@@ -8,6 +8,17 @@ cd "$(dirname "$0")/.."
 
 step() { printf '\n==> %s\n' "$*"; }
 
+# Disk: every integration test, example and bench links the whole
+# dependency tree, and the suite builds it in two target directories (with
+# and without tokio_unstable) plus loom's. With full debug info and
+# incremental caches that is about 10 GB each, more than some CI machines
+# have free. Line tables keep panics' backtraces readable; incremental
+# caches only pay off across repeated local edits.
+export CARGO_INCREMENTAL=0
+export CARGO_PROFILE_DEV_DEBUG=line-tables-only
+step "disk before the build"
+df -h . | tail -n 1
+
 # Every test runner's output also goes to a log, so that the run can end on
 # one line that totals them.
 log=$(mktemp)
@@ -103,6 +114,10 @@ RUSTFLAGS="--cfg loom -D warnings" \
   LOOM_MAX_PREEMPTIONS="${LOOM_MAX_PREEMPTIONS:-3}" \
   CARGO_TARGET_DIR=target/loom \
   tests cargo test --locked --release -p loom-tests --test '*'
+
+step "disk after the build"
+df -h . | tail -n 1
+du -sh target/* 2>/dev/null | sort -h | tail -n 4
 
 passed=$(grep -Eo '^test result: ok\. [0-9]+ passed' "$log" | awk '{s += $4} END {print s + 0}')
 failed=$(grep -Eo '[0-9]+ failed' "$log" | awk '{s += $1} END {print s + 0}')
