@@ -140,7 +140,7 @@ async fn main() {
     println!("\n-- a 5 GiB request has to queue");
     let old = {
         let service = service.clone();
-        tokio::spawn(async move { service.admit_resources(5 * GIB).await })
+        tokio::spawn(async move { service.resource_ticket(5 * GIB).admit().await })
     };
     wait_for_queue(&service, 1).await;
     print_state(&service, "queued");

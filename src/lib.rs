@@ -338,6 +338,23 @@
     rust_2018_idioms
 )]
 
+// A hook the integration tests drive (fault injection at every step, the
+// floor a grant was sized against): public where `test-util` is on (the
+// crate's own dev-dependency turns it on), crate-private in a user's build,
+// so it is neither part of the API nor a second definition to keep in step.
+macro_rules! test_hook {
+    ($(#[$meta:meta])* $kind:ident $($item:tt)*) => {
+        #[cfg(any(test, loom, feature = "test-util"))]
+        $(#[$meta])*
+        pub $kind $($item)*
+
+        #[cfg(not(any(test, loom, feature = "test-util")))]
+        #[allow(dead_code)]
+        $(#[$meta])*
+        pub(crate) $kind $($item)*
+    };
+}
+
 pub mod cpu;
 mod error;
 pub mod export;

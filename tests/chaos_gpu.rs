@@ -49,7 +49,8 @@ fn panics_of(service: &QueryService, component: &str) -> u64 {
 async fn still_admits(rig: &Rig) {
     let handle = rig
         .service
-        .admit_resources(GIB)
+        .resource_ticket(GIB)
+        .admit()
         .await
         .expect("an idle device admits new work");
     let report = handle.release().await;
@@ -96,7 +97,7 @@ async fn an_observer_panicking_on_submitted_leaves_no_pending_barrier() {
     );
     // Whatever the first submission makes of its observer's panic, it must
     // not leave a pending reservation behind.
-    let first = tokio::spawn(rig.service.admit_resources(GIB));
+    let first = tokio::spawn(rig.service.resource_ticket(GIB).admit());
     if let Ok(Ok(handle)) = first.await {
         handle.release().await;
     }
@@ -107,7 +108,8 @@ async fn an_observer_panicking_on_submitted_leaves_no_pending_barrier() {
     // a DeadlineExceeded, not a hang.
     let next = rig
         .service
-        .admit_resources(GIB)
+        .resource_ticket(GIB)
+        .admit()
         .await
         .expect("admitted past no barrier");
     next.release().await;
@@ -125,7 +127,7 @@ async fn an_observer_panicking_on_the_worker_thread_does_not_kill_it() {
         bounds(16, 4),
         |b| b.observer(observer),
     );
-    let handle = rig.service.admit_resources(GIB).await.unwrap();
+    let handle = rig.service.resource_ticket(GIB).admit().await.unwrap();
     let report = handle.release().await;
     assert!(report.ledger_released);
     armed.store(false, Ordering::SeqCst);
@@ -144,18 +146,23 @@ async fn an_observer_panicking_on_every_record_never_changes_an_outcome() {
     );
     // Submitted, queued, admitted, published, protected, removed, released,
     // rejected, quarantined: every kind goes through the panicking observer.
-    let held = rig.service.admit_resources(GIB).await.unwrap();
-    let mut queued = Box::pin(rig.service.admit_resources(GIB));
+    let held = rig.service.resource_ticket(GIB).admit().await.unwrap();
+    let mut queued = Box::pin(rig.service.resource_ticket(GIB).admit());
     assert!(futures::poll!(&mut queued).is_pending());
     drop(queued);
-    let never = rig.service.admit_resources(1 << 62).await.unwrap_err();
+    let never = rig
+        .service
+        .resource_ticket(1 << 62)
+        .admit()
+        .await
+        .unwrap_err();
     assert!(matches!(never, GpuAdmitError::FloorNeverFits { .. }));
     held.release().await;
     still_admits(&rig).await;
     assert!(panics_of(&rig.service, "gpu_observer") >= 8);
     rig.service.quarantine(dev(0), 7);
     assert!(matches!(
-        rig.service.admit_resources(GIB).await,
+        rig.service.resource_ticket(GIB).admit().await,
         Err(GpuAdmitError::NoHealthyDevice { .. })
     ));
     let health = rig.service.admission_snapshot().health;
@@ -178,9 +185,9 @@ fn a_wait_on_a_runtime_without_timers_is_a_typed_error() {
     runtime.block_on(async {
         let rig = one_device(1);
         // Admitted at once: no timer is needed.
-        let held = rig.service.admit_resources(GIB).await.unwrap();
+        let held = rig.service.resource_ticket(GIB).admit().await.unwrap();
         // This one would have to wait for its max_wait deadline.
-        let error = rig.service.admit_resources(GIB).await.unwrap_err();
+        let error = rig.service.resource_ticket(GIB).admit().await.unwrap_err();
         assert_eq!(error, GpuAdmitError::TimerUnavailable);
         assert!(error.to_string().contains("enable_time"), "{error}");
         let snapshot = rig.service.admission_snapshot();
@@ -189,13 +196,18 @@ fn a_wait_on_a_runtime_without_timers_is_a_typed_error() {
         rig.service.settle().await;
         rig.assert_idle();
         // The same wait without a deadline needs no timer.
-        let held = rig.service.admit_resources(GIB).await.unwrap();
+        let held = rig.service.resource_ticket(GIB).admit().await.unwrap();
         let unbounded = Rig::new(
             vec![profile(0, 16, 1, &[])],
             QueueBounds::new(16, Duration::MAX, 4).unwrap(),
         );
-        let first = unbounded.service.admit_resources(GIB).await.unwrap();
-        let mut second = Box::pin(unbounded.service.admit_resources(GIB));
+        let first = unbounded
+            .service
+            .resource_ticket(GIB)
+            .admit()
+            .await
+            .unwrap();
+        let mut second = Box::pin(unbounded.service.resource_ticket(GIB).admit());
         assert!(futures::poll!(&mut second).is_pending());
         first.release().await;
         second.await.unwrap().release().await;
@@ -219,7 +231,7 @@ fn a_preflight_that_must_wait_on_a_runtime_without_timers_is_a_typed_error() {
                 })
             })
         });
-        let error = rig.service.admit_resources(GIB).await.unwrap_err();
+        let error = rig.service.resource_ticket(GIB).admit().await.unwrap_err();
         assert_eq!(error, GpuAdmitError::TimerUnavailable);
         assert_eq!(rig.service.admission_snapshot().pending_preflights, 0);
         rig.assert_idle();
@@ -254,7 +266,7 @@ async fn a_panicking_preflight_is_a_failed_preflight(in_future: bool) {
         bounds(16, 4),
         |b| b.preflight(preflight),
     );
-    let outcome = tokio::spawn(rig.service.admit_resources(GIB)).await;
+    let outcome = tokio::spawn(rig.service.resource_ticket(GIB).admit()).await;
     assert!(
         matches!(
             outcome,
@@ -296,7 +308,9 @@ fn panicky_service() -> (Arc<SimBackend>, QueryService) {
         vec![MemoryOwnership::exclusive(dev(0))],
     )
     .unwrap();
-    let service = QueryService::new(backend.clone(), devices, bounds(16, 4)).unwrap();
+    let service = QueryService::builder(backend.clone(), devices, bounds(16, 4))
+        .build()
+        .unwrap();
     (backend, service)
 }
 
@@ -310,7 +324,11 @@ fn ledgers_idle(service: &QueryService) {
 }
 
 async fn service_still_admits(service: &QueryService) {
-    let handle = service.admit_resources(GIB).await.expect("admits new work");
+    let handle = service
+        .resource_ticket(GIB)
+        .admit()
+        .await
+        .expect("admits new work");
     assert!(handle.release().await.ledger_released);
     service.settle().await;
     ledgers_idle(service);
@@ -324,7 +342,7 @@ async fn a_backend_panicking_in_a_build_step_fails_that_attempt_only() {
     for step in BuildStep::ALL {
         let (backend, service) = panicky_service();
         backend.panic_on(Some(step.op()));
-        let error = service.admit_resources(GIB).await.unwrap_err();
+        let error = service.resource_ticket(GIB).admit().await.unwrap_err();
         assert_eq!(
             error,
             GpuAdmitError::EnvelopeStepFailed {
@@ -350,7 +368,7 @@ async fn a_backend_panicking_in_teardown_still_returns_the_grant() {
         BackendOp::CloseLane,
     ] {
         let (backend, service) = panicky_service();
-        let handle = service.admit_resources(GIB).await.unwrap();
+        let handle = service.resource_ticket(GIB).admit().await.unwrap();
         backend.panic_on(Some(op));
         let report = handle.release().await;
         assert!(report.ledger_released, "{op:?}: {report:?}");
@@ -373,7 +391,7 @@ async fn a_backend_panicking_in_teardown_still_returns_the_grant() {
 #[tokio::test]
 async fn a_backend_panicking_on_the_caller_thread_is_a_failed_operation() {
     let (backend, service) = panicky_service();
-    let handle = service.admit_resources(GIB).await.unwrap();
+    let handle = service.resource_ticket(GIB).admit().await.unwrap();
     backend.panic_on(Some(BackendOp::ForkStream));
     assert!(handle.execution_context().is_err());
     backend.panic_on(Some(BackendOp::Alloc));
@@ -407,7 +425,9 @@ fn a_backend_panicking_in_its_inventory_is_a_service_error() {
         vec![MemoryOwnership::exclusive(dev(0))],
     )
     .unwrap();
-    let error = QueryService::new(backend, devices, bounds(16, 4)).unwrap_err();
+    let error = QueryService::builder(backend, devices, bounds(16, 4))
+        .build()
+        .unwrap_err();
     assert_eq!(
         error,
         admission::gpu::ServiceError::Inventory(BackendError::Panicked {
@@ -424,7 +444,7 @@ async fn absurd_request_values_are_typed_errors_or_work() {
     );
     // A floor no device can ever hold is refused at once, never queued.
     assert!(matches!(
-        rig.service.admit_resources(u64::MAX).await,
+        rig.service.resource_ticket(u64::MAX).admit().await,
         Err(GpuAdmitError::FloorNeverFits { .. })
     ));
     // Zero is raised to the attempt floor; the largest hint is clamped.
@@ -503,17 +523,17 @@ async fn cancelled_expired_and_rejected_submissions_leave_no_per_waiter_state() 
         vec![profile(0, 16, 1, &[])],
         QueueBounds::new(64, Duration::from_secs(5), 4).unwrap(),
     );
-    let held = rig.service.admit_resources(GIB).await.unwrap();
+    let held = rig.service.resource_ticket(GIB).admit().await.unwrap();
     for round in 0..4 {
         let mut cancelled: Vec<_> = (0..8)
-            .map(|_| Box::pin(rig.service.admit_resources(GIB)))
+            .map(|_| Box::pin(rig.service.resource_ticket(GIB).admit()))
             .collect();
         for future in &mut cancelled {
             assert!(futures::poll!(future).is_pending());
         }
         drop(cancelled);
         let expiring: Vec<_> = (0..8)
-            .map(|_| tokio::spawn(rig.service.admit_resources(GIB)))
+            .map(|_| tokio::spawn(rig.service.resource_ticket(GIB).admit()))
             .collect();
         for task in expiring {
             assert!(
@@ -524,7 +544,7 @@ async fn cancelled_expired_and_rejected_submissions_leave_no_per_waiter_state() 
                 "round {round}"
             );
         }
-        assert!(rig.service.admit_resources(u64::MAX).await.is_err());
+        assert!(rig.service.resource_ticket(u64::MAX).admit().await.is_err());
         let snapshot = rig.service.admission_snapshot();
         assert_eq!(
             (

@@ -22,9 +22,9 @@ use tokio::time::Instant;
 #[tokio::test]
 async fn waiters_are_admitted_in_fifo_order() {
     let rig = Rig::new(vec![profile(0, 16, 1, &[])], bounds(8, 4));
-    let mut held = rig.service.admit_resources(GIB).await.unwrap();
+    let mut held = rig.service.resource_ticket(GIB).admit().await.unwrap();
     let mut waiting: Vec<_> = (0..3)
-        .map(|_| Box::pin(rig.service.admit_resources(GIB)))
+        .map(|_| Box::pin(rig.service.resource_ticket(GIB).admit()))
         .collect();
     for w in &mut waiting {
         assert!(poll!(w).is_pending());
@@ -48,12 +48,12 @@ async fn a_blocked_waiter_does_not_idle_another_device() {
         vec![profile(0, 16, 1, &["x"]), profile(1, 16, 1, &[])],
         bounds(8, 4),
     );
-    let h0 = rig.service.admit_resources(GIB).await.unwrap();
-    let h1 = rig.service.admit_resources(GIB).await.unwrap();
+    let h0 = rig.service.resource_ticket(GIB).admit().await.unwrap();
+    let h1 = rig.service.resource_ticket(GIB).admit().await.unwrap();
     assert_eq!((h0.device(), h1.device()), (dev(0), dev(1)));
     let needs_x = rig.proof(1, GIB, &["x"]);
     let mut old = Box::pin(rig.service.ticket(&needs_x).unwrap().admit());
-    let mut young = Box::pin(rig.service.admit_resources(GIB));
+    let mut young = Box::pin(rig.service.resource_ticket(GIB).admit());
     assert!(poll!(&mut old).is_pending());
     assert!(poll!(&mut young).is_pending());
 
@@ -81,10 +81,10 @@ async fn the_oldest_runnable_waiter_goes_first_on_a_freed_device() {
         vec![profile(0, 16, 1, &[]), profile(1, 16, 1, &[])],
         bounds(8, 4),
     );
-    let h0 = rig.service.admit_resources(GIB).await.unwrap();
-    let h1 = rig.service.admit_resources(GIB).await.unwrap();
-    let mut a = Box::pin(rig.service.admit_resources(GIB));
-    let mut b = Box::pin(rig.service.admit_resources(GIB));
+    let h0 = rig.service.resource_ticket(GIB).admit().await.unwrap();
+    let h1 = rig.service.resource_ticket(GIB).admit().await.unwrap();
+    let mut a = Box::pin(rig.service.resource_ticket(GIB).admit());
+    let mut b = Box::pin(rig.service.resource_ticket(GIB).admit());
     assert!(poll!(&mut a).is_pending());
     assert!(poll!(&mut b).is_pending());
     h1.release().await;
@@ -112,7 +112,7 @@ async fn with_a_budget_of_zero_a_blocked_waiter_protects_instead_of_being_overta
         .admit()
         .await
         .unwrap();
-    let mut old = Box::pin(rig.service.admit_resources(5 * GIB));
+    let mut old = Box::pin(rig.service.resource_ticket(5 * GIB).admit());
     assert!(poll!(&mut old).is_pending());
 
     // A younger 2 GiB request would fit (a slot and 4 GiB are free), but
@@ -204,7 +204,7 @@ async fn a_protection_moves_when_its_device_is_quarantined() {
     let h0 = hinted(10).await.unwrap();
     let h1 = hinted(10).await.unwrap();
     assert_eq!((h0.device(), h1.device()), (dev(0), dev(1)));
-    let mut old = Box::pin(rig.service.admit_resources(5 * GIB));
+    let mut old = Box::pin(rig.service.resource_ticket(5 * GIB).admit());
     assert!(poll!(&mut old).is_pending());
     let young = hinted(2).await.unwrap();
     // The old waiter protects before the younger one is placed (a budget of
@@ -271,16 +271,16 @@ async fn pending_preflights_count_against_the_bound_and_hold_back_younger_work()
     let rig = Rig::with(vec![profile(0, 16, 1, &[])], bounds(2, 4), |b| {
         b.preflight(gated_preflight(held.clone(), open_rx))
     });
-    let first = rig.service.admit_resources(GIB).await.unwrap();
-    let mut slow = Box::pin(rig.service.admit_resources(GIB));
-    let mut fast = Box::pin(rig.service.admit_resources(GIB));
+    let first = rig.service.resource_ticket(GIB).admit().await.unwrap();
+    let mut slow = Box::pin(rig.service.resource_ticket(GIB).admit());
+    let mut fast = Box::pin(rig.service.resource_ticket(GIB).admit());
     assert!(poll!(&mut slow).is_pending());
     assert!(poll!(&mut fast).is_pending());
     let snapshot = rig.service.admission_snapshot();
     assert_eq!((snapshot.pending_preflights, snapshot.queued), (1, 1));
 
     // Queued plus pending is at the bound: refused at once.
-    let error = rig.service.admit_resources(GIB).await.unwrap_err();
+    let error = rig.service.resource_ticket(GIB).admit().await.unwrap_err();
     assert_eq!(error, GpuAdmitError::QueueFull { max_pending: 2 });
     assert_eq!(error.outcome(), QueryAdmissionOutcome::CapacityPressure);
 
@@ -314,13 +314,13 @@ async fn a_failed_preflight_rejects_and_lifts_the_barrier() {
             })
         })
     });
-    let error = rig.service.admit_resources(GIB).await.unwrap_err();
+    let error = rig.service.resource_ticket(GIB).admit().await.unwrap_err();
     assert!(matches!(
         error,
         GpuAdmitError::PreflightFailed { device: Some(d), .. } if d == dev(0)
     ));
     assert_eq!(error.outcome(), QueryAdmissionOutcome::Configuration);
-    let handle = rig.service.admit_resources(GIB).await.unwrap();
+    let handle = rig.service.resource_ticket(GIB).admit().await.unwrap();
     handle.release().await;
     rig.assert_idle();
 }
@@ -331,10 +331,10 @@ async fn max_wait_and_request_deadlines_remove_waiters() {
         vec![profile(0, 16, 1, &[])],
         QueueBounds::new(8, Duration::from_secs(10), 4).unwrap(),
     );
-    let held = rig.service.admit_resources(GIB).await.unwrap();
+    let held = rig.service.resource_ticket(GIB).admit().await.unwrap();
     let before = rig.reports();
 
-    let error = rig.service.admit_resources(GIB).await.unwrap_err();
+    let error = rig.service.resource_ticket(GIB).admit().await.unwrap_err();
     assert_eq!(
         error,
         GpuAdmitError::DeadlineExceeded {
@@ -377,8 +377,8 @@ async fn max_wait_and_request_deadlines_remove_waiters() {
 #[tokio::test(start_paused = true)]
 async fn snapshot_ages_follow_tokio_time() {
     let rig = Rig::new(vec![profile(0, 16, 1, &[])], bounds(8, 4));
-    let held = rig.service.admit_resources(GIB).await.unwrap();
-    let mut waiting = Box::pin(rig.service.admit_resources(GIB));
+    let held = rig.service.resource_ticket(GIB).admit().await.unwrap();
+    let mut waiting = Box::pin(rig.service.resource_ticket(GIB).admit());
     assert!(poll!(&mut waiting).is_pending());
     tokio::time::advance(Duration::from_secs(5)).await;
     let snapshot = rig.service.admission_snapshot();

@@ -29,7 +29,9 @@ fn construction_needs_every_profiled_ordinal_in_the_inventory() {
         MemoryOwnership::exclusive(dev(2)),
     ];
     let devices = DeviceSet::new(profiles, ownerships).unwrap();
-    let error = QueryService::new(sim, devices, bounds(4, 1)).unwrap_err();
+    let error = QueryService::builder(sim, devices, bounds(4, 1))
+        .build()
+        .unwrap_err();
     assert_eq!(
         error,
         ServiceError::DeviceNotInstalled {
@@ -128,8 +130,11 @@ async fn a_proof_ticket_admits_one_device_one_grant_and_release_returns_everythi
 async fn a_resource_only_handle_cannot_authorize_a_plan_and_a_handle_authorizes_only_its_own() {
     let rig = one_device(3);
     let proof = rig.proof(1, GIB, &[]);
-    let manual = rig.service.admit_resources(GIB).await.unwrap();
-    assert!(manual.is_resource_only());
+    let manual = rig.service.resource_ticket(GIB).admit().await.unwrap();
+    assert!(
+        manual.proof().is_none(),
+        "a resource-only admission carries no proof"
+    );
     let error = manual.authorize(&proof).unwrap_err();
     assert_eq!(error, GpuAdmitError::ResourceOnlyHandle);
     assert_eq!(error.outcome(), QueryAdmissionOutcome::Capability);
@@ -198,7 +203,9 @@ async fn a_service_built_without_handing_out_its_issuer_accepts_no_proof() {
         vec![MemoryOwnership::exclusive(dev(0))],
     )
     .unwrap();
-    let service = QueryService::new(sim, devices, bounds(4, 1)).unwrap();
+    let service = QueryService::builder(sim, devices, bounds(4, 1))
+        .build()
+        .unwrap();
     // Whoever holds the service holds no issuer: a proof from any issuer,
     // including one made in the same process, is foreign to it.
     let proof = ProofIssuer::new()
@@ -211,7 +218,13 @@ async fn a_service_built_without_handing_out_its_issuer_accepts_no_proof() {
         Err(GpuAdmitError::ForeignProof { .. })
     ));
     // Resource-only admission still works.
-    service.admit_resources(GIB).await.unwrap().release().await;
+    service
+        .resource_ticket(GIB)
+        .admit()
+        .await
+        .unwrap()
+        .release()
+        .await;
 }
 
 #[tokio::test]
@@ -253,7 +266,12 @@ async fn impossible_requests_are_rejected_at_once_and_never_queued() {
     assert_eq!(error.outcome(), QueryAdmissionOutcome::Capability);
 
     // 16 GiB, two slots, 2 GiB floor: at most 14 GiB for one attempt.
-    let error = rig.service.admit_resources(15 * GIB).await.unwrap_err();
+    let error = rig
+        .service
+        .resource_ticket(15 * GIB)
+        .admit()
+        .await
+        .unwrap_err();
     assert!(matches!(error, GpuAdmitError::FloorNeverFits { .. }));
     assert_eq!(error.outcome(), QueryAdmissionOutcome::Configuration);
 
@@ -282,10 +300,10 @@ fn driver_error(op: BackendOp) -> BackendError {
 async fn an_envelope_failure_at_each_step_releases_the_grant_and_publishes_nothing() {
     for step in BuildStep::ALL {
         let rig = one_device(2);
-        let held = rig.service.admit_resources(GIB).await.unwrap();
+        let held = rig.service.resource_ticket(GIB).admit().await.unwrap();
         let before = rig.reports();
         rig.sim.fail_nth(step.op(), 1, driver_error(step.op()));
-        let error = rig.service.admit_resources(GIB).await.unwrap_err();
+        let error = rig.service.resource_ticket(GIB).admit().await.unwrap_err();
         assert_eq!(
             error,
             GpuAdmitError::EnvelopeStepFailed {
@@ -331,14 +349,14 @@ async fn a_fault_outside_a_stream_sync_while_building_closes_every_ledger() {
             isolation: FaultIsolation::Device(dev(0)),
         },
     );
-    let error = rig.service.admit_resources(GIB).await.unwrap_err();
+    let error = rig.service.resource_ticket(GIB).admit().await.unwrap_err();
     assert_eq!(error.outcome(), QueryAdmissionOutcome::DeviceFault);
     for r in rig.reports() {
         assert_eq!(r.health, LedgerHealth::Closed, "{r:?}");
         assert_eq!((r.live_grant_count, r.active_attempts), (0, 0));
     }
     assert!(matches!(
-        rig.service.admit_resources(GIB).await,
+        rig.service.resource_ticket(GIB).admit().await,
         Err(GpuAdmitError::NoHealthyDevice { .. })
     ));
 }
@@ -349,7 +367,7 @@ async fn a_fault_outside_a_stream_sync_at_release_closes_every_ledger() {
         vec![profile(0, 16, 2, &[]), profile(1, 16, 2, &[])],
         bounds(8, 4),
     );
-    let handle = rig.service.admit_resources(GIB).await.unwrap();
+    let handle = rig.service.resource_ticket(GIB).admit().await.unwrap();
     rig.sim.fail_nth(
         BackendOp::CloseDomain,
         1,
@@ -372,7 +390,7 @@ async fn a_fault_outside_a_stream_sync_at_release_closes_every_ledger() {
 #[tokio::test]
 async fn a_quarantined_device_is_reinstated_only_after_its_probe_passes() {
     let rig = one_device(2);
-    let handle = rig.service.admit_resources(GIB).await.unwrap();
+    let handle = rig.service.resource_ticket(GIB).admit().await.unwrap();
     rig.sim.inject_sync_fault(dev(0), 700);
     handle.release().await;
     assert_eq!(
@@ -405,7 +423,7 @@ async fn a_quarantined_device_is_reinstated_only_after_its_probe_passes() {
         .unwrap()
         .iter()
         .any(|o| o.kind == ObservationKind::Reinstated && o.device == Some(0)));
-    let handle = rig.service.admit_resources(GIB).await.unwrap();
+    let handle = rig.service.resource_ticket(GIB).admit().await.unwrap();
     assert_eq!(handle.device(), dev(0));
     handle.release().await;
     assert_eq!(
@@ -431,9 +449,9 @@ async fn a_quarantined_device_is_reinstated_only_after_its_probe_passes() {
 #[tokio::test]
 async fn cancelling_while_queued_returns_everything() {
     let rig = one_device(1);
-    let held = rig.service.admit_resources(GIB).await.unwrap();
+    let held = rig.service.resource_ticket(GIB).admit().await.unwrap();
     let before = rig.reports();
-    let mut queued = Box::pin(rig.service.admit_resources(GIB));
+    let mut queued = Box::pin(rig.service.resource_ticket(GIB).admit());
     assert!(poll!(&mut queued).is_pending());
     assert_eq!(rig.service.admission_snapshot().queued, 1);
     drop(queued);
@@ -447,8 +465,8 @@ async fn cancelling_while_queued_returns_everything() {
 #[tokio::test]
 async fn cancelling_after_the_grant_before_it_is_observed_releases_it() {
     let rig = one_device(1);
-    let held = rig.service.admit_resources(GIB).await.unwrap();
-    let mut waiting = Box::pin(rig.service.admit_resources(GIB));
+    let held = rig.service.resource_ticket(GIB).admit().await.unwrap();
+    let mut waiting = Box::pin(rig.service.resource_ticket(GIB).admit());
     assert!(poll!(&mut waiting).is_pending());
     held.release().await;
     // The release granted the waiter, whose future has not run since.
@@ -465,7 +483,7 @@ async fn cancelling_during_the_envelope_build_rolls_back_then_releases() {
     let rig = one_device(2);
     let before = rig.reports();
     let gate = rig.sim.gate(BackendOp::OpenDomain);
-    let mut building = Box::pin(rig.service.admit_resources(GIB));
+    let mut building = Box::pin(rig.service.resource_ticket(GIB).admit());
     assert!(poll!(&mut building).is_pending());
     assert!(gate.reached(), "the build is at step 3");
     assert_eq!(rig.report(0).live_grant_count, 1);
@@ -479,7 +497,7 @@ async fn cancelling_during_the_envelope_build_rolls_back_then_releases() {
 #[tokio::test]
 async fn a_dropped_handle_releases_its_grant_after_its_teardown() {
     let rig = one_device(2);
-    let handle = rig.service.admit_resources(GIB).await.unwrap();
+    let handle = rig.service.resource_ticket(GIB).admit().await.unwrap();
     let ctx = handle.execution_context().unwrap();
     drop(handle);
     rig.service.settle().await;
@@ -536,7 +554,7 @@ async fn a_sync_fault_at_release_quarantines_in_flight_work_drains_and_waiters_g
         .await
         .unwrap_err();
     assert!(matches!(error, GpuAdmitError::NoHealthyDevice { .. }));
-    let elsewhere = rig.service.admit_resources(GIB).await.unwrap();
+    let elsewhere = rig.service.resource_ticket(GIB).admit().await.unwrap();
     assert_eq!(elsewhere.device(), dev(1));
     elsewhere.release().await;
     assert!(rig
@@ -550,12 +568,12 @@ async fn a_sync_fault_at_release_quarantines_in_flight_work_drains_and_waiters_g
 #[tokio::test]
 async fn close_fails_waiters_and_new_submissions_while_handles_drain() {
     let rig = one_device(1);
-    let held = rig.service.admit_resources(GIB).await.unwrap();
-    let mut queued = Box::pin(rig.service.admit_resources(GIB));
+    let held = rig.service.resource_ticket(GIB).admit().await.unwrap();
+    let mut queued = Box::pin(rig.service.resource_ticket(GIB).admit());
     assert!(poll!(&mut queued).is_pending());
     rig.service.close();
     assert_eq!(queued.await.unwrap_err(), GpuAdmitError::Closed);
-    let error = rig.service.admit_resources(GIB).await.unwrap_err();
+    let error = rig.service.resource_ticket(GIB).admit().await.unwrap_err();
     assert_eq!(error, GpuAdmitError::Closed);
     assert_eq!(error.outcome(), QueryAdmissionOutcome::Closed);
     assert_eq!(rig.report(0).health, LedgerHealth::Closed);
@@ -588,7 +606,7 @@ async fn observations_are_written_as_jsonl() {
     let rig = Rig::with(vec![profile(0, 16, 2, &[])], bounds(4, 1), |b| {
         b.observer(admission::gpu::jsonl_observer(writer))
     });
-    let handle = rig.service.admit_resources(GIB).await.unwrap();
+    let handle = rig.service.resource_ticket(GIB).admit().await.unwrap();
     let grant = handle.grant_bytes();
     handle.release().await;
     let text = String::from_utf8(buffer.0.lock().unwrap().clone()).unwrap();
@@ -646,13 +664,13 @@ async fn an_evictor_is_asked_for_exactly_the_bytes_the_oldest_waiter_lacks() {
     rig.service
         .change_cache(dev(0), CacheChange::Charge(13 * GIB))
         .unwrap();
-    let mut older = Box::pin(rig.service.admit_resources(3 * GIB));
+    let mut older = Box::pin(rig.service.resource_ticket(3 * GIB).admit());
     assert!(poll!(older.as_mut()).is_pending());
     assert_eq!(asked(), [(0, 2 * GIB)]);
 
     // A younger waiter's transaction asks nothing more: the older one is
     // still the oldest, and its 2 GiB are asked for already.
-    let mut younger = Box::pin(rig.service.admit_resources(3 * GIB));
+    let mut younger = Box::pin(rig.service.resource_ticket(3 * GIB).admit());
     assert!(poll!(younger.as_mut()).is_pending());
     assert_eq!(asked(), [(0, 2 * GIB)]);
 
@@ -694,7 +712,7 @@ async fn evicting_cache_admits_the_waiter_it_held_back() {
     rig.service
         .change_cache(dev(0), CacheChange::Charge(13 * GIB))
         .unwrap();
-    let mut waiting = Box::pin(rig.service.admit_resources(GIB));
+    let mut waiting = Box::pin(rig.service.resource_ticket(GIB).admit());
     assert!(poll!(waiting.as_mut()).is_pending());
 
     rig.service

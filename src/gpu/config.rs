@@ -100,7 +100,7 @@ impl GpuConfig {
     /// "#;
     ///
     /// let config = GpuConfig::from_toml(TOML, None).unwrap();
-    /// assert_eq!(config.devices().len(), 2);
+    /// assert_eq!(config.devices().ordinals().len(), 2);
     /// // A selection (the value of `ADMISSION_GPU_DEVICES`) narrows it.
     /// let only_1 = GpuConfig::from_toml(TOML, Some("1")).unwrap();
     /// assert_eq!(only_1.devices().ordinals(), vec![DeviceOrdinal(1)]);
@@ -235,7 +235,7 @@ impl GpuConfig {
     ///
     /// // Every profiled device, unless ADMISSION_GPU_DEVICES selects some.
     /// let config = GpuConfig::from_toml_and_env(TOML).unwrap();
-    /// assert!(!config.devices().is_empty());
+    /// assert_eq!(config.devices().ordinals().len(), 2);
     /// ```
     pub fn from_toml_and_env(toml: &str) -> Result<GpuConfig, ConfigError> {
         match std::env::var(DEVICES_ENV) {
@@ -488,8 +488,10 @@ impl<'de> Deserialize<'de> for RawBytes {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::gpu::OwnershipMode;
 
     const GIB: u64 = 1 << 30;
+    const SAMPLE: &str = include_str!("../../examples/gpu_devices.toml");
 
     #[test]
     fn a_malformed_or_repeated_selection_is_refused() {
@@ -533,5 +535,41 @@ mod tests {
             let error = parse_byte_size("cache_cap", bad).expect_err(bad);
             assert_eq!(error.field(), "cache_cap", "{bad}");
         }
+    }
+
+    #[test]
+    fn the_sample_file_declares_two_devices_and_the_queue_bounds() {
+        let config = GpuConfig::from_toml(SAMPLE, None).expect("the sample is valid");
+        let devices = config.devices();
+        assert_eq!(devices.ordinals(), vec![DeviceOrdinal(0), DeviceOrdinal(1)]);
+
+        let gpu0 = devices.profile(DeviceOrdinal(0)).expect("profiled");
+        assert_eq!(gpu0.managed_capacity(), 72 * GIB);
+        assert_eq!(gpu0.backend_reserve(), 4 * GIB);
+        assert_eq!(gpu0.cache_cap(), 16 * GIB);
+        assert_eq!(gpu0.attempt_floor(), 9 * GIB, "derived: 72 GiB / 8");
+        assert_eq!(gpu0.max_active_attempts(), 4);
+        assert_eq!(gpu0.source_work_allowance(), 4);
+        assert_eq!(gpu0.streams_per_attempt(), 4);
+        assert_eq!(gpu0.capabilities().len(), 3);
+        assert_eq!(
+            devices.ownership(DeviceOrdinal(0)).map(|o| o.mode()),
+            Some(OwnershipMode::Exclusive)
+        );
+
+        let gpu1 = devices.profile(DeviceOrdinal(1)).expect("profiled");
+        assert_eq!(gpu1.managed_capacity(), 24 * GIB);
+        assert_eq!(gpu1.attempt_floor(), 4 * GIB);
+        assert_eq!(
+            devices.ownership(DeviceOrdinal(1)).map(|o| o.mode()),
+            Some(OwnershipMode::Shared {
+                external_bytes: 2 * GIB
+            })
+        );
+
+        let queue = config.queue();
+        assert_eq!(queue.max_pending(), 64);
+        assert_eq!(queue.max_wait(), Duration::from_secs(30));
+        assert_eq!(queue.overtake_budget(), 4);
     }
 }

@@ -109,25 +109,9 @@ impl AllocationDomain {
         self.id
     }
 
-    /// The device the domain allocates on.
-    pub fn device(&self) -> DeviceOrdinal {
-        self.device
-    }
-
-    /// The ceiling: the grant's bytes.
-    pub fn ceiling(&self) -> u64 {
-        self.ceiling
-    }
-
     /// Bytes charged against the ceiling now.
     pub fn used_bytes(&self) -> u64 {
         self.used.load(Ordering::Acquire)
-    }
-
-    /// Bytes of live device allocations (a part of
-    /// [`used_bytes`](Self::used_bytes)).
-    pub fn allocated_bytes(&self) -> u64 {
-        self.allocated.load(Ordering::Acquire)
     }
 
     /// Bytes still available under the ceiling.
@@ -136,18 +120,13 @@ impl AllocationDomain {
     }
 
     /// The highest [`used_bytes`](Self::used_bytes) ever reached.
-    pub fn peak_bytes(&self) -> u64 {
+    pub(crate) fn peak_bytes(&self) -> u64 {
         self.peak.load(Ordering::Acquire)
     }
 
     /// The sum of every charge ever made (saturating).
-    pub fn total_bytes(&self) -> u64 {
+    pub(crate) fn total_bytes(&self) -> u64 {
         self.total.load(Ordering::Acquire)
-    }
-
-    /// The number of live allocations.
-    pub fn live_allocations(&self) -> usize {
-        self.allocations.lock().len()
     }
 
     /// Charges `bytes` (aligned) against the ceiling, or fails without side

@@ -208,14 +208,11 @@ impl QueryHandle {
         self.grant_bytes
     }
 
-    /// The floor the grant was sized against.
-    pub fn required_floor(&self) -> u64 {
-        self.required_floor
-    }
-
-    /// The waiter this attempt was admitted as (its FIFO sequence number).
-    pub fn waiter(&self) -> WaiterId {
-        self.waiter
+    test_hook! {
+        /// The floor the grant was sized against.
+        fn required_floor(&self) -> u64 {
+            self.required_floor
+        }
     }
 
     /// How long admission waited, from submission to grant.
@@ -227,11 +224,6 @@ impl QueryHandle {
     /// resource-only handle.
     pub fn proof(&self) -> Option<&CapabilityProof> {
         self.proof.as_ref()
-    }
-
-    /// Whether this handle came from a manual, resource-only admission.
-    pub fn is_resource_only(&self) -> bool {
-        self.proof.is_none()
     }
 
     /// Checks that this handle authorizes the native plan `proof` proves:
@@ -341,11 +333,11 @@ impl QueryHandle {
     /// # let devices = DeviceSet::new(vec![profile], vec![MemoryOwnership::exclusive(gpu0)])?;
     /// # let bounds = QueueBounds::new(64, Duration::from_secs(30), 4)?;
     /// # let backend = Arc::new(SimBackend::new([SimDevice::new(0, 96 * GIB)]));
-    /// # let service = QueryService::new(backend, devices, bounds)?;
-    /// let handle = service.admit_resources(4 * GIB).await?;
+    /// # let service = QueryService::builder(backend, devices, bounds).build()?;
+    /// let handle = service.resource_ticket(4 * GIB).admit().await?;
     /// let ctx = handle.execution_context()?;
     /// let ptr = ctx.alloc(GIB)?;
-    /// assert_eq!(ctx.device(), gpu0);
+    /// assert_eq!(ctx.domain().used_bytes(), GIB);
     /// ctx.free(ptr)?;
     /// // The teardown waits for every context to be dropped.
     /// drop(ctx);
@@ -382,8 +374,8 @@ impl QueryHandle {
     /// # let devices = DeviceSet::new(vec![profile], vec![MemoryOwnership::exclusive(gpu0)])?;
     /// # let bounds = QueueBounds::new(64, Duration::from_secs(30), 4)?;
     /// # let backend = Arc::new(SimBackend::new([SimDevice::new(0, 96 * GIB)]));
-    /// # let service = QueryService::new(backend, devices, bounds)?;
-    /// let handle = service.admit_resources(GIB).await?;
+    /// # let service = QueryService::builder(backend, devices, bounds).build()?;
+    /// let handle = service.resource_ticket(GIB).admit().await?;
     /// let permit = handle.try_source_permit()?;
     /// // ... read the attempt's input while holding the permit ...
     /// drop(permit);
@@ -424,8 +416,8 @@ impl QueryHandle {
     /// # let devices = DeviceSet::new(vec![profile], vec![MemoryOwnership::exclusive(gpu0)])?;
     /// # let bounds = QueueBounds::new(64, Duration::from_secs(30), 4)?;
     /// # let backend = Arc::new(SimBackend::new([SimDevice::new(0, 96 * GIB)]));
-    /// # let service = QueryService::new(backend, devices, bounds)?;
-    /// let handle = service.admit_resources(GIB).await?;
+    /// # let service = QueryService::builder(backend, devices, bounds).build()?;
+    /// let handle = service.resource_ticket(GIB).admit().await?;
     /// let grant = handle.grant_bytes();
     /// let report = handle.release().await;
     /// assert_eq!(report.grant_bytes, grant);

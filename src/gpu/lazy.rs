@@ -90,13 +90,13 @@ impl LazyAdmission {
     /// # let devices = DeviceSet::new(vec![profile], vec![MemoryOwnership::exclusive(gpu0)])?;
     /// # let bounds = QueueBounds::new(64, Duration::from_secs(30), 4)?;
     /// # let backend = Arc::new(SimBackend::new([SimDevice::new(0, 96 * GIB)]));
-    /// # let service = QueryService::new(backend, devices, bounds)?;
+    /// # let service = QueryService::builder(backend, devices, bounds).build()?;
     /// let lazy = service.resource_ticket(GIB).lazy();
-    /// assert!(!lazy.is_admitted());
+    /// assert_eq!(service.device_ledger_reports()[0].live_grant_count, 0);
     /// // Admitted at the first step that needs the device, then reused.
     /// let grant = lazy.handle().await?.grant_bytes();
-    /// assert!(lazy.is_admitted());
     /// assert_eq!(lazy.handle().await?.grant_bytes(), grant);
+    /// assert_eq!(service.device_ledger_reports()[0].live_grant_count, 1);
     /// lazy.release().await;
     /// # Ok(())
     /// # }
@@ -139,7 +139,7 @@ impl LazyAdmission {
     /// # let devices = DeviceSet::new(vec![profile], vec![MemoryOwnership::exclusive(gpu0)])?;
     /// # let bounds = QueueBounds::new(64, Duration::from_secs(30), 4)?;
     /// # let backend = Arc::new(SimBackend::new([SimDevice::new(0, 96 * GIB)]));
-    /// # let service = QueryService::new(backend, devices, bounds)?;
+    /// # let service = QueryService::builder(backend, devices, bounds).build()?;
     /// let lazy = service.resource_ticket(GIB).lazy();
     /// let device = lazy.run(|handle| handle.device()).await?;
     /// assert_eq!(device, gpu0);
@@ -152,7 +152,8 @@ impl LazyAdmission {
     }
 
     /// Whether a first use has admitted (successfully or not).
-    pub fn is_admitted(&self) -> bool {
+    #[cfg(test)]
+    fn is_admitted(&self) -> bool {
         self.admitted.initialized()
     }
 
@@ -183,7 +184,7 @@ impl LazyAdmission {
     /// # let devices = DeviceSet::new(vec![profile], vec![MemoryOwnership::exclusive(gpu0)])?;
     /// # let bounds = QueueBounds::new(64, Duration::from_secs(30), 4)?;
     /// # let backend = Arc::new(SimBackend::new([SimDevice::new(0, 96 * GIB)]));
-    /// # let service = QueryService::new(backend, devices, bounds)?;
+    /// # let service = QueryService::builder(backend, devices, bounds).build()?;
     /// // A query that never needed the device held nothing: no report.
     /// let unused = service.resource_ticket(GIB).lazy();
     /// assert!(unused.release().await.is_none());
@@ -218,7 +219,9 @@ mod tests {
         let devices = DeviceSet::one_16_gib_device(1);
         let bounds = QueueBounds::new(8, Duration::from_secs(60), 1).unwrap();
         let sim = Arc::new(SimBackend::new([SimDevice::new(0, 64 * GIB)]));
-        let service = QueryService::new(sim.clone(), devices, bounds).unwrap();
+        let service = QueryService::builder(sim.clone(), devices, bounds)
+            .build()
+            .unwrap();
         (service, sim)
     }
 
@@ -255,7 +258,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_first_use_dropped_while_queued_admits_again_on_the_next() {
         let (service, _sim) = service();
-        let blocker = service.admit_resources(GIB).await.unwrap();
+        let blocker = service.resource_ticket(GIB).admit().await.unwrap();
         let lazy = service.resource_ticket(GIB).lazy();
         {
             let mut first = Box::pin(lazy.handle());

@@ -112,14 +112,19 @@ use super::proof::{CapabilityProof, CapabilitySet};
 pub struct WaiterId(u64);
 
 impl WaiterId {
-    /// Wraps the queue's raw waiter number.
-    pub const fn new(raw: u64) -> Self {
-        WaiterId(raw)
+    test_hook! {
+        /// Wraps the queue's raw waiter number (waiters are numbered from 1
+        /// in submission order).
+        const fn new(raw: u64) -> Self {
+            WaiterId(raw)
+        }
     }
 
-    /// The raw waiter number.
-    pub const fn get(self) -> u64 {
-        self.0
+    test_hook! {
+        /// The raw waiter number.
+        const fn get(self) -> u64 {
+            self.0
+        }
     }
 }
 
@@ -132,13 +137,6 @@ impl fmt::Display for WaiterId {
 /// The identity of one grant on one ledger.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct GrantId(u64);
-
-impl GrantId {
-    /// The raw value, for logs.
-    pub const fn get(self) -> u64 {
-        self.0
-    }
-}
 
 impl fmt::Display for GrantId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -261,7 +259,8 @@ pub enum NeverReason {
     FloorNeverFits {
         /// The request's required floor.
         required_floor: u64,
-        /// [`DeviceProfile::largest_possible_grant`].
+        /// The largest grant this device could ever issue: what an empty
+        /// ledger offers one slot while keeping a floor for every other.
         largest_possible: u64,
     },
     /// The ledger is quarantined.

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use crate::gpu::backend::{BackendError, BackendOp, DeviceOrdinal};
 use crate::gpu::ledger::{
-    Decision, DeviceLedger, GrantRequest, LaterReason, MemoryGrant, NeverReason,
+    Decision, DeviceLedger, GrantId, GrantRequest, LaterReason, MemoryGrant, NeverReason,
 };
 use crate::gpu::placement::{compatible_devices, rank_devices, DeviceLoad};
 use crate::gpu::{
@@ -1014,7 +1014,7 @@ proptest! {
         let floor = profile.attempt_floor();
         let mut ledger = DeviceLedger::new(profile);
         // Each grant beside what it was at commit: (id, bytes, floor).
-        let mut grants: Vec<(MemoryGrant, (u64, u64, u64))> = Vec::new();
+        let mut grants: Vec<(MemoryGrant, (GrantId, u64, u64))> = Vec::new();
 
         for op in ops {
             match op {
@@ -1047,7 +1047,7 @@ proptest! {
                                     prop_assert_eq!(r.protection, None);
                                 }
                             }
-                            let facts = (grant.id().get(), grant.bytes(), grant.required_floor());
+                            let facts = (grant.id(), grant.bytes(), grant.required_floor());
                             grants.push((grant, facts));
                         }
                         Err(error) => {
@@ -1060,7 +1060,7 @@ proptest! {
                     if !grants.is_empty() {
                         let (grant, facts) = grants.swap_remove(i % grants.len());
                         prop_assert_eq!(
-                            (grant.id().get(), grant.bytes(), grant.required_floor()),
+                            (grant.id(), grant.bytes(), grant.required_floor()),
                             facts
                         );
                         let outcome = ledger.release(grant).expect("issued here");
@@ -1095,7 +1095,7 @@ proptest! {
         }
 
         for (grant, facts) in grants.drain(..) {
-            prop_assert_eq!((grant.id().get(), grant.bytes(), grant.required_floor()), facts);
+            prop_assert_eq!((grant.id(), grant.bytes(), grant.required_floor()), facts);
             ledger.release(grant).expect("issued here");
         }
         let r = ledger.report();

@@ -93,13 +93,14 @@ impl DeviceProfile {
     }
 
     /// The device-byte pool the ledger accounts for.
-    pub fn managed_capacity(&self) -> u64 {
+    pub(crate) fn managed_capacity(&self) -> u64 {
         self.managed_capacity
     }
 
     /// Device bytes kept outside the pool for the backend (and, on a shared
     /// device, for external users).
-    pub fn backend_reserve(&self) -> u64 {
+    #[cfg(all(test, feature = "config"))]
+    pub(crate) fn backend_reserve(&self) -> u64 {
         self.backend_reserve
     }
 
@@ -146,43 +147,43 @@ impl DeviceProfile {
     }
 
     /// The ceiling for resident cache bytes (evictable plus pinned).
-    pub fn cache_cap(&self) -> u64 {
+    pub(crate) fn cache_cap(&self) -> u64 {
         self.cache_cap
     }
 
     /// The minimum grant of an admitted attempt, and the headroom kept per
     /// open slot.
-    pub fn attempt_floor(&self) -> u64 {
+    pub(crate) fn attempt_floor(&self) -> u64 {
         self.attempt_floor
     }
 
     /// How many attempts may run on the device at once.
-    pub fn max_active_attempts(&self) -> u32 {
+    pub(crate) fn max_active_attempts(&self) -> u32 {
         self.max_active_attempts
     }
 
     /// Concurrent source reads per attempt.
-    pub fn source_work_allowance(&self) -> u32 {
+    pub(crate) fn source_work_allowance(&self) -> u32 {
         self.source_work_allowance
     }
 
     /// Streams an attempt's envelope may hold (its root stream included).
-    pub fn streams_per_attempt(&self) -> u32 {
+    pub(crate) fn streams_per_attempt(&self) -> u32 {
         self.streams_per_attempt
     }
 
     /// Device-worker registrations an attempt's envelope may hold.
-    pub fn workers_per_attempt(&self) -> u32 {
+    pub(crate) fn workers_per_attempt(&self) -> u32 {
         self.workers_per_attempt
     }
 
     /// Attempt lanes an attempt's envelope may hold.
-    pub fn lanes_per_attempt(&self) -> u32 {
+    pub(crate) fn lanes_per_attempt(&self) -> u32 {
         self.lanes_per_attempt
     }
 
     /// The plan capabilities this device can satisfy.
-    pub fn capabilities(&self) -> &CapabilitySet {
+    pub(crate) fn capabilities(&self) -> &CapabilitySet {
         &self.capabilities
     }
 
@@ -190,7 +191,7 @@ impl DeviceProfile {
     /// empty ledger (no grants, cache or protection), which still keeps a
     /// floor for every other slot. A required floor above this can never
     /// fit, however long the request waits.
-    pub fn largest_possible_grant(&self) -> u64 {
+    pub(crate) fn largest_possible_grant(&self) -> u64 {
         let other_slots = u64::from(self.max_active_attempts.saturating_sub(1));
         // Validated at build: floor * max_active <= capacity, so neither
         // step can fail; the fallback only keeps release builds panic-free.
@@ -298,13 +299,13 @@ impl DeviceProfileBuilder {
     /// use admission::gpu::DeviceProfile;
     ///
     /// const GIB: u64 = 1 << 30;
+    /// // Without an attempt floor, the floor is derived: capacity / 8.
     /// let profile = DeviceProfile::builder(DeviceOrdinal(0))
     ///     .managed_capacity(72 * GIB)
     ///     .backend_reserve(4 * GIB)
     ///     .max_active_attempts(4)
-    ///     .build()
-    ///     .unwrap();
-    /// assert_eq!(profile.attempt_floor(), 9 * GIB); // derived: capacity / 8
+    ///     .build();
+    /// assert!(profile.is_ok());
     ///
     /// // An attempt floor no slot count can honour names its field.
     /// let error = DeviceProfile::builder(DeviceOrdinal(0))
@@ -459,12 +460,13 @@ impl MemoryOwnership {
     }
 
     /// The ordinal declared.
-    pub fn ordinal(&self) -> DeviceOrdinal {
+    pub(crate) fn ordinal(&self) -> DeviceOrdinal {
         self.ordinal
     }
 
     /// The declared mode.
-    pub fn mode(&self) -> OwnershipMode {
+    #[cfg(test)]
+    pub(crate) fn mode(&self) -> OwnershipMode {
         self.mode
     }
 }
@@ -600,22 +602,18 @@ impl DeviceSet {
     }
 
     /// The profiles in ordinal order.
-    pub fn profiles(&self) -> impl Iterator<Item = &DeviceProfile> {
+    pub(crate) fn profiles(&self) -> impl Iterator<Item = &DeviceProfile> {
         self.devices.iter().map(|(profile, _)| profile)
     }
 
-    /// The profile and ownership of each device, in ordinal order.
-    pub fn iter(&self) -> impl Iterator<Item = (&DeviceProfile, &MemoryOwnership)> {
-        self.devices.iter().map(|(p, o)| (p, o))
-    }
-
     /// The profile of `ordinal`, if installed.
-    pub fn profile(&self, ordinal: DeviceOrdinal) -> Option<&DeviceProfile> {
+    pub(crate) fn profile(&self, ordinal: DeviceOrdinal) -> Option<&DeviceProfile> {
         self.find(ordinal).map(|(profile, _)| profile)
     }
 
     /// The ownership declaration of `ordinal`, if installed.
-    pub fn ownership(&self, ordinal: DeviceOrdinal) -> Option<&MemoryOwnership> {
+    #[cfg(test)]
+    pub(crate) fn ownership(&self, ordinal: DeviceOrdinal) -> Option<&MemoryOwnership> {
         self.find(ordinal).map(|(_, ownership)| ownership)
     }
 
@@ -625,13 +623,8 @@ impl DeviceSet {
     }
 
     /// How many devices are installed (never zero).
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.devices.len()
-    }
-
-    /// Always `false`: a set holds at least one device.
-    pub fn is_empty(&self) -> bool {
-        self.devices.is_empty()
     }
 
     fn find(&self, ordinal: DeviceOrdinal) -> Option<&(DeviceProfile, MemoryOwnership)> {
@@ -670,8 +663,7 @@ impl QueueBounds {
     ///
     /// use admission::gpu::QueueBounds;
     ///
-    /// let bounds = QueueBounds::new(64, Duration::from_secs(30), 4).unwrap();
-    /// assert_eq!(bounds.max_pending(), 64);
+    /// assert!(QueueBounds::new(64, Duration::from_secs(30), 4).is_ok());
     /// // A queue that can hold nobody is a configuration error.
     /// assert!(QueueBounds::new(0, Duration::from_secs(30), 4).is_err());
     /// ```
@@ -697,18 +689,18 @@ impl QueueBounds {
     }
 
     /// The most queued plus pending-preflight requests.
-    pub fn max_pending(&self) -> usize {
+    pub(crate) fn max_pending(&self) -> usize {
         self.max_pending
     }
 
     /// The longest a request may wait.
-    pub fn max_wait(&self) -> Duration {
+    pub(crate) fn max_wait(&self) -> Duration {
         self.max_wait
     }
 
     /// How many times younger runnable work may be admitted past a blocked
     /// older waiter before it protects a slot.
-    pub fn overtake_budget(&self) -> u32 {
+    pub(crate) fn overtake_budget(&self) -> u32 {
         self.overtake_budget
     }
 }
@@ -728,6 +720,17 @@ mod tests {
     use super::*;
 
     const GIB: u64 = 1 << 30;
+
+    #[test]
+    fn an_unset_attempt_floor_is_an_eighth_of_the_capacity() {
+        let profile = DeviceProfile::builder(DeviceOrdinal(0))
+            .managed_capacity(72 * GIB)
+            .backend_reserve(4 * GIB)
+            .max_active_attempts(4)
+            .build()
+            .unwrap();
+        assert_eq!(profile.attempt_floor(), 9 * GIB);
+    }
 
     #[test]
     fn capacity_plus_reserve_must_fit_the_device_memory() {

@@ -76,11 +76,6 @@ impl CapabilitySet {
         self.0.insert(capability)
     }
 
-    /// Whether the set contains `capability`.
-    pub fn contains(&self, capability: &Capability) -> bool {
-        self.0.contains(capability)
-    }
-
     /// Whether every capability of `required` is in this set.
     pub(crate) fn satisfies(&self, required: &CapabilitySet) -> bool {
         required.0.is_subset(&self.0)
@@ -102,12 +97,12 @@ impl CapabilitySet {
     }
 
     /// How many capabilities the set holds.
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.0.len()
     }
 
     /// Whether the set is empty.
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.0.is_empty()
     }
 }
@@ -214,13 +209,6 @@ impl PlanDescription {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct IssuerId(u64);
 
-impl IssuerId {
-    /// The raw value, for logs.
-    pub fn get(self) -> u64 {
-        self.0
-    }
-}
-
 impl fmt::Display for IssuerId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "issuer#{}", self.0)
@@ -285,7 +273,7 @@ impl CapabilityProof {
 
     /// The largest minimum working bytes of any phase: the least grant the
     /// plan can run in. Admission raises it to the device's attempt floor.
-    pub fn required_floor_bytes(&self) -> u64 {
+    pub(crate) fn required_floor_bytes(&self) -> u64 {
         self.floor_bytes
     }
 
@@ -371,8 +359,7 @@ impl ProofIssuer {
         ProofIssuer { id: IssuerId(id) }
     }
 
-    /// This issuer's id.
-    pub fn id(&self) -> IssuerId {
+    pub(crate) fn id(&self) -> IssuerId {
         self.id
     }
 
@@ -399,8 +386,14 @@ impl ProofIssuer {
     ///     .phase(PhaseRequirement::new("build", 12 * GIB, "join"))
     ///     .phase(PhaseRequirement::new("probe", 4 * GIB, "join"));
     /// let proof = issuer.lower(&plan).unwrap();
-    /// // The least grant the plan can run in: its largest phase.
-    /// assert_eq!(proof.required_floor_bytes(), 12 * GIB);
+    /// // The proof names the exact plan it was lowered from.
+    /// assert_eq!(proof.fingerprint(), PlanFingerprint(42));
+    ///
+    /// // A phase whose working bytes lowering could not bound is refused.
+    /// let mut unbounded = PhaseRequirement::new("scan", 0, "join");
+    /// unbounded.min_working_bytes = None;
+    /// let plan = PlanDescription::new(PlanFingerprint(43)).phase(unbounded);
+    /// assert!(issuer.lower(&plan).is_err());
     /// ```
     pub fn lower(&self, plan: &PlanDescription) -> Result<CapabilityProof, LoweringError> {
         let mut floor_bytes = 0u64;
@@ -456,7 +449,8 @@ impl ProofIssuer {
     /// let producer = lower(1, 2 * GIB).unwrap();
     /// let consumer = lower(2, 6 * GIB).unwrap();
     /// let pipeline = issuer.compose(&[producer], &consumer).unwrap();
-    /// assert!(pipeline.required_floor_bytes() >= 6 * GIB);
+    /// // One proof for the whole pipeline, under a fingerprint of its own.
+    /// assert_ne!(pipeline.fingerprint(), consumer.fingerprint());
     ///
     /// // A part another issuer made is refused.
     /// let foreign = ProofIssuer::new()

@@ -17,7 +17,7 @@
 //! exactly that): a ticket is a proof and a service reference, nothing
 //! more. [`AdmissionTicket::lazy`] makes the rule structural: the first
 //! execution step through the returned [`LazyAdmission`](super::LazyAdmission)
-//! admits, and a path that never executes never admits. A resource-only handle ([`QueryService::admit_resources`]) has
+//! admits, and a path that never executes never admits. A resource-only handle ([`QueryService::resource_ticket`]) has
 //! bytes and a device but no proof, so it cannot authorize a native plan.
 //!
 //! # One lock, never across an await
@@ -383,7 +383,7 @@ impl QueryServiceBuilder {
     ///     // Told of every decision, as a log line or a metric would be.
     ///     .observer(|observation| tracing::debug!(?observation))
     ///     .build()?;
-    /// assert_eq!(service.devices().ordinals(), vec![gpu0]);
+    /// assert_eq!(service.device_ledger_reports().len(), 1);
     /// # Ok(())
     /// # }
     /// ```
@@ -522,28 +522,6 @@ impl fmt::Debug for QueryService {
 impl QueryService {
     /// A builder over `backend`, the installed `devices` and the queue's
     /// `bounds`.
-    pub fn builder(
-        backend: SharedBackend,
-        devices: DeviceSet,
-        bounds: QueueBounds,
-    ) -> QueryServiceBuilder {
-        QueryServiceBuilder {
-            backend,
-            devices,
-            bounds,
-            preflight: None,
-            observer: None,
-            evictors: BTreeMap::new(),
-        }
-    }
-
-    /// A service with no preflight and no observer that accepts no plan
-    /// proof (resource-only tickets); see
-    /// [`QueryServiceBuilder::build_with_issuer`] for one that does.
-    ///
-    /// # Errors
-    ///
-    /// As [`QueryServiceBuilder::build`].
     ///
     /// # Examples
     ///
@@ -562,28 +540,30 @@ impl QueryService {
     /// # let devices = DeviceSet::new(vec![profile], vec![MemoryOwnership::exclusive(gpu0)])?;
     /// # let bounds = QueueBounds::new(64, Duration::from_secs(30), 4)?;
     /// # let backend = Arc::new(SimBackend::new([SimDevice::new(0, 96 * GIB)]));
-    /// let service = QueryService::new(backend, devices, bounds)?;
+    /// let service = QueryService::builder(backend, devices, bounds).build()?;
     /// assert_eq!(service.device_ledger_reports()[0].live_grants_bytes, 0);
     ///
     /// // A profile that promises more memory than the device has is refused.
     /// let small = Arc::new(SimBackend::new([SimDevice::new(0, 16 * GIB)]));
     /// let profile = DeviceProfile::builder(gpu0).managed_capacity(80 * GIB).build()?;
     /// let devices = DeviceSet::new(vec![profile], vec![MemoryOwnership::exclusive(gpu0)])?;
-    /// assert!(QueryService::new(small, devices, bounds).is_err());
+    /// assert!(QueryService::builder(small, devices, bounds).build().is_err());
     /// # Ok(())
     /// # }
     /// ```
-    pub fn new(
+    pub fn builder(
         backend: SharedBackend,
         devices: DeviceSet,
         bounds: QueueBounds,
-    ) -> Result<Self, ServiceError> {
-        Self::builder(backend, devices, bounds).build()
-    }
-
-    /// The installed devices.
-    pub fn devices(&self) -> &DeviceSet {
-        &self.inner.devices
+    ) -> QueryServiceBuilder {
+        QueryServiceBuilder {
+            backend,
+            devices,
+            bounds,
+            preflight: None,
+            observer: None,
+            evictors: BTreeMap::new(),
+        }
     }
 
     /// A lazy admission ticket for the plan `proof` proves. Reserves
@@ -640,29 +620,6 @@ impl QueryService {
     /// A lazy resource-only ticket: at least `min_bytes` (raised to the
     /// attempt floor) on any healthy device. Its handle cannot authorize a
     /// native plan.
-    pub fn resource_ticket(&self, min_bytes: u64) -> AdmissionTicket {
-        AdmissionTicket {
-            inner: self.inner.clone(),
-            proof: None,
-            request: GrantRequest::resource_only(min_bytes),
-            deadline: None,
-        }
-    }
-
-    /// Manual, resource-only admission: [`resource_ticket`](Self::resource_ticket)
-    /// admitted at once.
-    ///
-    /// # Cancel safety
-    ///
-    /// Dropping the future at any point loses no slot, byte or device
-    /// resource, only its place in the queue: a pending or queued request is
-    /// withdrawn, a grant it had not yet taken goes back to its ledger at
-    /// once, and an envelope being built is rolled back on the device's
-    /// worker before its grant returns.
-    ///
-    /// # Errors
-    ///
-    /// As [`AdmissionTicket::admit`].
     ///
     /// # Examples
     ///
@@ -681,20 +638,22 @@ impl QueryService {
     /// # let devices = DeviceSet::new(vec![profile], vec![MemoryOwnership::exclusive(gpu0)])?;
     /// # let bounds = QueueBounds::new(64, Duration::from_secs(30), 4)?;
     /// # let backend = Arc::new(SimBackend::new([SimDevice::new(0, 96 * GIB)]));
-    /// # let service = QueryService::new(backend, devices, bounds)?;
-    /// let handle = service.admit_resources(4 * GIB).await?;
-    /// assert!(handle.is_resource_only());
+    /// # let service = QueryService::builder(backend, devices, bounds).build()?;
+    /// let handle = service.resource_ticket(4 * GIB).admit().await?;
+    /// assert!(handle.proof().is_none());
     /// assert!(handle.grant_bytes() >= 4 * GIB);
     /// let report = handle.release().await;
     /// assert!(report.ledger_released);
     /// # Ok(())
     /// # }
     /// ```
-    pub fn admit_resources(
-        &self,
-        min_bytes: u64,
-    ) -> impl Future<Output = Result<QueryHandle, GpuAdmitError>> + Send + 'static {
-        self.resource_ticket(min_bytes).admit()
+    pub fn resource_ticket(&self, min_bytes: u64) -> AdmissionTicket {
+        AdmissionTicket {
+            inner: self.inner.clone(),
+            proof: None,
+            request: GrantRequest::resource_only(min_bytes),
+            deadline: None,
+        }
     }
 
     /// The queue and devices now: depth, pending preflights, every waiter's
@@ -788,7 +747,7 @@ impl QueryService {
     /// # let devices = DeviceSet::new(vec![profile], vec![MemoryOwnership::exclusive(gpu0)])?;
     /// # let bounds = QueueBounds::new(64, Duration::from_secs(30), 4)?;
     /// # let backend = Arc::new(SimBackend::new([SimDevice::new(0, 96 * GIB)]));
-    /// # let service = QueryService::new(backend, devices, bounds)?;
+    /// # let service = QueryService::builder(backend, devices, bounds).build()?;
     /// use admission::gpu::LedgerHealth;
     ///
     /// // An operator takes the device out after an external health check failed...
@@ -875,7 +834,7 @@ impl QueryService {
     /// # let devices = DeviceSet::new(vec![profile], vec![MemoryOwnership::exclusive(gpu0)])?;
     /// # let bounds = QueueBounds::new(64, Duration::from_secs(30), 4)?;
     /// # let backend = Arc::new(SimBackend::new([SimDevice::new(0, 96 * GIB)]));
-    /// # let service = QueryService::new(backend, devices, bounds)?;
+    /// # let service = QueryService::builder(backend, devices, bounds).build()?;
     /// use admission::gpu::CacheChange;
     ///
     /// // The engine keeps 8 GiB of its own cache resident on the device.
@@ -931,8 +890,8 @@ impl QueryService {
     /// # let devices = DeviceSet::new(vec![profile], vec![MemoryOwnership::exclusive(gpu0)])?;
     /// # let bounds = QueueBounds::new(64, Duration::from_secs(30), 4)?;
     /// # let backend = Arc::new(SimBackend::new([SimDevice::new(0, 96 * GIB)]));
-    /// # let service = QueryService::new(backend, devices, bounds)?;
-    /// let handle = service.admit_resources(GIB).await?;
+    /// # let service = QueryService::builder(backend, devices, bounds).build()?;
+    /// let handle = service.resource_ticket(GIB).admit().await?;
     /// // Dropped without `release`: the teardown runs on the device's worker.
     /// drop(handle);
     /// service.settle().await;
@@ -1079,7 +1038,7 @@ impl AdmissionTicket {
     /// # let devices = DeviceSet::new(vec![profile], vec![MemoryOwnership::exclusive(gpu0)])?;
     /// # let bounds = QueueBounds::new(64, Duration::from_secs(30), 4)?;
     /// # let backend = Arc::new(SimBackend::new([SimDevice::new(0, 96 * GIB)]));
-    /// # let service = QueryService::new(backend, devices, bounds)?;
+    /// # let service = QueryService::builder(backend, devices, bounds).build()?;
     /// let handle = service
     ///     .resource_ticket(GIB)
     ///     // More than the floor, when the device has room for it.
@@ -1333,7 +1292,7 @@ mod tests {
         // Hold the build at its first step so the first poll is certainly
         // still waiting for the outcome when the worker sends it.
         let gate = sim.gate(Op::OpenLane);
-        let mut admit = Box::pin(service.admit_resources(GIB));
+        let mut admit = Box::pin(service.resource_ticket(GIB).admit());
         assert!(futures::poll!(&mut admit).is_pending());
         assert!(gate.reached());
         gate.open();
@@ -1377,7 +1336,13 @@ mod tests {
             .collect();
         assert_eq!(returned, [(ObservationKind::Removed, 6)]);
         // And the slot is usable again.
-        service.admit_resources(GIB).await.unwrap().release().await;
+        service
+            .resource_ticket(GIB)
+            .admit()
+            .await
+            .unwrap()
+            .release()
+            .await;
         assert_nothing_held(&service, &sim);
     }
 
@@ -1385,8 +1350,8 @@ mod tests {
     async fn release_follows_the_seeds_order_from_idle_to_the_wake() {
         use crate::gpu::backend::BackendOp as Op;
         let (service, sim, seen) = observed_service(1, 4);
-        let handle = service.admit_resources(GIB).await.unwrap();
-        let mut next = Box::pin(service.admit_resources(GIB));
+        let handle = service.resource_ticket(GIB).admit().await.unwrap();
+        let mut next = Box::pin(service.resource_ticket(GIB).admit());
         assert!(futures::poll!(&mut next).is_pending());
         // One allocation left outstanding by an execution whose context is
         // gone: the teardown frees it, as part of destruction.
@@ -1447,7 +1412,7 @@ mod tests {
                 DeviceSet::new(vec![profile], vec![MemoryOwnership::exclusive(gpu0)]).unwrap();
             let bounds = QueueBounds::new(4, Duration::from_secs(5), 1).unwrap();
             let backend = StdArc::new(SimBackend::new([SimDevice::new(0, 20 * GIB)]));
-            QueryService::new(backend, devices, bounds)
+            QueryService::builder(backend, devices, bounds).build()
         };
         assert!(service(4 * GIB).is_ok(), "16 + 4 GiB fit 20 GiB");
         let error = service(4 * GIB + 1).unwrap_err();
@@ -1463,10 +1428,12 @@ mod tests {
         let devices = DeviceSet::one_16_gib_device(1);
         let bounds = QueueBounds::new(64, Duration::from_secs(5), 4).unwrap();
         let backend = StdArc::new(SimBackend::new([SimDevice::new(0, 64 * GIB)]));
-        let service = QueryService::new(backend, devices, bounds).unwrap();
-        let held = service.admit_resources(GIB).await.unwrap();
+        let service = QueryService::builder(backend, devices, bounds)
+            .build()
+            .unwrap();
+        let held = service.resource_ticket(GIB).admit().await.unwrap();
         let mut cancelled: Vec<_> = (0..8)
-            .map(|_| Box::pin(service.admit_resources(GIB)))
+            .map(|_| Box::pin(service.resource_ticket(GIB).admit()))
             .collect();
         for future in &mut cancelled {
             assert!(futures::poll!(future).is_pending());
@@ -1474,12 +1441,12 @@ mod tests {
         assert_eq!(service.inner.live_wakers(), 8);
         drop(cancelled);
         let expiring: Vec<_> = (0..8)
-            .map(|_| tokio::spawn(service.admit_resources(GIB)))
+            .map(|_| tokio::spawn(service.resource_ticket(GIB).admit()))
             .collect();
         for task in expiring {
             assert!(task.await.unwrap().is_err());
         }
-        let mut granted = Box::pin(service.admit_resources(GIB));
+        let mut granted = Box::pin(service.resource_ticket(GIB).admit());
         assert!(futures::poll!(&mut granted).is_pending());
         held.release().await;
         granted.await.unwrap().release().await;

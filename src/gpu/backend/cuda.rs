@@ -367,9 +367,9 @@ impl CudaBackend {
     /// let profile = DeviceProfile::builder(gpu0).managed_capacity(1 << 30).streams_per_attempt(2).build()?;
     /// let devices = DeviceSet::new(vec![profile], vec![MemoryOwnership::exclusive(gpu0)])?;
     /// let bounds = QueueBounds::new(16, Duration::from_secs(5), 2)?;
-    /// let service = QueryService::new(cuda.clone(), devices, bounds)?;
+    /// let service = QueryService::builder(cuda.clone(), devices, bounds).build()?;
     ///
-    /// let handle = service.admit_resources(1 << 28).await?;
+    /// let handle = service.resource_ticket(1 << 28).admit().await?;
     /// let ctx = handle.execution_context()?;
     /// // The attempt's stream, for the kernels its work launches.
     /// let stream = cuda.stream(ctx.stream())?;

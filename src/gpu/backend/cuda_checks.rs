@@ -125,7 +125,7 @@ fn start_up_refuses_a_profile_whose_reserve_does_not_fit_the_device() {
             .expect("one profile, one ownership");
         let bounds = QueueBounds::new(4, std::time::Duration::from_secs(5), 1).expect("bounds");
         let shared: SharedBackend = cuda.clone();
-        QueryService::new(shared, devices, bounds)
+        QueryService::builder(shared, devices, bounds).build()
     };
     let too_big = service(total, 64 * MIB).expect_err("capacity + reserve > total");
     let field = match &too_big {

@@ -3,7 +3,7 @@
 //! reads, both bounded by the attempt's profile.
 
 use super::Shared;
-use crate::gpu::backend::{BackendError, DeviceOrdinal, DevicePtr, StreamId};
+use crate::gpu::backend::{BackendError, DevicePtr, StreamId};
 use crate::gpu::domain::{AllocationDomain, SubReservation};
 use crate::sync::{Ordering, StdArc};
 
@@ -20,11 +20,6 @@ impl ExecutionContext {
     /// The context's stream.
     pub fn stream(&self) -> StreamId {
         self.stream
-    }
-
-    /// The device.
-    pub fn device(&self) -> DeviceOrdinal {
-        self.shared.spec.device
     }
 
     /// The attempt's allocation domain.
@@ -59,8 +54,8 @@ impl ExecutionContext {
     /// # let devices = DeviceSet::new(vec![profile], vec![MemoryOwnership::exclusive(gpu0)])?;
     /// # let bounds = QueueBounds::new(64, Duration::from_secs(30), 4)?;
     /// # let backend = Arc::new(SimBackend::new([SimDevice::new(0, 96 * GIB)]));
-    /// # let service = QueryService::new(backend, devices, bounds)?;
-    /// # let handle = service.admit_resources(4 * GIB).await?;
+    /// # let service = QueryService::builder(backend, devices, bounds).build()?;
+    /// # let handle = service.resource_ticket(4 * GIB).admit().await?;
     /// # let ctx = handle.execution_context()?;
     /// use admission::gpu::backend::BackendError;
     ///
@@ -105,8 +100,8 @@ impl ExecutionContext {
     /// # let devices = DeviceSet::new(vec![profile], vec![MemoryOwnership::exclusive(gpu0)])?;
     /// # let bounds = QueueBounds::new(64, Duration::from_secs(30), 4)?;
     /// # let backend = Arc::new(SimBackend::new([SimDevice::new(0, 96 * GIB)]));
-    /// # let service = QueryService::new(backend, devices, bounds)?;
-    /// # let handle = service.admit_resources(4 * GIB).await?;
+    /// # let service = QueryService::builder(backend, devices, bounds).build()?;
+    /// # let handle = service.resource_ticket(4 * GIB).admit().await?;
     /// # let ctx = handle.execution_context()?;
     /// let ptr = ctx.alloc(GIB)?;
     /// ctx.free(ptr)?;
@@ -146,8 +141,8 @@ impl ExecutionContext {
     /// # let devices = DeviceSet::new(vec![profile], vec![MemoryOwnership::exclusive(gpu0)])?;
     /// # let bounds = QueueBounds::new(64, Duration::from_secs(30), 4)?;
     /// # let backend = Arc::new(SimBackend::new([SimDevice::new(0, 96 * GIB)]));
-    /// # let service = QueryService::new(backend, devices, bounds)?;
-    /// # let handle = service.admit_resources(4 * GIB).await?;
+    /// # let service = QueryService::builder(backend, devices, bounds).build()?;
+    /// # let handle = service.resource_ticket(4 * GIB).admit().await?;
     /// # let ctx = handle.execution_context()?;
     /// // Room for a library's own workspace, charged against the grant.
     /// let workspace = ctx.reserve(GIB)?;

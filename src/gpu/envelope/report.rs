@@ -23,23 +23,27 @@ pub enum BuildStep {
 }
 
 impl BuildStep {
-    /// Every step, in build order.
-    pub const ALL: [BuildStep; 5] = [
-        BuildStep::AttemptLane,
-        BuildStep::RootStream,
-        BuildStep::AllocationDomain,
-        BuildStep::RootMembership,
-        BuildStep::WorkerScope,
-    ];
+    test_hook! {
+        /// Every step, in build order.
+        const ALL: [BuildStep; 5] = [
+            BuildStep::AttemptLane,
+            BuildStep::RootStream,
+            BuildStep::AllocationDomain,
+            BuildStep::RootMembership,
+            BuildStep::WorkerScope,
+        ];
+    }
 
-    /// The backend operation that performs the step.
-    pub fn op(self) -> BackendOp {
-        match self {
-            BuildStep::AttemptLane => BackendOp::OpenLane,
-            BuildStep::RootStream => BackendOp::CreateRootStream,
-            BuildStep::AllocationDomain => BackendOp::OpenDomain,
-            BuildStep::RootMembership => BackendOp::JoinDomain,
-            BuildStep::WorkerScope => BackendOp::OpenWorkerScope,
+    test_hook! {
+        /// The backend operation that performs the step.
+        fn op(self) -> BackendOp {
+            match self {
+                BuildStep::AttemptLane => BackendOp::OpenLane,
+                BuildStep::RootStream => BackendOp::CreateRootStream,
+                BuildStep::AllocationDomain => BackendOp::OpenDomain,
+                BuildStep::RootMembership => BackendOp::JoinDomain,
+                BuildStep::WorkerScope => BackendOp::OpenWorkerScope,
+            }
         }
     }
 }
