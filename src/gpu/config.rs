@@ -488,7 +488,7 @@ impl<'de> Deserialize<'de> for RawBytes {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::gpu::OwnershipMode;
+    use crate::gpu::profile::OwnershipMode;
 
     const GIB: u64 = 1 << 30;
     const SAMPLE: &str = include_str!("../../examples/gpu_devices.toml");

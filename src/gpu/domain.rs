@@ -267,13 +267,6 @@ pub struct SubReservation<'d> {
     bytes: u64,
 }
 
-impl SubReservation<'_> {
-    /// The charged (aligned) bytes.
-    pub fn bytes(&self) -> u64 {
-        self.bytes
-    }
-}
-
 impl Drop for SubReservation<'_> {
     fn drop(&mut self) {
         self.domain.uncharge(self.bytes);
@@ -379,7 +372,7 @@ mod tests {
     fn sub_reservations_share_the_ceiling_and_return_on_drop() {
         let (_sim, domain, root) = domain(1024);
         let r = domain.reserve(700).unwrap();
-        assert_eq!(r.bytes(), 768);
+        assert_eq!(r.bytes, 768, "aligned up");
         assert_eq!(domain.used_bytes(), 768);
         assert!(matches!(
             domain.alloc(512, root),

@@ -215,11 +215,6 @@ impl QueryHandle {
         }
     }
 
-    /// How long admission waited, from submission to grant.
-    pub fn waited(&self) -> Duration {
-        self.waited
-    }
-
     /// The admitted proof, bound to this device and grant; `None` for a
     /// resource-only handle.
     pub fn proof(&self) -> Option<&CapabilityProof> {

@@ -171,7 +171,7 @@ impl GrantRequest {
     /// minimum of `min_bytes` (raised to the attempt floor).
     pub(crate) fn resource_only(min_bytes: u64) -> Self {
         GrantRequest {
-            required_capabilities: CapabilitySet::new(),
+            required_capabilities: CapabilitySet::default(),
             phase_floor: min_bytes,
             working_set_hint: None,
             waiter: None,

@@ -551,7 +551,7 @@ fn a_device_set_needs_exactly_one_ownership_per_profile() {
     assert_eq!(set.profile(dev(2)).map(|p| p.ordinal()), Some(dev(2)));
     assert_eq!(
         set.ownership(dev(2)).map(|o| o.mode()),
-        Some(crate::gpu::OwnershipMode::Shared {
+        Some(crate::gpu::profile::OwnershipMode::Shared {
             external_bytes: 2 * GB
         })
     );

@@ -161,8 +161,7 @@
 //! # #[tokio::main(flavor = "current_thread")]
 //! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! let gpu0 = DeviceOrdinal(0);
-//! let mut capabilities = CapabilitySet::new();
-//! capabilities.insert(Capability::new("hash_join"));
+//! let capabilities: CapabilitySet = [Capability::new("hash_join")].into_iter().collect();
 //! let profile = DeviceProfile::builder(gpu0)
 //!     .managed_capacity(80 * GIB)
 //!     .max_active_attempts(4)
@@ -341,9 +340,7 @@ pub use ledger::{
 pub use observe::jsonl_observer;
 pub use observe::{Observation, ObservationKind};
 pub use outcome::{GpuAdmitError, QueryAdmissionOutcome};
-pub use profile::{
-    DeviceProfile, DeviceProfileBuilder, DeviceSet, MemoryOwnership, OwnershipMode, QueueBounds,
-};
+pub use profile::{DeviceProfile, DeviceProfileBuilder, DeviceSet, MemoryOwnership, QueueBounds};
 pub use proof::{
     AllocationOwner, Capability, CapabilityProof, CapabilitySet, IssuerId, LoweringError,
     PhaseRequirement, PlanDescription, PlanFingerprint, ProofBinding, ProofIssuer,

@@ -83,7 +83,7 @@ impl DeviceProfile {
             streams_per_attempt: 1,
             workers_per_attempt: 1,
             lanes_per_attempt: 1,
-            capabilities: CapabilitySet::new(),
+            capabilities: CapabilitySet::default(),
         }
     }
 
@@ -422,7 +422,7 @@ impl DeviceProfileBuilder {
 
 /// Who else uses a device's memory.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum OwnershipMode {
+pub(crate) enum OwnershipMode {
     /// Only this process allocates on the device.
     Exclusive,
     /// External users (other processes) also allocate on the device; their

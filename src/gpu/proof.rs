@@ -66,13 +66,8 @@ impl fmt::Display for Capability {
 pub struct CapabilitySet(BTreeSet<Capability>);
 
 impl CapabilitySet {
-    /// The empty set.
-    pub fn new() -> Self {
-        Self::default()
-    }
-
     /// Adds a capability; returns whether it was new.
-    pub fn insert(&mut self, capability: Capability) -> bool {
+    pub(crate) fn insert(&mut self, capability: Capability) -> bool {
         self.0.insert(capability)
     }
 
@@ -91,11 +86,6 @@ impl CapabilitySet {
         CapabilitySet(self.0.union(&other.0).cloned().collect())
     }
 
-    /// The capabilities in name order.
-    pub fn iter(&self) -> impl Iterator<Item = &Capability> {
-        self.0.iter()
-    }
-
     /// How many capabilities the set holds.
     pub(crate) fn len(&self) -> usize {
         self.0.len()
@@ -110,6 +100,16 @@ impl CapabilitySet {
 impl FromIterator<Capability> for CapabilitySet {
     fn from_iter<I: IntoIterator<Item = Capability>>(iter: I) -> Self {
         CapabilitySet(iter.into_iter().collect())
+    }
+}
+
+/// The capabilities in name order.
+impl<'a> IntoIterator for &'a CapabilitySet {
+    type Item = &'a Capability;
+    type IntoIter = std::collections::btree_set::Iter<'a, Capability>;
+
+    fn into_iter(self) -> Self::IntoIter {
+        self.0.iter()
     }
 }
 
@@ -187,7 +187,7 @@ impl PlanDescription {
     pub fn new(fingerprint: PlanFingerprint) -> Self {
         PlanDescription {
             fingerprint,
-            required_capabilities: CapabilitySet::new(),
+            required_capabilities: CapabilitySet::default(),
             phases: Vec::new(),
         }
     }
@@ -469,7 +469,7 @@ impl ProofIssuer {
         let mut composed = CapabilityProof {
             issuer: self.id,
             fingerprint: PlanFingerprint(0),
-            required: CapabilitySet::new(),
+            required: CapabilitySet::default(),
             floor_bytes: 0,
             owners: BTreeSet::new(),
             bound_plans: 0,

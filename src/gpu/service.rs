@@ -992,11 +992,6 @@ impl AdmissionTicket {
         self
     }
 
-    /// The proof the ticket admits; `None` for a resource-only ticket.
-    pub fn proof(&self) -> Option<&CapabilityProof> {
-        self.proof.as_ref()
-    }
-
     /// Submits the ticket and resolves to a published [`QueryHandle`] once
     /// a device is granted and its envelope validated.
     ///

@@ -21,11 +21,7 @@ pub fn dev(n: u32) -> DeviceOrdinal {
 }
 
 pub fn caps(names: &[&str]) -> CapabilitySet {
-    let mut set = CapabilitySet::new();
-    for name in names {
-        set.insert(Capability::new(*name));
-    }
-    set
+    names.iter().map(|name| Capability::new(*name)).collect()
 }
 
 /// One simulated device's profile: `capacity` GiB, `slots` attempts,
