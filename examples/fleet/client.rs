@@ -37,7 +37,9 @@ pub const CLASSES: [(&str, Priority, f64); 3] = [
 /// Attempt ids per request: the first and three retries.
 pub const ATTEMPTS: usize = 4;
 
-/// The load over time, as multiples of the fleet's nominal capacity.
+/// The load over time, as multiples of the fleet's nominal capacity:
+/// after the warm-up, `spikes` times `before` at the steady load and then
+/// `spike` at the spike's, and `after` at the steady load again.
 #[derive(Clone, Copy, Debug)]
 pub struct Phases {
     pub warmup: Duration,
@@ -46,23 +48,42 @@ pub struct Phases {
     pub after: Duration,
     pub steady_load: f64,
     pub spike_load: f64,
+    pub spikes: u32,
 }
 
 impl Phases {
-    pub fn spike_start(&self) -> Duration {
-        self.warmup + self.before
+    /// One stretch at the steady load and the spike after it.
+    fn cycle(&self) -> Duration {
+        self.before + self.spike
     }
 
+    /// When spike `k` (from 0) begins.
+    pub fn spike_start_of(&self, k: u32) -> Duration {
+        self.warmup + self.before + self.cycle() * k
+    }
+
+    /// When the first spike begins.
+    pub fn spike_start(&self) -> Duration {
+        self.spike_start_of(0)
+    }
+
+    /// When the first spike ends.
     pub fn spike_end(&self) -> Duration {
         self.spike_start() + self.spike
     }
 
     pub fn length(&self) -> Duration {
-        self.spike_end() + self.after
+        self.warmup + self.cycle() * self.spikes + self.after
     }
 
     fn load_at(&self, at: Duration) -> f64 {
-        if at >= self.spike_start() && at < self.spike_end() {
+        let Some(since) = at.checked_sub(self.warmup) else {
+            return self.steady_load;
+        };
+        let cycle = self.cycle().as_nanos().max(1);
+        let k = since.as_nanos() / cycle;
+        let into = since.as_nanos() % cycle;
+        if k < u128::from(self.spikes) && into >= self.before.as_nanos() {
             self.spike_load
         } else {
             self.steady_load
