@@ -12,6 +12,7 @@
 
 mod admit;
 mod arrivals;
+mod drain;
 mod epoch;
 mod hold;
 mod level;
@@ -23,6 +24,7 @@ mod runnable;
 mod state;
 mod tenant;
 mod tokens;
+mod wake;
 mod work;
 
 #[cfg(loom)]
@@ -45,7 +47,8 @@ use std::time::Duration;
 use rustc_hash::FxHashMap;
 
 pub(crate) use self::level::QueueLoad;
-use self::state::{Charge, Limits, QueueState, WakeList};
+use self::state::{Charge, Limits, QueueState};
+use self::wake::WakeList;
 #[cfg(test)]
 pub(crate) use self::work::PriorityHolds;
 pub(crate) use self::work::WorkWindow;

@@ -98,12 +98,14 @@ use rustc_hash::FxHashMap;
 use slab::Slab;
 use tokio::time::Instant;
 
+use super::drain::{Drain, RATE_WINDOW};
 use super::epoch::{DeadlineScale, EpochLifo};
 use super::level::{LevelWindows, QueueLoad};
 use super::order::{OpenKey, Place, Recency, TenantOrder, WaiterKey};
 use super::pacing::Pacing;
 use super::ready::Entry;
 use super::tenant::{newcomer_used, Seat, Tenant};
+use super::wake::{FailedWait, WakeList};
 use super::work::WorkWindow;
 use super::Usage;
 use crate::error::{AdmitError, ConfigError};
@@ -114,9 +116,6 @@ use crate::work::{Priority, TenantId, TenantWeight, WorkInfo};
 
 /// Tenant records below this count are never garbage-collected early.
 const MIN_GC_THRESHOLD: usize = 1024;
-
-/// The shortest window over which the completion rate is measured.
-const RATE_WINDOW: Duration = Duration::from_millis(10);
 
 #[derive(Debug)]
 enum WaiterState {
@@ -228,125 +227,6 @@ pub(crate) enum Observed {
     Failed(AdmitError),
 }
 
-/// Wakers collected under the lock, woken after it is released; with the
-/// waits that failed meanwhile, logged after that. A subscriber is the
-/// application's code: a panic in it must not unwind through the grant
-/// loop half-way, leaving free capacity beside waiters nobody will grant.
-///
-/// Every admission and release builds one and nearly always collects
-/// nothing, so the empty list is two `None`s: nothing to drop, nothing to
-/// wake, two compares. What grants beyond the first collect, and the failed
-/// waits, live behind one allocation made when the first of them comes.
-#[derive(Debug, Default)]
-pub(crate) struct WakeList {
-    first: Option<Waker>,
-    more: Option<Box<MoreWakes>>,
-}
-
-#[derive(Debug, Default)]
-struct MoreWakes {
-    rest: Vec<Waker>,
-    failed: Vec<FailedWait>,
-}
-
-/// A wait that failed under the lock, for the log.
-#[derive(Debug)]
-struct FailedWait {
-    tenant: TenantId,
-    priority: Priority,
-    waited: Duration,
-    reason: &'static str,
-}
-
-impl WakeList {
-    fn push(&mut self, waker: Option<Waker>) {
-        let Some(waker) = waker else { return };
-        if self.first.is_none() {
-            self.first = Some(waker);
-        } else {
-            self.more.get_or_insert_with(Box::default).rest.push(waker);
-        }
-    }
-
-    fn push_failed(&mut self, failed: FailedWait) {
-        self.more
-            .get_or_insert_with(Box::default)
-            .failed
-            .push(failed);
-    }
-
-    /// Wakes everything collected, then logs the failed waits. Call only
-    /// after the lock is released: a woken task may run at once on another
-    /// thread and ask for the lock.
-    #[inline]
-    pub(crate) fn wake_all(self) {
-        if self.first.is_some() || self.more.is_some() {
-            self.wake_and_log();
-        }
-    }
-
-    #[inline(never)]
-    fn wake_and_log(mut self) {
-        self.wake_collected();
-        let Some(more) = self.more.take() else {
-            return;
-        };
-        // A permit dropped while its task unwinds gets here too; a second
-        // panic (the subscriber's) would abort the process.
-        if std::thread::panicking() {
-            return;
-        }
-        for failed in more.failed {
-            // The caller still has to act on what the critical section
-            // decided (a waiter it removed, a grant it observed): a
-            // subscriber's panic must not unwind through it. Its message
-            // still reaches the panic hook.
-            let _ = std::panic::catch_unwind(|| {
-                tracing::debug!(
-                    target: "admission",
-                    tenant = %failed.tenant,
-                    priority = %failed.priority,
-                    waited_us = failed.waited.as_micros() as u64,
-                    "{}",
-                    failed.reason
-                );
-            });
-        }
-    }
-
-    /// The failed waits alone; the wakers are dropped unwoken.
-    fn into_failed(mut self) -> Vec<FailedWait> {
-        self.first = None;
-        self.more.take().map(|more| more.failed).unwrap_or_default()
-    }
-
-    fn wake_collected(&mut self) {
-        if let Some(first) = self.first.take() {
-            first.wake();
-        }
-        if let Some(more) = &mut self.more {
-            for waker in std::mem::take(&mut more.rest) {
-                waker.wake();
-            }
-        }
-    }
-}
-
-impl Drop for WakeList {
-    /// A panic under the lock (granters' are caught there, so one in this
-    /// crate) unwinds past `wake_all`; the waiters already granted or
-    /// refused must still be woken, or those without a deadline would
-    /// sleep on their grant. The list is declared before the lock is
-    /// taken, so it drops after the lock is released. The failed waits are
-    /// not logged while unwinding: a second panic there would abort.
-    #[inline]
-    fn drop(&mut self) {
-        if self.first.is_some() || self.more.is_some() {
-            self.wake_collected();
-        }
-    }
-}
-
 /// Static settings of a queue, validated by the builder.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Limits {
@@ -372,38 +252,6 @@ pub(crate) struct Limits {
     pub(crate) arrivals_waiting: Option<fn() -> bool>,
 }
 
-/// How fast the queue drains, for early rejection: the rate at which
-/// admitted work completes, smoothed over windows of at least
-/// [`RATE_WINDOW`]; how long admitted work of each priority holds its
-/// slot (an EWMA per priority: bulk work that holds slots for milliseconds
-/// says nothing about how long a short user request will); and how long
-/// any admitted work holds one (an EWMA over every completion), for the
-/// rate at which busy slots free up.
-#[derive(Debug)]
-struct Drain {
-    since: Instant,
-    /// `since + RATE_WINDOW` (`None` past the clock's range), so that the
-    /// check on every enqueue is a comparison, not a subtraction.
-    window_ends: Option<Instant>,
-    completions: u64,
-    per_sec: f64,
-    hold: BTreeMap<Priority, Duration>,
-    any_hold: Option<Duration>,
-    /// When a timed hold last began or ended.
-    last_event: Option<Instant>,
-}
-
-/// How many typical holds may pass without a hold beginning or ending
-/// before the slots count as stalled: their holds then say nothing about
-/// how fast they will free up (an exponential hold lasts four times its
-/// mean once in fifty).
-const STALLED_AFTER_HOLDS: u32 = 4;
-
-/// How much longer than regular work's an elastic priority's typical hold
-/// may be and still not be held to the elastic share (see
-/// `QueueState::held_to_share`).
-const LIKE_REGULAR_HOLDS: u32 = 2;
-
 /// How many tenants' queues one `maintain` looks at the back of for
 /// requests that can no longer make their deadlines, and how many requests
 /// at the back of each.
@@ -415,123 +263,6 @@ const TAIL_WAITERS: usize = 32;
 /// is refused) rather than overflowing.
 fn wait_for_grants(grants: u64, per_sec: f64) -> Duration {
     Duration::try_from_secs_f64(grants as f64 / per_sec).unwrap_or(Duration::MAX)
-}
-
-/// The EWMA of holds, weight 0.1. In integer nanoseconds: a hold may be as
-/// long as the uptime, and nine tenths of one plus a tenth of another
-/// never overflows there.
-fn mix_hold(hold: &mut Duration, held: Duration) {
-    let mixed = (hold.as_nanos() * 9 + held.as_nanos()) / 10;
-    *hold = Duration::from_nanos(u64::try_from(mixed).unwrap_or(u64::MAX));
-}
-
-impl Drain {
-    fn held(&mut self, priority: Priority, held: Duration, now: Instant) {
-        self.last_event = Some(now);
-        self.hold
-            .entry(priority)
-            .and_modify(|hold| mix_hold(hold, held))
-            .or_insert(held);
-        match &mut self.any_hold {
-            Some(hold) => mix_hold(hold, held),
-            None => self.any_hold = Some(held),
-        }
-    }
-
-    fn hold(&self, priority: Priority) -> Option<Duration> {
-        self.hold.get(&priority).copied()
-    }
-
-    /// Whether elastic work of `priority` holds its slots about as long as
-    /// regular work holds theirs: its typical hold at most
-    /// [`LIKE_REGULAR_HOLDS`] times the longest typical hold of a regular
-    /// priority. `false` while either is unknown.
-    fn holds_like_regular(&self, priority: Priority) -> bool {
-        let Some(elastic) = self.hold(priority) else {
-            return false;
-        };
-        self.hold
-            .range(Priority::NORMAL..)
-            .map(|(_, &hold)| hold)
-            .max()
-            .is_some_and(|regular| elastic <= regular.saturating_mul(LIKE_REGULAR_HOLDS))
-    }
-
-    /// Grants a second that a request which has to wait can count on.
-    ///
-    /// A request waits only while every unit is taken, and then, by
-    /// Little's law, `capacity` units each held for the typical hold free
-    /// up at `capacity / hold` a second, however fast work happened to
-    /// complete lately. The completion rate alone is the drain rate only
-    /// under overload: at light load it is the arrival rate, far below
-    /// what the slots drain at, and a short queue would then look hours
-    /// long (one slot, 0.3 of its capacity offered, and two requests ahead
-    /// read as 5 ms of wait for 1.5 ms of work, refusing high-priority
-    /// work that would have made its deadline). So the faster of the two:
-    /// the completion rate still counts where the hold is unknown (no
-    /// slots: tokens are never returned) and where work completes faster
-    /// than its holds say (holds that overlap on more units than the total,
-    /// bypass work). And the completion rate alone where no hold has begun
-    /// or ended for [`STALLED_AFTER_HOLDS`] typical holds: slots held far
-    /// past their typical hold (stalled work, a dependency that hangs) free
-    /// up at no rate the typical hold could tell, and the completion rate,
-    /// falling window by window, is then the one that knows.
-    fn grants_per_sec(&self, capacity: Option<u64>, now: Instant) -> f64 {
-        let freed = match (capacity, self.any_hold, self.last_event) {
-            (Some(capacity), Some(hold), Some(last))
-                if capacity > 0
-                    && !hold.is_zero()
-                    && now.saturating_duration_since(last)
-                        <= hold.saturating_mul(STALLED_AFTER_HOLDS) =>
-            {
-                capacity as f64 / hold.as_secs_f64()
-            }
-            _ => 0.0,
-        };
-        self.per_sec.max(freed)
-    }
-
-    /// A request of `priority` was refused because of the typical hold (the
-    /// wait ahead of it alone would have left it time). The estimate learns only from completions,
-    /// and refused work never completes: one long hold would otherwise
-    /// refuse the priority for good (high-priority work starved while lower
-    /// priorities ran). Each such refusal takes a tenth off the estimate;
-    /// an estimate that is right is pulled back up by the next completions.
-    fn refused_on_hold(&mut self, priority: Priority) {
-        if let Some(hold) = self.hold.get_mut(&priority) {
-            *hold = *hold * 9 / 10;
-        }
-    }
-
-    /// Closes the current window if it is long enough. `busy` says whether
-    /// work is waiting or holds capacity now: a window in which nothing
-    /// completed and nothing was busy measured a lack of demand, not the
-    /// drain rate, so it is skipped, keeping the last busy rate; otherwise an idle stretch would
-    /// halve the rate toward zero every window and the next request to
-    /// queue would be refused as if nothing ever completed.
-    fn update(&mut self, now: Instant, busy: bool) {
-        if self.window_ends.is_none_or(|ends| now < ends) {
-            return;
-        }
-        let elapsed = now.saturating_duration_since(self.since);
-        if self.completions == 0 && !busy {
-            self.start_window(now);
-            return;
-        }
-        let observed = self.completions as f64 / elapsed.as_secs_f64();
-        self.per_sec = if self.per_sec == 0.0 {
-            observed
-        } else {
-            0.5 * self.per_sec + 0.5 * observed
-        };
-        self.start_window(now);
-        self.completions = 0;
-    }
-
-    fn start_window(&mut self, now: Instant) {
-        self.since = now;
-        self.window_ends = now.checked_add(RATE_WINDOW);
-    }
 }
 
 #[derive(Debug)]
