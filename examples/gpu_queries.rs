@@ -35,7 +35,7 @@ fn print_state(service: &QueryService, stage: &str) {
             w.phase_floor / GIB
         );
     }
-    for r in service.device_ledger_reports() {
+    for r in service.ledger_snapshots() {
         println!(
             "   {}: {:?}, {}/{} attempts, {} GiB granted, {} GiB protected{}",
             r.device,
@@ -150,7 +150,7 @@ async fn main() {
     print_state(&service, "protection");
 
     let protected_on = service
-        .device_ledger_reports()
+        .ledger_snapshots()
         .into_iter()
         .find(|r| r.protection.is_some())
         .map(|r| r.device);

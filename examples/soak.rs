@@ -360,7 +360,7 @@ fn main() {
         let io_tenants = io.queues().regular().snapshot().tenants.len()
             + io.queues().elastic().snapshot().tenants.len();
         let gpu_bytes: u64 = gpu
-            .device_ledger_reports()
+            .ledger_snapshots()
             .iter()
             .map(|r| r.live_grants_bytes)
             .sum();
@@ -445,7 +445,7 @@ fn main() {
             ));
         }
     }
-    for report in gpu.device_ledger_reports() {
+    for report in gpu.ledger_snapshots() {
         if report.live_grants_bytes != 0 || report.active_attempts != 0 {
             failures.push(format!(
                 "{}: {} bytes and {} attempts still granted",

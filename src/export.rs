@@ -413,7 +413,7 @@ pub(crate) fn io_tokens(queue: &str, class: &'static str, available: i64, unlimi
 }
 
 /// One GPU device's ledger, in plain values (the GPU service reads them
-/// from its ledgers' reports, so this sink knows nothing of GPUs).
+/// from its ledgers' snapshots, so this sink knows nothing of GPUs).
 #[cfg(feature = "metrics")]
 pub(crate) fn gpu_ledger(
     device: u32,

@@ -316,7 +316,7 @@ fn panicky_service() -> (Arc<SimBackend>, QueryService) {
 
 /// Nothing granted or running on any ledger.
 fn ledgers_idle(service: &QueryService) {
-    for r in service.device_ledger_reports() {
+    for r in service.ledger_snapshots() {
         assert_eq!(r.live_grants_bytes, 0, "{r:?}");
         assert_eq!(r.live_grant_count, 0, "{r:?}");
         assert_eq!(r.active_attempts, 0, "{r:?}");
@@ -332,7 +332,7 @@ async fn service_still_admits(service: &QueryService) {
     assert!(handle.release().await.ledger_released);
     service.settle().await;
     ledgers_idle(service);
-    for r in service.device_ledger_reports() {
+    for r in service.ledger_snapshots() {
         assert_eq!(r.health, LedgerHealth::Healthy, "{r:?}");
     }
 }

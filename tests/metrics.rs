@@ -279,10 +279,10 @@ fn gpu_service() -> admission::gpu::QueryService {
     QueryService::builder(sim, devices, bounds).build().unwrap()
 }
 
-/// The ledger report of device 3 of `service`.
-fn gpu_ledger_report_of(service: &admission::gpu::QueryService) -> admission::gpu::LedgerReport {
+/// The ledger snapshot of device 3 of `service`.
+fn gpu_ledger_report_of(service: &admission::gpu::QueryService) -> admission::gpu::LedgerSnapshot {
     service
-        .device_ledger_reports()
+        .ledger_snapshots()
         .into_iter()
         .find(|r| r.device == admission::gpu::backend::DeviceOrdinal(3))
         .expect("the one device's ledger")

@@ -29,7 +29,7 @@
 //! Over-commit is checked two ways. Exactly: every admission adds the bytes
 //! the query holds (its grant; the working set for the baseline) to its
 //! device's counter and counts a violation if the sum passes the managed
-//! capacity. Sampled: a thread reads every ledger report each millisecond
+//! capacity. Sampled: a thread reads every ledger's snapshot each millisecond
 //! (live grants + cache + protected bytes over managed capacity, and active
 //! attempts over the limit). Utilisation is the time average of the sampled
 //! bytes held (capped at capacity, so an over-committed baseline is not
@@ -564,7 +564,7 @@ fn sample(under: &Under, held: &Held, settings: &Settings, in_window: bool, samp
         samples.slot_util_sum += attempts / f64::from(settings.slots * settings.devices);
     }
     if let Under::Service { service, .. } = under {
-        for r in service.device_ledger_reports() {
+        for r in service.ledger_snapshots() {
             let accounted = r.live_grants_bytes
                 + r.cache_evictable_bytes
                 + r.cache_pinned_bytes
@@ -728,7 +728,7 @@ pub fn run(settings: &Settings, system: System) -> Result<Outcome, String> {
         outcome.ledger_violations = samples.ledger_violations;
         outcome.max_overtakes = Some(samples.max_overtakes);
         outcome.max_overtakes_large = Some(samples.max_overtakes_large);
-        outcome.ledgers_clear = Some(service.device_ledger_reports().iter().all(|r| {
+        outcome.ledgers_clear = Some(service.ledger_snapshots().iter().all(|r| {
             r.live_grants_bytes == 0
                 && r.live_grant_count == 0
                 && r.active_attempts == 0

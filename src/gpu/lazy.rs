@@ -92,11 +92,11 @@ impl LazyAdmission {
     /// # let backend = Arc::new(SimBackend::new([SimDevice::new(0, 96 * GIB)]));
     /// # let service = QueryService::builder(backend, devices, bounds).build()?;
     /// let lazy = service.resource_ticket(GIB).lazy();
-    /// assert_eq!(service.device_ledger_reports()[0].live_grant_count, 0);
+    /// assert_eq!(service.ledger_snapshots()[0].live_grant_count, 0);
     /// // Admitted at the first step that needs the device, then reused.
     /// let grant = lazy.handle().await?.grant_bytes();
     /// assert_eq!(lazy.handle().await?.grant_bytes(), grant);
-    /// assert_eq!(service.device_ledger_reports()[0].live_grant_count, 1);
+    /// assert_eq!(service.ledger_snapshots()[0].live_grant_count, 1);
     /// lazy.release().await;
     /// # Ok(())
     /// # }
@@ -229,11 +229,11 @@ mod tests {
     async fn a_lazy_admission_no_execution_used_reserves_nothing() {
         let (service, sim) = service();
         sim.clear_log();
-        let before = service.device_ledger_reports();
+        let before = service.ledger_snapshots();
         let lazy = service.resource_ticket(GIB).lazy();
         assert!(!lazy.is_admitted());
         assert_eq!(lazy.release().await, None);
-        assert_eq!(service.device_ledger_reports(), before);
+        assert_eq!(service.ledger_snapshots(), before);
         assert!(sim.ops().is_empty(), "no backend call");
         assert_eq!(service.admission_snapshot().queued, 0);
     }
@@ -246,12 +246,12 @@ mod tests {
         assert!(lazy.is_admitted());
         let second = lazy.run(QueryHandle::grant_id).await.unwrap();
         assert_eq!(first, second, "one admission, one grant");
-        assert_eq!(service.device_ledger_reports()[0].live_grant_count, 1);
+        assert_eq!(service.ledger_snapshots()[0].live_grant_count, 1);
         let report = lazy.release().await.expect("admitted");
         assert!(report.ledger_released);
         assert_eq!(report.grant, first);
         service.settle().await;
-        assert_eq!(service.device_ledger_reports()[0].live_grant_count, 0);
+        assert_eq!(service.ledger_snapshots()[0].live_grant_count, 0);
         assert_eq!(sim.live_handles(), 0);
     }
 
@@ -268,7 +268,7 @@ mod tests {
         assert_eq!(service.admission_snapshot().queued, 0);
         blocker.release().await;
         let grant = lazy.run(QueryHandle::grant_id).await.unwrap();
-        assert_eq!(service.device_ledger_reports()[0].live_grant_count, 1);
+        assert_eq!(service.ledger_snapshots()[0].live_grant_count, 1);
         assert_eq!(lazy.release().await.map(|r| r.grant), Some(grant));
     }
 }

@@ -521,7 +521,7 @@ impl Error for LedgerError {}
 
 /// A protection as a report shows it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct ProtectionReport {
+pub struct ProtectionSnapshot {
     /// The waiter holding the protection.
     pub waiter: WaiterId,
     /// The bytes it accumulates up to.
@@ -534,7 +534,7 @@ pub struct ProtectionReport {
 /// authoritative view of grants, protection, cache charges and health.
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
-pub struct LedgerReport {
+pub struct LedgerSnapshot {
     /// The device.
     pub device: DeviceOrdinal,
     /// Admission health.
@@ -556,7 +556,7 @@ pub struct LedgerReport {
     /// Bytes held for the protected waiter.
     pub protected_bytes: u64,
     /// The protection, if any.
-    pub protection: Option<ProtectionReport>,
+    pub protection: Option<ProtectionSnapshot>,
     /// Attempts running.
     pub active_attempts: u32,
     /// The active-attempt limit.
@@ -579,7 +579,7 @@ struct Protection {
 ///
 /// Only the query service's admission core owns ledgers: from outside the
 /// crate a ledger can be read (through
-/// [`QueryService::device_ledger_reports`](super::QueryService::device_ledger_reports)
+/// [`QueryService::ledger_snapshots`](super::QueryService::ledger_snapshots)
 /// and placement) but neither created nor made to commit, release or
 /// protect bytes, so no caller can forge a grant or free bytes it was not
 /// granted.
@@ -796,7 +796,7 @@ impl DeviceLedger {
         &mut self,
         waiter: WaiterId,
         floor: u64,
-    ) -> Result<ProtectionReport, LedgerError> {
+    ) -> Result<ProtectionSnapshot, LedgerError> {
         if let Some(reason) = self.unhealthy_reason() {
             return Err(LedgerError::Never(reason));
         }
@@ -817,13 +817,13 @@ impl DeviceLedger {
             accumulated: 0,
         });
         self.top_up_protection();
-        let report = self.protection.map(|p| ProtectionReport {
+        let report = self.protection.map(|p| ProtectionSnapshot {
             waiter: p.waiter,
             target_bytes: p.target,
             accumulated_bytes: p.accumulated,
         });
         // Set just above; the fallback is unreachable.
-        Ok(report.unwrap_or(ProtectionReport {
+        Ok(report.unwrap_or(ProtectionSnapshot {
             waiter,
             target_bytes: target,
             accumulated_bytes: 0,
@@ -935,12 +935,12 @@ impl DeviceLedger {
     }
 
     /// A snapshot of every counter.
-    pub(crate) fn report(&self) -> LedgerReport {
+    pub(crate) fn snapshot(&self) -> LedgerSnapshot {
         let max_new_bytes = match self.room_for(None) {
             Room::Bytes(bytes) => Some(bytes),
             Room::NoSlot { .. } => None,
         };
-        LedgerReport {
+        LedgerSnapshot {
             device: self.device(),
             health: self.health,
             managed_capacity: self.profile.managed_capacity(),
@@ -951,7 +951,7 @@ impl DeviceLedger {
             cache_evictable_bytes: self.cache_evictable,
             cache_pinned_bytes: self.cache_pinned,
             protected_bytes: self.protected_bytes(),
-            protection: self.protection.map(|p| ProtectionReport {
+            protection: self.protection.map(|p| ProtectionSnapshot {
                 waiter: p.waiter,
                 target_bytes: p.target,
                 accumulated_bytes: p.accumulated,

@@ -65,7 +65,7 @@ fn seed_ledger() -> (DeviceLedger, MemoryGrant) {
 fn the_seed_worked_example_grants_between_10_and_20_gb() {
     let (ledger, running) = seed_ledger();
     assert_eq!(running.bytes(), 30 * GB);
-    let report = ledger.report();
+    let report = ledger.snapshot();
     assert_eq!(report.attempt_floor, 10 * GB);
     assert_eq!(report.cache_evictable_bytes, 8 * GB);
     assert_eq!(report.cache_pinned_bytes, 2 * GB);
@@ -132,14 +132,14 @@ fn commit_takes_a_slot_and_the_grant_and_release_returns_both() {
     assert_eq!(grant.bytes(), 20 * GB);
     assert_eq!(grant.required_floor(), 10 * GB);
     assert_eq!(grant.device(), dev(0));
-    let report = ledger.report();
+    let report = ledger.snapshot();
     assert_eq!(report.active_attempts, 2);
     assert_eq!(report.live_grants_bytes, 50 * GB);
     assert_eq!(report.live_grant_count, 2);
     let outcome = ledger.release(grant).expect("issued here");
     assert_eq!(outcome.bytes, 20 * GB);
     ledger.release(running).expect("issued here");
-    let report = ledger.report();
+    let report = ledger.snapshot();
     assert_eq!((report.active_attempts, report.live_grants_bytes), (0, 0));
 }
 
@@ -243,7 +243,7 @@ fn quarantine_and_close_issue_nothing_new_but_in_flight_grants_drain() {
         );
         ledger.release(grant).expect("drains");
         ledger.evict_cache(GB).expect("drains");
-        let report = ledger.report();
+        let report = ledger.snapshot();
         assert_eq!(report.live_grants_bytes + report.cache_evictable_bytes, 0);
         assert_eq!(report.active_attempts, 0);
     }
@@ -309,7 +309,7 @@ fn releases_top_the_protection_up_before_anybody_else_can_use_the_bytes() {
     let outcome = ledger.release(grants.remove(0)).expect("issued here");
     // Free after the release: 80 - 40 live - 20 protected - 10 for the open slot.
     assert_eq!(outcome.protection_top_up, 10 * GB);
-    let report = ledger.report();
+    let report = ledger.snapshot();
     assert_eq!(report.protected_bytes, 30 * GB);
     assert_eq!(report.empty_unprotected_slots, 1);
 
@@ -321,7 +321,7 @@ fn releases_top_the_protection_up_before_anybody_else_can_use_the_bytes() {
     assert_eq!(admitted(ledger.decide(&own)), 30 * GB);
     let grant = ledger.commit(&own).expect("protected waiter admitted");
     assert_eq!(grant.bytes(), 30 * GB);
-    let report = ledger.report();
+    let report = ledger.snapshot();
     assert_eq!(report.protection, None, "consumed by the holder's commit");
     assert_eq!(report.protected_bytes, 0);
     assert_eq!(report.active_attempts, 3);
@@ -339,7 +339,7 @@ fn evictions_top_up_a_protection_too() {
     assert_eq!(protection.accumulated_bytes, 0);
     ledger.evict_cache(16 * GB).expect("evictable");
     // 80 - 50 - 20 = 10: exactly the attempt floor.
-    assert_eq!(ledger.report().protected_bytes, 10 * GB);
+    assert_eq!(ledger.snapshot().protected_bytes, 10 * GB);
 }
 
 #[test]
@@ -359,8 +359,8 @@ fn a_protection_is_one_per_ledger_and_can_be_retargeted() {
         })
     );
     assert_eq!(a.unprotect(waiter), Ok(10 * GB), "its bytes come back");
-    assert_eq!(a.report().protection, None);
-    assert_eq!(a.report().max_new_bytes, Some(20 * GB));
+    assert_eq!(a.snapshot().protection, None);
+    assert_eq!(a.snapshot().max_new_bytes, Some(20 * GB));
     let on_b = b.protect(waiter, 0).expect("retargeted");
     assert_eq!(on_b.accumulated_bytes, 10 * GB);
     assert_eq!(b.protection_holder(), Some(waiter));
@@ -429,7 +429,7 @@ fn cache_charges_are_checked_against_the_cap_the_pool_and_the_counters() {
     ));
     ledger.unpin_cache(3 * GB).expect("pinned");
     ledger.evict_cache(4 * GB).expect("evictable");
-    assert_eq!(ledger.report().cache_evictable_bytes, 0);
+    assert_eq!(ledger.snapshot().cache_evictable_bytes, 0);
 }
 
 #[test]
@@ -441,7 +441,7 @@ fn a_grant_from_another_ledger_is_handed_back_unreleased() {
     assert!(foreign.to_string().contains("gpu1"));
     a.release(foreign.into_grant())
         .expect("released where it belongs");
-    assert_eq!(a.report().active_attempts, 0);
+    assert_eq!(a.snapshot().active_attempts, 0);
 }
 
 #[test]
@@ -1026,13 +1026,13 @@ proptest! {
                     if let Some(waiter) = waiter {
                         request = request.for_waiter(WaiterId::new(waiter));
                     }
-                    let before = ledger.report();
+                    let before = ledger.snapshot();
                     let decision = ledger.decide(&request);
                     match ledger.commit(&request) {
                         Ok(grant) => {
                             prop_assert_eq!(decision, Decision::Admit { grant_bytes: grant.bytes() });
                             prop_assert!(grant.bytes() >= ledger.required_floor(&request));
-                            let r = ledger.report();
+                            let r = ledger.snapshot();
                             let spoken = r.live_grants_bytes
                                 + r.cache_evictable_bytes
                                 + r.cache_pinned_bytes
@@ -1052,7 +1052,7 @@ proptest! {
                         }
                         Err(error) => {
                             prop_assert!(!matches!(decision, Decision::Admit { .. }), "{error}");
-                            prop_assert_eq!(ledger.report(), before);
+                            prop_assert_eq!(ledger.snapshot(), before);
                         }
                     }
                 }
@@ -1079,7 +1079,7 @@ proptest! {
                 Op::Unprotect(w) => { let _ = ledger.unprotect(WaiterId::new(w)); }
                 Op::Quarantine => { ledger.quarantine(1); }
             }
-            let r = ledger.report();
+            let r = ledger.snapshot();
             prop_assert!(r.active_attempts <= max_active);
             prop_assert_eq!(r.active_attempts as usize, grants.len());
             prop_assert_eq!(r.live_grant_count, grants.len());
@@ -1098,13 +1098,13 @@ proptest! {
             prop_assert_eq!((grant.id(), grant.bytes(), grant.required_floor()), facts);
             ledger.release(grant).expect("issued here");
         }
-        let r = ledger.report();
+        let r = ledger.snapshot();
         ledger.unpin_cache(r.cache_pinned_bytes).expect("pinned");
         ledger.evict_cache(r.cache_evictable_bytes + r.cache_pinned_bytes).expect("evictable");
         if let Some(p) = r.protection {
             ledger.unprotect(p.waiter).expect("held");
         }
-        let r = ledger.report();
+        let r = ledger.snapshot();
         prop_assert_eq!(
             (r.active_attempts, r.live_grants_bytes, r.live_grant_count),
             (0, 0, 0)
@@ -1139,7 +1139,7 @@ fn an_overflowing_cache_charge_is_cache_cap_exceeded() {
             cache_cap: 4 * GIB,
         })
     );
-    assert_eq!(ledger.report().cache_evictable_bytes, GIB);
+    assert_eq!(ledger.snapshot().cache_evictable_bytes, GIB);
 }
 
 #[test]
@@ -1172,7 +1172,7 @@ fn absurd_profile_and_bounds_values_are_typed_errors_or_work() {
     let huge = build(u64::MAX, u32::MAX).expect("every slot gets a floor");
     assert_eq!(huge.managed_capacity(), u64::MAX);
     let mut ledger = DeviceLedger::new(huge);
-    let report = ledger.report();
+    let report = ledger.snapshot();
     assert!(report.max_new_bytes.is_some());
     let request = GrantRequest::resource_only(0).with_working_set_hint(u64::MAX);
     let grant = ledger.commit(&request).expect("an empty ledger admits");

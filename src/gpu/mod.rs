@@ -190,7 +190,7 @@
 //! assert_eq!(handle.grant_bytes(), 16 * GIB); // the hint, inside [12 GiB, max_new]
 //! let report = handle.release().await;
 //! assert_eq!(report.grant_bytes, 16 * GIB);
-//! assert_eq!(service.device_ledger_reports()[0].live_grants_bytes, 0);
+//! assert_eq!(service.ledger_snapshots()[0].live_grants_bytes, 0);
 //! # Ok(())
 //! # }
 //! ```
@@ -333,8 +333,8 @@ pub use envelope::{
 pub use handle::{AttemptReport, QueryHandle};
 pub use lazy::LazyAdmission;
 pub use ledger::{
-    GrantId, LaterReason, LedgerError, LedgerHealth, LedgerReport, NeverReason, ProtectionReport,
-    WaiterId,
+    GrantId, LaterReason, LedgerError, LedgerHealth, LedgerSnapshot, NeverReason,
+    ProtectionSnapshot, WaiterId,
 };
 #[cfg(feature = "config")]
 pub use observe::jsonl_observer;

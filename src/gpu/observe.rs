@@ -16,7 +16,7 @@
 //! boundary): the record is dropped, and nothing else changes. With the
 //! `config` feature, [`jsonl_observer`] writes one JSON object per line;
 //! the authoritative current state remains
-//! [`QueryService::device_ledger_reports`](super::service::QueryService::device_ledger_reports).
+//! [`QueryService::ledger_snapshots`](super::service::QueryService::ledger_snapshots).
 //!
 //! # One vocabulary
 //!

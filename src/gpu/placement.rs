@@ -74,7 +74,7 @@ pub(crate) fn rank_devices<'a>(
             let Decision::Admit { grant_bytes } = ledger.decide(request) else {
                 return None;
             };
-            let report = ledger.report();
+            let report = ledger.snapshot();
             let others_protected = match report.protection {
                 Some(p) if Some(p.waiter) == request.waiter() => 0,
                 Some(p) => p.accumulated_bytes,

@@ -67,7 +67,7 @@ use tokio::time::Instant;
 use super::backend::DeviceOrdinal;
 use super::ledger::{
     Decision, DeviceLedger, ForeignGrant, GrantRequest, LaterReason, LedgerError, LedgerHealth,
-    LedgerReport, MemoryGrant, ReleaseOutcome, WaiterId,
+    LedgerSnapshot, MemoryGrant, ReleaseOutcome, WaiterId,
 };
 use super::observe::GpuEvent;
 use super::outcome::GpuAdmitError;
@@ -244,9 +244,9 @@ impl AdmissionCore {
         self.index(device).and_then(|i| self.ledgers.get(i))
     }
 
-    /// Every ledger's report, in ordinal order.
-    pub(crate) fn ledger_reports(&self) -> Vec<LedgerReport> {
-        self.ledgers.iter().map(DeviceLedger::report).collect()
+    /// A snapshot of every ledger, in ordinal order.
+    pub(crate) fn ledger_snapshots(&self) -> Vec<LedgerSnapshot> {
+        self.ledgers.iter().map(DeviceLedger::snapshot).collect()
     }
 
     /// Queued plus pending submissions: what `max_pending` bounds.
@@ -457,7 +457,7 @@ impl AdmissionCore {
                 continue;
             };
             let needed = required_floor.saturating_sub(max_new);
-            if needed <= ledger.report().cache_evictable_bytes
+            if needed <= ledger.snapshot().cache_evictable_bytes
                 && best.is_none_or(|(b, d, _)| (needed, *device) < (b, d))
             {
                 best = Some((needed, *device, i));
@@ -701,7 +701,7 @@ impl AdmissionCore {
     fn room(&self) -> Vec<Option<u64>> {
         self.ledgers
             .iter()
-            .map(|l| l.report().max_new_bytes)
+            .map(|l| l.snapshot().max_new_bytes)
             .collect()
     }
 
@@ -771,7 +771,7 @@ impl AdmissionCore {
                 .ledgers
                 .iter()
                 .map(|l| {
-                    let r = l.report();
+                    let r = l.snapshot();
                     DeviceSummary {
                         device: r.device,
                         health: r.health,
@@ -804,7 +804,7 @@ impl AdmissionCore {
         worker_depth: &dyn Fn(DeviceOrdinal) -> u64,
     ) -> DeviceLoad {
         let profile = ledger.profile();
-        let report = ledger.report();
+        let report = ledger.snapshot();
         let capacity = u64::from(report.max_active_attempts)
             .saturating_mul(u64::from(profile.streams_per_attempt()));
         let live = self
@@ -906,7 +906,7 @@ impl AdmissionCore {
             .filter_map(|d| self.ledger(*d))
             .filter(|l| l.health() == LedgerHealth::Healthy && l.protection_holder().is_none())
             .map(|l| {
-                let r = l.report();
+                let r = l.snapshot();
                 let claimed = r
                     .live_grants_bytes
                     .saturating_add(r.cache_evictable_bytes)
@@ -1040,7 +1040,7 @@ mod tests {
             let younger = granted(&mut core, younger).expect("the younger waiter follows");
             core.release(old).unwrap();
             core.release(younger).unwrap();
-            let report = core.ledger_reports().remove(0);
+            let report = core.ledger_snapshots().remove(0);
             assert_eq!((report.live_grants_bytes, report.active_attempts), (0, 0));
             assert!(report.protection.is_none());
         }

@@ -71,7 +71,7 @@ fn core() -> AdmissionCore {
 }
 
 fn assert_within_capacity(core: &AdmissionCore) {
-    for r in core.ledger_reports() {
+    for r in core.ledger_snapshots() {
         let spoken = r.live_grants_bytes
             + r.cache_evictable_bytes
             + r.cache_pinned_bytes
@@ -196,7 +196,7 @@ proptest! {
             prop_assert_eq!(core.release(grant).expect("issued here").bytes, bytes);
         }
         prop_assert_eq!(core.depth(), 0);
-        for r in core.ledger_reports() {
+        for r in core.ledger_snapshots() {
             prop_assert_eq!(r.live_grants_bytes, 0);
             prop_assert_eq!(r.live_grant_count, 0);
             prop_assert_eq!(r.active_attempts, 0);

@@ -9,7 +9,7 @@ use std::time::Duration;
 use admission::gpu::backend::sim::{SimBackend, SimDevice};
 use admission::gpu::backend::DeviceOrdinal;
 use admission::gpu::{
-    Capability, CapabilityProof, CapabilitySet, DeviceProfile, DeviceSet, LedgerReport,
+    Capability, CapabilityProof, CapabilitySet, DeviceProfile, DeviceSet, LedgerSnapshot,
     MemoryOwnership, Observation, ObservationKind, PhaseRequirement, PlanDescription,
     PlanFingerprint, ProofIssuer, QueryService, QueryServiceBuilder, QueueBounds,
 };
@@ -98,11 +98,11 @@ impl Rig {
         self.issuer.lower(&plan).expect("provable plan")
     }
 
-    pub fn reports(&self) -> Vec<LedgerReport> {
-        self.service.device_ledger_reports()
+    pub fn reports(&self) -> Vec<LedgerSnapshot> {
+        self.service.ledger_snapshots()
     }
 
-    pub fn report(&self, n: u32) -> LedgerReport {
+    pub fn report(&self, n: u32) -> LedgerSnapshot {
         self.reports()
             .into_iter()
             .find(|r| r.device == dev(n))

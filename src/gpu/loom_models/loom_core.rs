@@ -14,7 +14,9 @@ use crate::gpu::backend::DeviceOrdinal;
 use crate::gpu::ledger::{GrantRequest, MemoryGrant};
 use crate::gpu::observe::GpuEvent;
 use crate::gpu::scheduler::AdmissionCore;
-use crate::gpu::{DeviceProfile, DeviceSet, LedgerReport, MemoryOwnership, QueueBounds, WaiterId};
+use crate::gpu::{
+    DeviceProfile, DeviceSet, LedgerSnapshot, MemoryOwnership, QueueBounds, WaiterId,
+};
 use loom::sync::{Arc, Mutex};
 use loom::thread;
 use tokio::time::Instant;
@@ -58,7 +60,7 @@ fn submit(core: &mut AdmissionCore, floor_gib: u64, hint_gib: Option<u64>) -> Wa
     waiter
 }
 
-fn conserved(r: &LedgerReport) {
+fn conserved(r: &LedgerSnapshot) {
     super::assert_ledger_conserved(r);
     if r.protection.is_some() {
         // The protected slot is never taken by anybody else.
@@ -67,14 +69,14 @@ fn conserved(r: &LedgerReport) {
 }
 
 fn check(core: &AdmissionCore) {
-    for r in core.ledger_reports() {
+    for r in core.ledger_snapshots() {
         conserved(&r);
     }
 }
 
 fn assert_empty(core: &AdmissionCore) {
     assert_eq!(core.depth(), 0);
-    for r in core.ledger_reports() {
+    for r in core.ledger_snapshots() {
         assert_eq!(
             (r.active_attempts, r.live_grants_bytes, r.live_grant_count),
             (0, 0, 0),
@@ -201,7 +203,7 @@ pub fn a_younger_waiter_never_takes_a_protected_slot_or_bytes() {
             let shared = shared.clone();
             thread::spawn(move || {
                 let mut c = shared.lock().unwrap();
-                let before = c.ledger_reports();
+                let before = c.ledger_snapshots();
                 let waiter = c.reserve(Instant::now()).expect("room");
                 c.resolve(waiter, request(2, Some(2)), vec![D0])
                     .expect("healthy");

@@ -41,7 +41,7 @@ pub fn a_commit_racing_a_rollback_never_exceeds_capacity() {
             l.charge_cache(8 * GB).expect("fits");
             let first = l.commit(&hinted(40 * GB)).expect("fits an empty device");
             let second = l.commit(&hinted(0)).expect("a floor fits");
-            super::assert_ledger_conserved(&l.report());
+            super::assert_ledger_conserved(&l.snapshot());
             (first, second)
         };
 
@@ -49,9 +49,9 @@ pub fn a_commit_racing_a_rollback_never_exceeds_capacity() {
             let shared = shared.clone();
             thread::spawn(move || {
                 let mut l = shared.lock().unwrap();
-                let before = l.report();
+                let before = l.snapshot();
                 let grant = l.commit(&GrantRequest::resource_only(0)).ok();
-                let after = l.report();
+                let after = l.snapshot();
                 super::assert_ledger_conserved(&after);
                 if grant.is_none() {
                     assert_eq!(before, after, "a refused commit changes nothing");
@@ -65,7 +65,7 @@ pub fn a_commit_racing_a_rollback_never_exceeds_capacity() {
                 let mut l = shared.lock().unwrap();
                 let outcome = l.release(rolled_back).expect("issued here");
                 assert_eq!(outcome.bytes, 40 * GB);
-                super::assert_ledger_conserved(&l.report());
+                super::assert_ledger_conserved(&l.snapshot());
             })
         };
 
@@ -80,7 +80,7 @@ pub fn a_commit_racing_a_rollback_never_exceeds_capacity() {
         l.release(grant).expect("issued here");
         l.release(cached).expect("issued here");
         l.evict_cache(8 * GB).expect("charged");
-        let r = l.report();
+        let r = l.snapshot();
         assert_eq!(
             (r.active_attempts, r.live_grants_bytes, r.live_grant_count),
             (0, 0, 0)
@@ -115,18 +115,18 @@ pub fn a_protected_waiter_keeps_its_slot_and_bytes_against_a_racing_request() {
             thread::spawn(move || {
                 let mut l = shared.lock().unwrap();
                 l.release(released).expect("issued here");
-                super::assert_ledger_conserved(&l.report());
+                super::assert_ledger_conserved(&l.snapshot());
                 // The freed bytes went to the protection first.
-                assert_eq!(l.report().protected_bytes, 30 * GB);
+                assert_eq!(l.snapshot().protected_bytes, 30 * GB);
             })
         };
         let other = {
             let shared = shared.clone();
             thread::spawn(move || {
                 let mut l = shared.lock().unwrap();
-                let before = l.report();
+                let before = l.snapshot();
                 let result = l.commit(&GrantRequest::resource_only(0).for_waiter(WaiterId::new(8)));
-                let after = l.report();
+                let after = l.snapshot();
                 super::assert_ledger_conserved(&after);
                 if let Ok(grant) = &result {
                     // Only the bytes beyond the protection: 80 - 40 - 30.
@@ -142,11 +142,11 @@ pub fn a_protected_waiter_keeps_its_slot_and_bytes_against_a_racing_request() {
             let mut l = shared.lock().unwrap();
             let decision = l.decide(&own);
             let result = l.commit(&own);
-            super::assert_ledger_conserved(&l.report());
+            super::assert_ledger_conserved(&l.snapshot());
             match (&decision, &result) {
                 (Decision::Admit { grant_bytes }, Ok(grant)) => {
                     assert_eq!(*grant_bytes, grant.bytes());
-                    assert_eq!(l.report().protection, None, "consumed at commit");
+                    assert_eq!(l.snapshot().protection, None, "consumed at commit");
                 }
                 (Decision::Admit { .. }, Err(e)) => panic!("decided Admit, commit failed: {e}"),
                 _ => assert!(result.is_err()),
@@ -165,17 +165,17 @@ pub fn a_protected_waiter_keeps_its_slot_and_bytes_against_a_racing_request() {
             None => l.commit(&own).expect("the protected waiter is admitted"),
         };
         assert_eq!(grant.bytes(), 30 * GB);
-        assert_eq!(l.report().protection, None);
-        super::assert_ledger_conserved(&l.report());
+        assert_eq!(l.snapshot().protection, None);
+        super::assert_ledger_conserved(&l.snapshot());
         l.release(grant).expect("issued here");
         if let Some(g) = other_grant {
             l.release(g).expect("issued here");
         }
-        assert_eq!(l.report().active_attempts, 2);
+        assert_eq!(l.snapshot().active_attempts, 2);
         for g in running {
             l.release(g).expect("issued here");
         }
-        let r = l.report();
+        let r = l.snapshot();
         assert_eq!(
             (r.active_attempts, r.live_grants_bytes, r.protected_bytes),
             (0, 0, 0)

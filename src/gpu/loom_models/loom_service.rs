@@ -76,7 +76,7 @@ fn release_on_another_thread(service: &QueryService, grant: MemoryGrant) -> thre
 /// Nothing is held and nothing is remembered: no grant, no slot, no
 /// queued or parked waiter, no waker.
 fn assert_idle(service: &QueryService) {
-    let report = &service.device_ledger_reports()[0];
+    let report = &service.ledger_snapshots()[0];
     super::assert_ledger_conserved(report);
     assert_eq!((report.live_grants_bytes, report.active_attempts), (0, 0));
     let snapshot = service.admission_snapshot();

@@ -29,7 +29,7 @@ use crate::sync::loom_model as model;
 /// Asserts a ledger's conservation invariant: what is spoken for (grants,
 /// cache, protection and one floor per open unprotected slot) fits the
 /// pool, and no more attempts run than the limit.
-fn assert_ledger_conserved(r: &crate::gpu::LedgerReport) {
+fn assert_ledger_conserved(r: &crate::gpu::LedgerSnapshot) {
     let spoken = r.live_grants_bytes
         + r.cache_evictable_bytes
         + r.cache_pinned_bytes

@@ -125,7 +125,7 @@ impl QueryServiceBuilder {
     ///     // Told of every decision, as a log line or a metric would be.
     ///     .observer(|observation| tracing::debug!(?observation))
     ///     .build()?;
-    /// assert_eq!(service.device_ledger_reports().len(), 1);
+    /// assert_eq!(service.ledger_snapshots().len(), 1);
     /// # Ok(())
     /// # }
     /// ```

@@ -103,7 +103,7 @@ use tokio::time::Instant;
 
 pub(crate) use self::inner::Inner;
 use super::backend::{BackendError, BackendOp, DeviceOrdinal, SharedBackend};
-use super::ledger::{GrantRequest, LedgerError, LedgerHealth, LedgerReport, WaiterId};
+use super::ledger::{GrantRequest, LedgerError, LedgerHealth, LedgerSnapshot, WaiterId};
 use super::observe::{GpuEvent, Observation};
 use super::outcome::GpuAdmitError;
 use super::profile::{DeviceSet, QueueBounds};
@@ -221,7 +221,7 @@ impl QueryService {
     /// # let bounds = QueueBounds::new(64, Duration::from_secs(30), 4)?;
     /// # let backend = Arc::new(SimBackend::new([SimDevice::new(0, 96 * GIB)]));
     /// let service = QueryService::builder(backend, devices, bounds).build()?;
-    /// assert_eq!(service.device_ledger_reports()[0].live_grants_bytes, 0);
+    /// assert_eq!(service.ledger_snapshots()[0].live_grants_bytes, 0);
     ///
     /// // A profile that promises more memory than the device has is refused.
     /// let small = Arc::new(SimBackend::new([SimDevice::new(0, 16 * GIB)]));
@@ -349,10 +349,10 @@ impl QueryService {
         snapshot
     }
 
-    /// Every ledger's report, in ordinal order: the authoritative view of
+    /// A snapshot of every ledger, in ordinal order: the authoritative view of
     /// grants, protection, cache charges and device admission health.
-    pub fn device_ledger_reports(&self) -> Vec<LedgerReport> {
-        self.inner.state.lock().core.ledger_reports()
+    pub fn ledger_snapshots(&self) -> Vec<LedgerSnapshot> {
+        self.inner.state.lock().core.ledger_snapshots()
     }
 
     /// Sets the `admission_gpu_*` gauges of every device from its ledger's
@@ -363,7 +363,7 @@ impl QueryService {
     /// `metrics` feature (the ledgers' lock is not taken for nothing).
     pub fn record_metrics(&self) {
         #[cfg(feature = "metrics")]
-        for report in self.device_ledger_reports() {
+        for report in self.ledger_snapshots() {
             crate::export::gpu_ledger(
                 report.device.0,
                 report.managed_capacity,
@@ -432,10 +432,10 @@ impl QueryService {
     ///
     /// // An operator takes the device out after an external health check failed...
     /// service.quarantine(gpu0, 700);
-    /// assert!(matches!(service.device_ledger_reports()[0].health, LedgerHealth::Quarantined { .. }));
+    /// assert!(matches!(service.ledger_snapshots()[0].health, LedgerHealth::Quarantined { .. }));
     /// // ...and brings it back once the device was reset.
     /// service.reinstate(gpu0).await?;
-    /// assert_eq!(service.device_ledger_reports()[0].health, LedgerHealth::Healthy);
+    /// assert_eq!(service.ledger_snapshots()[0].health, LedgerHealth::Healthy);
     /// # Ok(())
     /// # }
     /// ```
@@ -519,7 +519,7 @@ impl QueryService {
     ///
     /// // The engine keeps 8 GiB of its own cache resident on the device.
     /// service.change_cache(gpu0, CacheChange::Charge(8 * GIB))?;
-    /// assert_eq!(service.device_ledger_reports()[0].cache_evictable_bytes, 8 * GIB);
+    /// assert_eq!(service.ledger_snapshots()[0].cache_evictable_bytes, 8 * GIB);
     /// service.change_cache(gpu0, CacheChange::Evict(8 * GIB))?;
     /// // More than the counter holds is refused, the ledger unchanged.
     /// assert!(service.change_cache(gpu0, CacheChange::Evict(1)).is_err());
@@ -575,7 +575,7 @@ impl QueryService {
     /// // Dropped without `release`: the teardown runs on the device's worker.
     /// drop(handle);
     /// service.settle().await;
-    /// assert_eq!(service.device_ledger_reports()[0].live_grants_bytes, 0);
+    /// assert_eq!(service.ledger_snapshots()[0].live_grants_bytes, 0);
     /// # Ok(())
     /// # }
     /// ```

@@ -50,7 +50,7 @@ fn observed_service(
 /// The ledger's view and the simulator's view of device 0 agree that
 /// nothing is held.
 fn assert_nothing_held(service: &QueryService, sim: &SimBackend) {
-    let report = &service.device_ledger_reports()[0];
+    let report = &service.ledger_snapshots()[0];
     assert_eq!(report.live_grants_bytes, 0);
     assert_eq!(report.active_attempts, 0);
     assert_eq!(
