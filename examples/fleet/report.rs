@@ -44,17 +44,8 @@ pub struct Summary {
     /// Successes within the SLO a second, per bin of the run, by the time
     /// they were answered.
     pub timeline: Vec<f64>,
-    /// Goodput over the spike's second half, all classes.
-    pub spike_goodput: f64,
-    pub time_to_stable: Option<Duration>,
-    /// The trailing mean goodput is read through for `time_to_stable`.
-    pub window: Duration,
-    /// What the same mean reads for an instant step between the run's
-    /// goodput before the spike and at 3x: the rule's own floor.
-    pub step_floor: Option<Duration>,
-    /// The smoothed goodput's standard deviation over its mean, over the
-    /// spike's second half.
-    pub wander: f64,
+    /// How goodput settled through the spike (all classes).
+    pub settling: Settling,
 }
 
 impl Summary {
@@ -198,11 +189,9 @@ pub fn summarize(run: &Run, settings: &Settings) -> Summary {
     let bin_of = |at: Duration| (at.as_nanos() / settings.bin.as_nanos()) as usize;
     let end = bin_of(to).min(timeline.len());
     let onset = bin_of(phases.spike_start()).min(end);
-    let settling = settling(
-        &timeline[bin_of(phases.spike_start() / 2).min(onset)..end],
-        onset - bin_of(phases.spike_start() / 2).min(onset),
-        settings,
-    );
+    // From the second half of the phase before the spike, as for a train.
+    let start = bin_of(phases.spike_start() / 2).min(onset);
+    let settling = settling(&timeline[start..end], onset - start, settings);
     Summary {
         setup: run.setup,
         classes,
@@ -214,11 +203,7 @@ pub fn summarize(run: &Run, settings: &Settings) -> Summary {
         wasted_share: share(wasted),
         refused_downstream_share: share(refused_downstream),
         timeline,
-        spike_goodput: settling.steady,
-        time_to_stable: settling.time_to_stable,
-        window: settling.window,
-        step_floor: settling.step_floor,
-        wander: settling.wander,
+        settling,
     }
 }
 
@@ -389,10 +374,10 @@ pub fn table(summaries: &[Summary]) -> String {
             percent(summary.refused_downstream_share),
             format!(
                 "{} ({} ms, {}; {})",
-                millis(summary.time_to_stable),
-                summary.window.as_millis(),
-                percent(summary.wander),
-                millis(summary.step_floor)
+                millis(summary.settling.time_to_stable),
+                summary.settling.window.as_millis(),
+                percent(summary.settling.wander),
+                millis(summary.settling.step_floor)
             ),
             summary
                 .units
@@ -438,7 +423,7 @@ pub fn targets(summaries: &[Summary], settle: &Settle) -> String {
         percent(ratio),
         no_retries.goodput_total(),
         percent(naive),
-        whole.spike_goodput,
+        whole.settling.steady,
         verdict(ratio >= 0.9)
     );
     out += &format!(
@@ -482,9 +467,9 @@ pub fn targets(summaries: &[Summary], settle: &Settle) -> String {
         spikes,
         percent(settling.wander),
         millis(settling.step_floor),
-        millis(whole.time_to_stable),
-        whole.window.as_millis(),
-        percent(whole.wander),
+        millis(whole.settling.time_to_stable),
+        whole.settling.window.as_millis(),
+        percent(whole.settling.wander),
         if resolved {
             verdict(stable.is_some_and(|stable| stable < Duration::from_millis(50)))
         } else {
