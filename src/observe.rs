@@ -291,6 +291,7 @@ impl PriorityStats {
         &mut self.entries[at]
     }
 
+    #[inline]
     pub(crate) fn requested(&mut self, priority: Priority, resumed: bool) {
         let entry = self.entry(priority);
         entry.requested += 1;
@@ -309,6 +310,7 @@ impl PriorityStats {
         entry.wait.record_zero();
     }
 
+    #[inline]
     pub(crate) fn admitted(&mut self, priority: Priority, waited: Duration) {
         let entry = self.entry(priority);
         entry.admitted += 1;
@@ -327,6 +329,7 @@ impl PriorityStats {
         self.entry(priority).refusals.would_miss_on_hold += 1;
     }
 
+    #[inline]
     pub(crate) fn cancelled(&mut self, priority: Priority) {
         let entry = self.entry(priority);
         entry.errored += 1;

@@ -86,6 +86,7 @@ pub mod loom_models;
 pub use slot::{SlotGranter, SlotSnapshot, SlotState};
 pub use token::{TokenBucket, TokenClass, TokenGranter, TokenSnapshot, TokenState};
 
+use std::any::Any;
 use std::fmt::Debug;
 
 use crate::health::Boundary;
@@ -201,6 +202,23 @@ pub(crate) struct Grants<'a, G: Granter> {
     pub(crate) owed: &'a mut u64,
 }
 
+/// The crate's own slot granter and its state, when `G` is it: the
+/// admission and the release that every request makes are then plain
+/// arithmetic that calls no foreign code, taken without the panic
+/// boundary's indirect call. Whatever else it does (an overrun alarm, a
+/// return of more than was held, which logs) still goes through the
+/// boundary. `G` is known at compile time, so for every other granter this
+/// folds away.
+#[inline]
+fn as_slots<'s, G: Granter>(
+    granter: &'s G,
+    state: &'s mut G::State,
+) -> Option<(&'s SlotGranter, &'s mut SlotState)> {
+    let granter: &dyn Any = granter;
+    let state: &mut dyn Any = state;
+    Some((granter.downcast_ref()?, state.downcast_mut()?))
+}
+
 impl<G: Granter> Grants<'_, G> {
     /// Takes `count` units: `None` if the granter refused, else whether the
     /// granter counted them (`false` when it panicked and the queue failed
@@ -208,6 +226,19 @@ impl<G: Granter> Grants<'_, G> {
     #[inline]
     pub(crate) fn try_get(&mut self, count: u64) -> Option<bool> {
         self.settle_owed();
+        let (granter, state) = (self.granter, &mut *self.state);
+        if let Some((slots, state)) = as_slots(granter, state) {
+            if slots.take_within_total(state, count) {
+                return Some(true);
+            }
+        }
+        self.try_get_guarded(count)
+    }
+
+    /// [`try_get`](Self::try_get) through the panic boundary: out of line,
+    /// so that the slot granter's common case above pays no set-up for it.
+    #[inline(never)]
+    fn try_get_guarded(&mut self, count: u64) -> Option<bool> {
         let (granter, state) = (self.granter, &mut *self.state);
         match self.boundary.call(|| granter.try_get(state, count)) {
             Some(true) => Some(true),
@@ -218,6 +249,19 @@ impl<G: Granter> Grants<'_, G> {
 
     #[inline]
     pub(crate) fn return_grant(&mut self, count: u64) {
+        let (granter, state) = (self.granter, &mut *self.state);
+        if let Some((slots, state)) = as_slots(granter, state) {
+            if slots.give_back_held(state, count) {
+                return;
+            }
+        }
+        self.return_grant_guarded(count);
+    }
+
+    /// [`return_grant`](Self::return_grant) through the panic boundary,
+    /// out of line as `try_get_guarded` is.
+    #[inline(never)]
+    fn return_grant_guarded(&mut self, count: u64) {
         let (granter, state) = (self.granter, &mut *self.state);
         if self
             .boundary

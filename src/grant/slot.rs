@@ -229,6 +229,35 @@ impl SlotGranter {
     }
 }
 
+impl SlotGranter {
+    /// `try_get` when the units fit under the total: `false` (and nothing
+    /// taken) where `try_get` has more to decide.
+    #[inline]
+    pub(crate) fn take_within_total(&self, state: &mut SlotState, count: u64) -> bool {
+        match state.used.checked_add(count) {
+            Some(after) if after <= self.total() => {
+                state.used = after;
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// `return_grant` of units that are held: `false` (and nothing
+    /// returned) for a return of more than is held, which `return_grant`
+    /// reports.
+    #[inline]
+    pub(crate) fn give_back_held(&self, state: &mut SlotState, count: u64) -> bool {
+        match state.used.checked_sub(count) {
+            Some(after) => {
+                state.used = after;
+                true
+            }
+            None => false,
+        }
+    }
+}
+
 impl Granter for SlotGranter {
     type State = SlotState;
     type Snapshot = SlotSnapshot;

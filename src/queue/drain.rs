@@ -137,10 +137,14 @@ impl Drain {
     /// drain rate, so it is skipped, keeping the last busy rate; otherwise an idle stretch would
     /// halve the rate toward zero every window and the next request to
     /// queue would be refused as if nothing ever completed.
+    #[inline]
     pub(super) fn update(&mut self, now: Instant, busy: bool) {
-        if self.window_ends.is_none_or(|ends| now < ends) {
-            return;
+        if self.window_ends.is_some_and(|ends| now >= ends) {
+            self.close_window(now, busy);
         }
+    }
+
+    fn close_window(&mut self, now: Instant, busy: bool) {
         let elapsed = now.saturating_duration_since(self.since);
         if self.completions == 0 && !busy {
             self.start_window(now);

@@ -213,6 +213,7 @@ impl LevelWindows {
 
     /// Work of `priority` was admitted after waiting `waited`; `now` if
     /// the caller read the clock.
+    #[inline]
     pub(crate) fn admitted(&mut self, priority: Priority, waited: Duration, now: Option<Instant>) {
         let shedding = self.level > Priority::LOW;
         if shedding {

@@ -697,6 +697,7 @@ impl QueueState {
     /// `capacity`), plus the time work typically holds a slot. The
     /// backlog of a heavier tenant does not count against a lighter one,
     /// which is served first.
+    #[inline]
     fn doomed(
         &mut self,
         work: &WorkInfo,
@@ -704,9 +705,22 @@ impl QueueState {
         capacity: Option<u64>,
     ) -> Option<AdmitError> {
         let deadline = work.deadline()?;
+        if !self.limits.early_rejection {
+            return None;
+        }
+        self.doomed_by_drain(work, deadline, now, capacity)
+    }
+
+    fn doomed_by_drain(
+        &mut self,
+        work: &WorkInfo,
+        deadline: Instant,
+        now: Instant,
+        capacity: Option<u64>,
+    ) -> Option<AdmitError> {
         // No completion yet (nor a window closed): nothing to estimate from.
         let per_sec = self.drain.grants_per_sec(capacity, now);
-        if !self.limits.early_rejection || self.drain.per_sec <= 0.0 || per_sec <= 0.0 {
+        if self.drain.per_sec <= 0.0 || per_sec <= 0.0 {
             return None;
         }
         let id = work.tenant();
@@ -1444,6 +1458,7 @@ impl QueueState {
     }
 
     /// Runs the periodic reset if it is due.
+    #[inline]
     fn maybe_reset(&mut self, now: Instant) {
         if self.next_reset.is_some_and(|due| now >= due) {
             self.reset(now);
@@ -1475,7 +1490,16 @@ impl QueueState {
     /// restarts with the new length; work waiting for an epoch of the old
     /// count to close becomes eligible now, as if it had (its thresholds are
     /// kept, and the next close recomputes them in the new units).
+    #[inline]
     fn rescale_epochs(&mut self, now: Instant) {
+        // Checked here, inlined, so that a queue without the scale (most)
+        // pays a compare on every enqueue, not a call.
+        if self.deadline_scale.is_some() {
+            self.rescale_epochs_now(now);
+        }
+    }
+
+    fn rescale_epochs_now(&mut self, now: Instant) {
         let Some(settings) = self
             .deadline_scale
             .as_mut()
@@ -1505,10 +1529,14 @@ impl QueueState {
     /// eligible. After an idle stretch of several epochs, the epochs after
     /// the first saw nothing, so thresholds return to all-FIFO in one step
     /// rather than one epoch at a time.
+    #[inline]
     fn close_epochs(&mut self, now: Instant) {
-        let Some(settings) = self.lifo else {
-            return;
-        };
+        if let Some(settings) = self.lifo {
+            self.close_epochs_now(settings, now);
+        }
+    }
+
+    fn close_epochs_now(&mut self, settings: EpochLifo, now: Instant) {
         let mut due = 0u64;
         while let Some(at) = settings.closes_at(self.origin, self.closed_epochs + due) {
             if at > now || due == 2 {
@@ -1628,6 +1656,7 @@ impl QueueState {
 
     /// Takes a waiting request out of its tenant's set (and its tenant out
     /// of `tenant_order` if that was its last one).
+    #[inline]
     fn unlink(&mut self, slab_key: usize) {
         let (tenant, seat, priority) = {
             let waiter = &self.waiters[slab_key];
@@ -1702,7 +1731,16 @@ impl QueueState {
         behind_waiters: bool,
         change: impl FnOnce(&mut Tenant) -> R,
     ) -> Option<R> {
-        if !self.tenants.contains_key(&tenant) {
+        // The common case (a tenant the queue knows) in one look-up.
+        if let Some(record) = self.tenants.get_mut(&tenant) {
+            return Some(keep_in_order(
+                &mut self.tenant_order,
+                tenant,
+                record,
+                change,
+            ));
+        }
+        {
             if self.tenants.len() >= self.gc_threshold {
                 self.sweep_tenants();
             }
@@ -1758,20 +1796,32 @@ impl QueueState {
             debug_assert!(false, "update of an untracked tenant");
             return None;
         };
-        // Tenants with nothing waiting are not in the order (the fast path's
-        // case), and a change that leaves the key alone (one more waiter of
-        // an already waiting tenant) needs no tree update.
-        let before = tenant.has_waiters().then(|| tenant.order(id));
-        let changed = change(tenant);
-        let after = tenant.has_waiters().then(|| tenant.order(id));
-        if before != after {
-            if let Some(before) = before {
-                self.tenant_order.remove(&before);
-            }
-            if let Some(after) = after {
-                self.tenant_order.insert(after);
-            }
-        }
-        Some(changed)
+        Some(keep_in_order(&mut self.tenant_order, id, tenant, change))
     }
+}
+
+/// Applies `change` to the record of tenant `id` and keeps its
+/// `tenant_order` key in step (see [`QueueState::update_tenant`]).
+#[inline]
+fn keep_in_order<R>(
+    tenant_order: &mut BTreeSet<TenantOrder>,
+    id: TenantId,
+    tenant: &mut Tenant,
+    change: impl FnOnce(&mut Tenant) -> R,
+) -> R {
+    // Tenants with nothing waiting are not in the order (the fast path's
+    // case), and a change that leaves the key alone (one more waiter of an
+    // already waiting tenant) needs no tree update.
+    let before = tenant.has_waiters().then(|| tenant.order(id));
+    let changed = change(tenant);
+    let after = tenant.has_waiters().then(|| tenant.order(id));
+    if before != after {
+        if let Some(before) = before {
+            tenant_order.remove(&before);
+        }
+        if let Some(after) = after {
+            tenant_order.insert(after);
+        }
+    }
+    changed
 }
