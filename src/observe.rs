@@ -35,15 +35,29 @@ pub struct WaitHistogram {
     sum_nanos: u64,
 }
 
+/// The bucket of a wait of `nanos`: the first whose bound (in whole
+/// microseconds, rounded up) is not below it. The bounds after the first
+/// are powers of two, so this is one plus the wait's base-two logarithm
+/// rounded up, computed rather than searched for: it runs on every
+/// admission that waited.
+#[inline]
+fn bucket_of(nanos: u64) -> usize {
+    if nanos == 0 {
+        return 0;
+    }
+    let micros = nanos.div_ceil(1_000);
+    let log2_ceil = (u64::BITS - (micros - 1).leading_zeros()) as usize;
+    (1 + log2_ceil).min(BOUNDS_MICROS.len())
+}
+
 impl WaitHistogram {
+    #[inline]
     pub(crate) fn record(&mut self, wait: Duration) {
-        let nanos = u64::try_from(wait.as_nanos()).unwrap_or(u64::MAX);
-        let bucket = if nanos == 0 {
-            0
-        } else {
-            let micros = nanos.div_ceil(1_000);
-            BOUNDS_MICROS.partition_point(|&bound| bound < micros)
-        };
+        let nanos = wait
+            .as_secs()
+            .saturating_mul(1_000_000_000)
+            .saturating_add(u64::from(wait.subsec_nanos()));
+        let bucket = bucket_of(nanos);
         self.counts[bucket] = self.counts[bucket].saturating_add(1);
         self.sum_nanos = self.sum_nanos.saturating_add(nanos);
     }
@@ -351,6 +365,30 @@ impl PriorityStats {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_computed_bucket_is_the_first_bound_not_below_the_wait() {
+        let searched = |nanos: u64| {
+            if nanos == 0 {
+                0
+            } else {
+                let micros = nanos.div_ceil(1_000);
+                BOUNDS_MICROS.partition_point(|&bound| bound < micros)
+            }
+        };
+        // Every bound, one either side of it, in nanoseconds either side of
+        // its microsecond, and the extremes.
+        let mut waits = vec![0, 1, 999, 1_000, 1_001, u64::MAX - 1, u64::MAX];
+        for &bound in &BOUNDS_MICROS {
+            for micros in [bound.saturating_sub(1), bound, bound + 1] {
+                let nanos = micros * 1_000;
+                waits.extend([nanos.saturating_sub(1), nanos, nanos + 1]);
+            }
+        }
+        for nanos in waits {
+            assert_eq!(bucket_of(nanos), searched(nanos), "{nanos} ns");
+        }
+    }
 
     #[test]
     fn waits_land_in_power_of_two_buckets() {

@@ -203,9 +203,9 @@ pub(crate) struct Grants<'a, G: Granter> {
 }
 
 /// The crate's own slot granter and its state, when `G` is it: the
-/// admission and the release that every request makes are then plain
-/// arithmetic that calls no foreign code, taken without the panic
-/// boundary's indirect call. Whatever else it does (an overrun alarm, a
+/// admission and the release that every request makes, and the bounds a
+/// queued request is checked against, are then plain arithmetic that calls
+/// no foreign code, taken without the panic boundary's indirect call. Whatever else it does (an overrun alarm, a
 /// return of more than was held, which logs) still goes through the
 /// boundary. `G` is known at compile time, so for every other granter this
 /// folds away.
@@ -291,13 +291,21 @@ impl<G: Granter> Grants<'_, G> {
             .is_some()
     }
 
+    #[inline]
     pub(crate) fn capacity(&self) -> Option<u64> {
         let (granter, state) = (self.granter, &*self.state);
+        if let Some(slots) = (granter as &dyn Any).downcast_ref::<SlotGranter>() {
+            return Some(slots.total());
+        }
         self.boundary.call(|| granter.capacity(state)).flatten()
     }
 
+    #[inline]
     pub(crate) fn max_request(&self) -> Option<u64> {
         let (granter, state) = (self.granter, &*self.state);
+        if let Some(slots) = (granter as &dyn Any).downcast_ref::<SlotGranter>() {
+            return slots.bound();
+        }
         self.boundary.call(|| granter.max_request(state)).flatten()
     }
 

@@ -243,6 +243,14 @@ impl SlotGranter {
         }
     }
 
+    /// `max_request`: the larger of the total and the ceiling, `None`
+    /// while both are zero.
+    #[inline]
+    pub(crate) fn bound(&self) -> Option<u64> {
+        let bound = self.total().max(self.ceiling.load(Ordering::Acquire));
+        (bound > 0).then_some(bound)
+    }
+
     /// `return_grant` of units that are held: `false` (and nothing
     /// returned) for a return of more than is held, which `return_grant`
     /// reports.
@@ -321,8 +329,7 @@ impl Granter for SlotGranter {
     /// a total of zero pauses admission (everyone waits for it to be
     /// raised) rather than refusing everything.
     fn max_request(&self, _state: &SlotState) -> Option<u64> {
-        let bound = self.total().max(self.ceiling.load(Ordering::Acquire));
-        (bound > 0).then_some(bound)
+        self.bound()
     }
 }
 

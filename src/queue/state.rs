@@ -525,7 +525,7 @@ impl QueueState {
         self.close_epochs(now);
         self.drain.update(now, self.is_busy());
         if !resumed {
-            if let Some(error) = self.doomed(work, now, grants.capacity()) {
+            if let Some(error) = self.doomed(work, now, grants) {
                 return self.reject(work, error, Some(now));
             }
         }
@@ -698,17 +698,17 @@ impl QueueState {
     /// backlog of a heavier tenant does not count against a lighter one,
     /// which is served first.
     #[inline]
-    fn doomed(
+    fn doomed<G: Granter>(
         &mut self,
         work: &WorkInfo,
         now: Instant,
-        capacity: Option<u64>,
+        grants: &Grants<'_, G>,
     ) -> Option<AdmitError> {
         let deadline = work.deadline()?;
         if !self.limits.early_rejection {
             return None;
         }
-        self.doomed_by_drain(work, deadline, now, capacity)
+        self.doomed_by_drain(work, deadline, now, grants.capacity())
     }
 
     fn doomed_by_drain(
