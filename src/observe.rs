@@ -68,6 +68,11 @@ impl WaitHistogram {
         self.counts[0] = self.counts[0].saturating_add(1);
     }
 
+    /// `count` waits of zero.
+    pub(crate) fn record_zeros(&mut self, count: u64) {
+        self.counts[0] = self.counts[0].saturating_add(count);
+    }
+
     /// How many waits were recorded.
     pub fn count(&self) -> u64 {
         self.counts.iter().sum()
@@ -322,6 +327,14 @@ impl PriorityStats {
         entry.resumed += u64::from(resumed);
         entry.admitted += 1;
         entry.wait.record_zero();
+    }
+
+    /// `count` requests admitted at their first poll without waiting.
+    pub(crate) fn admitted_at_once_many(&mut self, priority: Priority, count: u64) {
+        let entry = self.entry(priority);
+        entry.requested = entry.requested.saturating_add(count);
+        entry.admitted = entry.admitted.saturating_add(count);
+        entry.wait.record_zeros(count);
     }
 
     #[inline]

@@ -300,3 +300,115 @@ fn a_wake_racing_the_drop_of_a_run_leaves_nothing_runnable() {
 fn a_wake_racing_a_poll_of_the_run_counts_it_once() {
     loom_models::a_wake_racing_a_poll_of_the_run_counts_it_once();
 }
+
+/// The books a queue keeps of `tenant`'s usage, and of its normal-priority
+/// requests and admissions.
+fn books(queue: &WorkQueue, tenant: u64) -> (u64, u64, u64) {
+    let snapshot = queue.snapshot();
+    let used = snapshot
+        .tenant(TenantId::new(tenant))
+        .map_or(0, |record| record.used);
+    let normal = snapshot.priority(Priority::NORMAL).unwrap();
+    (used, normal.requested, normal.admitted)
+}
+
+/// The lane is open for tenant 1 (its last admission opened it), and a
+/// request of tenant 1, which takes the lane, races one of tenant 2, which
+/// takes the lock and closes the lane, for the queue's one slot. Both are
+/// admitted in every interleaving (a request left asleep with the slot
+/// free would be a deadlock): the one that finds the slot taken waits, and
+/// the release, on the lane or under the lock, reaches it. The books hold
+/// every admission once, however the lane's counts were folded in.
+#[test]
+fn a_lane_admission_races_a_request_that_takes_the_lock() {
+    model(|| {
+        let queue = WorkQueue::new(1).unwrap();
+        drop(admitted_now(&queue, 1));
+
+        let on_lane = {
+            let queue = queue.clone();
+            thread::spawn(move || drop(loom::future::block_on(queue.admit(work(1))).unwrap()))
+        };
+        let locking = {
+            let queue = queue.clone();
+            thread::spawn(move || drop(loom::future::block_on(queue.admit(work(2))).unwrap()))
+        };
+        on_lane.join().unwrap();
+        locking.join().unwrap();
+
+        let snapshot = queue.snapshot();
+        assert_eq!((snapshot.granter.used, snapshot.waiting), (0, 0));
+        assert_eq!(books(&queue, 1), (2, 3, 3));
+        assert_eq!(books(&queue, 2).0, 1);
+    });
+}
+
+/// A permit admitted on the lane is released while another thread takes a
+/// snapshot, which closes the lane and folds its counts: the snapshot sees
+/// both admissions and the slot either held or back, and the release,
+/// counted on the lane or booked under the lock, is booked once.
+#[test]
+fn a_lane_release_races_a_snapshot() {
+    model(|| {
+        let queue = WorkQueue::new(2).unwrap();
+        let opened = admitted_now(&queue, 1);
+        let on_lane = admitted_now(&queue, 1);
+
+        let releaser = thread::spawn(move || drop(on_lane));
+        let reader = {
+            let queue = queue.clone();
+            thread::spawn(move || {
+                let snapshot = queue.snapshot();
+                assert!(matches!(snapshot.granter.used, 1 | 2));
+                let normal = snapshot.priority(Priority::NORMAL).unwrap();
+                assert_eq!((normal.requested, normal.admitted), (2, 2));
+            })
+        };
+        releaser.join().unwrap();
+        reader.join().unwrap();
+
+        assert_eq!(queue.snapshot().granter.used, 1);
+        drop(opened);
+        assert_eq!(queue.snapshot().granter.used, 0);
+        assert_eq!(books(&queue, 1), (2, 2, 2));
+        // The books are whole: the next request still takes the fast way.
+        drop(admitted_now(&queue, 1));
+        assert_eq!(books(&queue, 1), (3, 3, 3));
+    });
+}
+
+/// The queue closes while a request takes the lane: it is admitted (the
+/// lane was open when it counted itself) or refused as closed, never
+/// admitted after the close has settled; its slot comes back either way.
+#[test]
+fn a_lane_admission_races_close() {
+    model(|| {
+        let queue = WorkQueue::new(1).unwrap();
+        drop(admitted_now(&queue, 1));
+
+        let admitter = {
+            let queue = queue.clone();
+            thread::spawn(move || {
+                let mut admit = Box::pin(queue.admit(work(1)));
+                match poll_once(&mut admit) {
+                    Poll::Ready(Ok(permit)) => drop(permit),
+                    Poll::Ready(Err(AdmitError::Closed)) => {}
+                    other => panic!("admitted or refused as closed, not {other:?}"),
+                }
+            })
+        };
+        let closer = {
+            let queue = queue.clone();
+            thread::spawn(move || queue.close())
+        };
+        admitter.join().unwrap();
+        closer.join().unwrap();
+
+        assert_eq!(queue.snapshot().granter.used, 0);
+        let mut late = Box::pin(queue.admit(work(1)));
+        assert!(matches!(
+            poll_once(&mut late),
+            Poll::Ready(Err(AdmitError::Closed))
+        ));
+    });
+}

@@ -202,21 +202,16 @@ pub(crate) struct Grants<'a, G: Granter> {
     pub(crate) owed: &'a mut u64,
 }
 
-/// The crate's own slot granter and its state, when `G` is it: the
-/// admission and the release that every request makes, and the bounds a
-/// queued request is checked against, are then plain arithmetic that calls
-/// no foreign code, taken without the panic boundary's indirect call. Whatever else it does (an overrun alarm, a
-/// return of more than was held, which logs) still goes through the
-/// boundary. `G` is known at compile time, so for every other granter this
-/// folds away.
+/// The crate's own slot granter, when `G` is it: the admission and the
+/// release that every request makes, and the bounds a queued request is
+/// checked against, are then plain arithmetic that calls no foreign code,
+/// taken without the panic boundary's indirect call. Whatever else it does
+/// (an overrun alarm, a return of more than was held, which logs) still
+/// goes through the boundary. `G` is known at compile time, so for every
+/// other granter this folds away.
 #[inline]
-fn as_slots<'s, G: Granter>(
-    granter: &'s G,
-    state: &'s mut G::State,
-) -> Option<(&'s SlotGranter, &'s mut SlotState)> {
-    let granter: &dyn Any = granter;
-    let state: &mut dyn Any = state;
-    Some((granter.downcast_ref()?, state.downcast_mut()?))
+pub(crate) fn as_slots<G: Granter>(granter: &G) -> Option<&SlotGranter> {
+    (granter as &dyn Any).downcast_ref()
 }
 
 impl<G: Granter> Grants<'_, G> {
@@ -226,9 +221,8 @@ impl<G: Granter> Grants<'_, G> {
     #[inline]
     pub(crate) fn try_get(&mut self, count: u64) -> Option<bool> {
         self.settle_owed();
-        let (granter, state) = (self.granter, &mut *self.state);
-        if let Some((slots, state)) = as_slots(granter, state) {
-            if slots.take_within_total(state, count) {
+        if let Some(slots) = as_slots(self.granter) {
+            if slots.take_within_total(count) {
                 return Some(true);
             }
         }
@@ -249,9 +243,8 @@ impl<G: Granter> Grants<'_, G> {
 
     #[inline]
     pub(crate) fn return_grant(&mut self, count: u64) {
-        let (granter, state) = (self.granter, &mut *self.state);
-        if let Some((slots, state)) = as_slots(granter, state) {
-            if slots.give_back_held(state, count) {
+        if let Some(slots) = as_slots(self.granter) {
+            if slots.give_back_held(count) {
                 return;
             }
         }
@@ -294,7 +287,7 @@ impl<G: Granter> Grants<'_, G> {
     #[inline]
     pub(crate) fn capacity(&self) -> Option<u64> {
         let (granter, state) = (self.granter, &*self.state);
-        if let Some(slots) = (granter as &dyn Any).downcast_ref::<SlotGranter>() {
+        if let Some(slots) = as_slots(granter) {
             return Some(slots.total());
         }
         self.boundary.call(|| granter.capacity(state)).flatten()
@@ -303,7 +296,7 @@ impl<G: Granter> Grants<'_, G> {
     #[inline]
     pub(crate) fn max_request(&self) -> Option<u64> {
         let (granter, state) = (self.granter, &*self.state);
-        if let Some(slots) = (granter as &dyn Any).downcast_ref::<SlotGranter>() {
+        if let Some(slots) = as_slots(granter) {
             return slots.bound();
         }
         self.boundary.call(|| granter.max_request(state)).flatten()

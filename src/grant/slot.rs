@@ -1,9 +1,11 @@
 //! The slot granter: a concurrency limit with a total that can move.
 //!
 //! The total is an atomic in the granter, because it is set from outside the
-//! queue (by the CPU slot adjuster, or by hand); the count of slots in use is
-//! the granter's [`SlotState`], kept under the queue's lock. `try_get`
-//! succeeds while `used < total`; completion returns the slot. The total may
+//! queue (by the CPU slot adjuster, or by hand); so is the count of slots in
+//! use, because the queue's lane (`queue/lane.rs`) takes and returns slots
+//! without the queue's lock while nobody waits (every change to it is one
+//! compare-and-swap that checks the total, so no path takes a slot past it
+//! while enforcing). `try_get` succeeds while `used < total`; completion returns the slot. The total may
 //! drop below `used`: granted slots are never revoked, so `used` may exceed
 //! `total` until enough work completes. Bypassed work increments `used`
 //! without asking, with the same effect.
@@ -29,6 +31,10 @@ use super::Granter;
 /// when it completes.
 #[derive(Debug)]
 pub struct SlotGranter {
+    /// Slots in use. Here rather than in [`SlotState`], as an atomic, so
+    /// that the queue's lane (`queue/lane.rs`) can take a free slot and
+    /// give one back without the queue's lock.
+    used: AtomicU64,
     total: AtomicU64,
     /// The highest total a controller may move to; 0 when none is set.
     ceiling: AtomicU64,
@@ -49,10 +55,12 @@ impl fmt::Debug for OverrunAlarm {
     }
 }
 
-/// Slots in use, kept under the owning queue's lock.
+/// The state a [`SlotGranter`] keeps under the owning queue's lock: none.
+/// Its count of slots in use is an atomic in the granter, so that a queue
+/// with nobody waiting can admit and release without its lock.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct SlotState {
-    used: u64,
+    _none: (),
 }
 
 /// A [`SlotGranter`]'s state at one moment.
@@ -95,6 +103,7 @@ impl SlotGranter {
     pub fn new(total: u64) -> Result<Self, ConfigError> {
         Self::check_total(total)?;
         Ok(SlotGranter {
+            used: AtomicU64::new(0),
             total: AtomicU64::new(total),
             ceiling: AtomicU64::new(0),
             enforcing: AtomicBool::new(true),
@@ -233,14 +242,27 @@ impl SlotGranter {
     /// `try_get` when the units fit under the total: `false` (and nothing
     /// taken) where `try_get` has more to decide.
     #[inline]
-    pub(crate) fn take_within_total(&self, state: &mut SlotState, count: u64) -> bool {
-        match state.used.checked_add(count) {
-            Some(after) if after <= self.total() => {
-                state.used = after;
-                true
-            }
-            _ => false,
-        }
+    pub(crate) fn take_within_total(&self, count: u64) -> bool {
+        let total = self.total();
+        self.used
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |used| {
+                used.checked_add(count).filter(|&after| after <= total)
+            })
+            .is_ok()
+    }
+
+    /// Slots in use now.
+    pub(crate) fn used(&self) -> u64 {
+        self.used.load(Ordering::Acquire)
+    }
+
+    /// Counts `count` more slots in use, whatever the total.
+    fn take_regardless(&self, count: u64) {
+        let _ = self
+            .used
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |used| {
+                Some(used.saturating_add(count))
+            });
     }
 
     /// `max_request`: the larger of the total and the ceiling, `None`
@@ -255,14 +277,12 @@ impl SlotGranter {
     /// returned) for a return of more than is held, which `return_grant`
     /// reports.
     #[inline]
-    pub(crate) fn give_back_held(&self, state: &mut SlotState, count: u64) -> bool {
-        match state.used.checked_sub(count) {
-            Some(after) => {
-                state.used = after;
-                true
-            }
-            None => false,
-        }
+    pub(crate) fn give_back_held(&self, count: u64) -> bool {
+        self.used
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |used| {
+                used.checked_sub(count)
+            })
+            .is_ok()
     }
 }
 
@@ -274,18 +294,15 @@ impl Granter for SlotGranter {
         SlotState::default()
     }
 
-    fn try_get(&self, state: &mut SlotState, count: u64) -> bool {
-        let Some(after) = state.used.checked_add(count) else {
-            return false;
-        };
-        if after <= self.total() {
-            state.used = after;
+    fn try_get(&self, _state: &mut SlotState, count: u64) -> bool {
+        if self.take_within_total(count) {
             return true;
         }
-        if self.is_enforcing() {
+        // Past the total, or past what a count can hold.
+        if self.is_enforcing() || self.used().checked_add(count).is_none() {
             return false;
         }
-        state.used = after;
+        self.take_regardless(count);
         if !self.overrun.swap(true, Ordering::AcqRel) {
             if let Some(OverrunAlarm(alarm)) = self.overrun_alarm.get() {
                 alarm();
@@ -294,29 +311,32 @@ impl Granter for SlotGranter {
         true
     }
 
-    fn return_grant(&self, state: &mut SlotState, count: u64) {
-        match state.used.checked_sub(count) {
-            Some(after) => state.used = after,
-            None => {
-                // A bug in the caller, not bad input: say so loudly, and keep
-                // the count at zero rather than wrapping and admitting nothing.
-                tracing::error!(
-                    count,
-                    used = state.used,
-                    "slot granter: more slots returned than were held"
-                );
-                state.used = 0;
-            }
+    fn return_grant(&self, _state: &mut SlotState, count: u64) {
+        if self.give_back_held(count) {
+            return;
         }
+        // A bug in the caller, not bad input: say so loudly, and keep the
+        // count at zero rather than wrapping and admitting nothing.
+        let before = self
+            .used
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |used| {
+                Some(used.saturating_sub(count))
+            })
+            .unwrap_or_else(|used| used);
+        tracing::error!(
+            count,
+            used = before,
+            "slot granter: more slots returned than were held"
+        );
     }
 
-    fn took_without_permission(&self, state: &mut SlotState, count: u64) {
-        state.used = state.used.saturating_add(count);
+    fn took_without_permission(&self, _state: &mut SlotState, count: u64) {
+        self.take_regardless(count);
     }
 
-    fn snapshot(&self, state: &SlotState) -> SlotSnapshot {
+    fn snapshot(&self, _state: &SlotState) -> SlotSnapshot {
         SlotSnapshot {
-            used: state.used,
+            used: self.used(),
             total: self.total(),
         }
     }

@@ -28,8 +28,9 @@ use futures_core::FusedFuture;
 use pin_project::{pin_project, pinned_drop};
 use tokio::time::{Instant, Sleep};
 
+use super::lane::LaneAdmit;
 use super::permit::SlotPermit;
-use super::state::{Attempt, Observed};
+use super::state::{Attempt, Charge, Observed};
 use super::Shared;
 use crate::error::AdmitError;
 use crate::export;
@@ -113,9 +114,31 @@ impl<G: Granter> Future for Admit<G> {
                 unreachable!("matched above");
             };
             let resumed = *this.resumed;
-            let attempt = shared.with_state(|queue, grants, wakes| {
-                queue.attempt(&work, resumed, grants, cx.waker(), wakes)
-            });
+            let lane = if resumed {
+                LaneAdmit::Declined
+            } else {
+                shared.try_lane(&work)
+            };
+            let attempt = match lane {
+                LaneAdmit::Admitted(generation) => Attempt::Admitted {
+                    charge: Charge::on_lane(work.priority(), work.deadline(), generation),
+                },
+                lane => shared.with_state(|queue, grants, wakes| {
+                    if lane == LaneAdmit::HoldsSlot {
+                        // Taken as the lane closed, and not booked: back, to
+                        // whoever waits first now, and ask in order.
+                        grants.return_grant(1);
+                        queue.grant_waiting(grants, wakes);
+                    }
+                    let mut attempt = queue.attempt(&work, resumed, grants, cx.waker(), wakes);
+                    if let Attempt::Admitted { charge } = &mut attempt {
+                        // Its release goes on the lane it opens, or it would
+                        // close it at once.
+                        charge.lane = shared.open_lane_for(&work, queue, grants);
+                    }
+                    attempt
+                }),
+            };
             let tenant = work.tenant();
             let priority = work.priority();
             match attempt {

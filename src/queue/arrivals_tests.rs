@@ -123,7 +123,7 @@ fn poll_all(
 
 /// (used, total, waiting, a slot kept now, slots kept so far).
 fn state(queue: &WorkQueue) -> (u64, u64, usize, bool, u64) {
-    let locked = queue.shared.locked.lock();
+    let locked = queue.shared.lock();
     let granter = queue.shared.granter.snapshot(&locked.granter);
     (
         granter.used,

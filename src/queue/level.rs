@@ -233,6 +233,23 @@ impl LevelWindows {
         }
     }
 
+    /// `count` admissions of `priority` without a wait, while the level
+    /// admits everything (so no window rolls): what that many calls of
+    /// [`admitted`](Self::admitted) would count.
+    pub(crate) fn admitted_at_once_many(&mut self, priority: Priority, count: u64) {
+        debug_assert!(self.is_admitting_all());
+        let at = index(priority);
+        let count32 = u32::try_from(count).unwrap_or(u32::MAX);
+        self.current.admitted[at] = self.current.admitted[at].saturating_add(count32);
+        self.current.mark(at);
+        self.current.waits.record_zeros(count);
+    }
+
+    /// Whether nothing is shed: the level is the lowest priority.
+    pub(crate) fn is_admitting_all(&self) -> bool {
+        self.level == Priority::LOW
+    }
+
     /// Work of `priority` failed with `error`; counted only when it is a
     /// refusal for capacity. `now` if the caller read the clock.
     pub(crate) fn refused(&mut self, priority: Priority, error: &AdmitError, now: Option<Instant>) {

@@ -15,6 +15,7 @@ mod arrivals;
 mod drain;
 mod epoch;
 mod hold;
+mod lane;
 mod level;
 mod order;
 mod pacing;
@@ -106,6 +107,9 @@ pub(crate) struct Shared<G: Granter> {
     level: crate::sync::StdArc<crate::sync::StdAtomicU64>,
     /// Held work woken and not yet polled, by priority (see `hold.rs`).
     runnable: crate::sync::StdArc<runnable::RunnableHolds>,
+    /// Admission without the lock while nobody waits (see `lane.rs`):
+    /// only ever open in front of a slot granter.
+    lane: lane::Lane,
 }
 
 /// Everything behind the queue's one lock.
@@ -117,6 +121,18 @@ struct Locked<G: Granter> {
 }
 
 impl<G: Granter> Shared<G> {
+    /// The queue's lock, with the lane closed and its counts folded into
+    /// the queue's books (see `lane.rs`): the only way to the state, so that
+    /// whatever runs under the lock sees every admission made without it.
+    #[inline]
+    fn lock(&self) -> crate::sync::MutexGuard<'_, Locked<G>> {
+        let mut locked = self.locked.lock();
+        if let Some(counts) = self.lane.close() {
+            locked.queue.fold_lane(counts);
+        }
+        locked
+    }
+
     /// Runs `f` on the state under the lock, then wakes whatever it
     /// collected once the lock is released.
     #[inline]
@@ -126,7 +142,7 @@ impl<G: Granter> Shared<G> {
     ) -> R {
         let mut wakes = WakeList::default();
         let result = {
-            let mut locked = self.locked.lock();
+            let mut locked = self.lock();
             let Locked {
                 queue,
                 granter,
@@ -146,12 +162,73 @@ impl<G: Granter> Shared<G> {
 
     /// Runs `f` on the queue state alone, under the lock.
     fn with_queue<R>(&self, f: impl FnOnce(&mut QueueState) -> R) -> R {
-        f(&mut self.locked.lock().queue)
+        f(&mut self.lock().queue)
     }
 
     #[inline]
     fn release(&self, tenant: TenantId, charge: Charge) {
         self.with_state(|state, granter, wakes| state.release(tenant, charge, granter, wakes));
+    }
+
+    /// Admission on the lane (see `lane.rs`), for a queue in front of the
+    /// slot granter: one slot, not bypassing, its deadline (if any) not
+    /// passed.
+    #[inline]
+    fn try_lane(&self, work: &WorkInfo) -> lane::LaneAdmit {
+        let Some(slots) = crate::grant::as_slots(&self.granter) else {
+            return lane::LaneAdmit::Declined;
+        };
+        if work.requested() != 1 || work.is_bypass() {
+            return lane::LaneAdmit::Declined;
+        }
+        self.lane.try_admit(work.tenant(), work.priority(), || {
+            // The clock only once the lane is open for this request; a
+            // passed deadline is refused under the lock.
+            let live = work
+                .deadline()
+                .is_none_or(|deadline| deadline > tokio::time::Instant::now());
+            live && slots.take_within_total(1)
+        })
+    }
+
+    /// After `work` was admitted under the lock: opens the lane for its
+    /// tenant and priority, if the queue's state allows (see
+    /// `QueueState::lane_for`) and the slot granter is in front of it with
+    /// nothing owed. The lane's generation, which the admission's charge
+    /// takes so that its release is counted there (its admission is in the
+    /// books already); zero when the lane stays closed.
+    fn open_lane_for(
+        &self,
+        work: &WorkInfo,
+        queue: &mut QueueState,
+        grants: &Grants<'_, G>,
+    ) -> u32 {
+        if crate::grant::as_slots(&self.granter).is_none()
+            || *grants.owed != 0
+            || !queue.lane_for(work)
+        {
+            return 0;
+        }
+        queue.lane_opened(work.tenant(), work.priority());
+        self.lane.open(work.tenant(), work.priority())
+    }
+
+    /// The release of a permit admitted on the lane: the slot back to the
+    /// granter, then the release counted on the lane, or booked under the
+    /// lock if the lane closed since. `false` (nothing done) if the slot
+    /// could not go back that way.
+    #[inline]
+    fn release_on_lane(&self, tenant: TenantId, charge: Charge) -> bool {
+        let Some(slots) = crate::grant::as_slots(&self.granter) else {
+            return false;
+        };
+        if !slots.give_back_held(charge.units()) {
+            return false;
+        }
+        if !self.lane.try_release(charge.lane) {
+            self.release(tenant, charge.slot_returned());
+        }
+        true
     }
 }
 
@@ -191,7 +268,7 @@ impl<G: Granter> Clone for WorkQueue<G> {
 
 impl<G: Granter> fmt::Debug for WorkQueue<G> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let locked = self.shared.locked.lock();
+        let locked = self.shared.lock();
         f.debug_struct("WorkQueue")
             .field("waiting", &locked.queue.waiting())
             .field("closed", &locked.queue.is_closed())
@@ -301,7 +378,7 @@ impl WorkQueue<SlotGranter> {
     pub fn record_metrics(&self) {
         #[cfg(feature = "metrics")]
         {
-            let locked = self.shared.locked.lock();
+            let locked = self.shared.lock();
             let slots = self.shared.granter.snapshot(&locked.granter);
             let by_priority: Vec<_> = locked
                 .queue
@@ -540,13 +617,13 @@ impl<G: Granter> WorkQueue<G> {
 
     /// The granter's state alone, cheaper than a full [`snapshot`](Self::snapshot).
     pub fn granter_snapshot(&self) -> G::Snapshot {
-        let locked = self.shared.locked.lock();
+        let locked = self.shared.lock();
         self.shared.granter.snapshot(&locked.granter)
     }
 
     /// A consistent copy of the queue's counters and state.
     pub fn snapshot(&self) -> QueueSnapshot<G::Snapshot> {
-        let locked = self.shared.locked.lock();
+        let locked = self.shared.lock();
         QueueSnapshot {
             waiting: locked.queue.waiting(),
             closed: locked.queue.is_closed(),
@@ -974,6 +1051,7 @@ impl WorkQueueBuilder {
                 keys: crate::export::QueueKeys::new(self.name.unwrap_or_else(unnamed_queue)),
                 level,
                 runnable: crate::sync::StdArc::default(),
+                lane: lane::Lane::new(),
                 granter,
                 granter_boundary: Boundary::new(
                     "granter",

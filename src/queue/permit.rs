@@ -456,6 +456,9 @@ impl<F: Future> fmt::Debug for ReleaseDuring<F> {
 
 impl<G: Granter> Drop for SlotPermit<G> {
     fn drop(&mut self) {
+        if self.charge.lane != 0 && self.shared.release_on_lane(self.work.tenant(), self.charge) {
+            return;
+        }
         self.shared.release(self.work.tenant(), self.charge);
     }
 }
