@@ -8,7 +8,9 @@
 //! priority, then create time. Capacity that comes back (a [`SlotPermit`]
 //! dropped, a raised total) is handed directly to the first waiter in that
 //! order, under the queue's lock, and the waiter is woken after the lock is
-//! released. The state machine itself is in `state.rs`.
+//! released. The state machine itself is in `state.rs`; the lane, through
+//! which a slot queue admits and releases without its lock while nobody
+//! waits, in `lane.rs`.
 
 mod admit;
 mod arrivals;
