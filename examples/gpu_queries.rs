@@ -39,7 +39,7 @@ fn print_state(service: &QueryService, stage: &str) {
         println!(
             "   {}: {:?}, {}/{} attempts, {} GiB granted, {} GiB protected{}",
             r.device,
-            r.health,
+            r.state,
             r.active_attempts,
             r.max_active_attempts,
             r.live_grants_bytes / GIB,

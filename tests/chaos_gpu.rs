@@ -13,7 +13,7 @@ use admission::gpu::backend::sim::{SimBackend, SimDevice};
 use admission::gpu::backend::{BackendError, BackendOp};
 use admission::gpu::BuildStep;
 use admission::gpu::{
-    CacheChange, DeviceSet, GpuAdmitError, LedgerError, LedgerHealth, MemoryOwnership, Observation,
+    CacheChange, DeviceSet, GpuAdmitError, LedgerError, LedgerState, MemoryOwnership, Observation,
     ObservationKind, PreflightFuture, PreflightRequest, QueryService, QueueBounds,
 };
 use gpu_rig::*;
@@ -58,7 +58,7 @@ async fn still_admits(rig: &Rig) {
     rig.service.settle().await;
     rig.assert_idle();
     for r in rig.reports() {
-        assert_eq!(r.health, LedgerHealth::Healthy, "{r:?}");
+        assert_eq!(r.state, LedgerState::Admitting, "{r:?}");
     }
 }
 
@@ -333,7 +333,7 @@ async fn service_still_admits(service: &QueryService) {
     service.settle().await;
     ledgers_idle(service);
     for r in service.ledger_snapshots() {
-        assert_eq!(r.health, LedgerHealth::Healthy, "{r:?}");
+        assert_eq!(r.state, LedgerState::Admitting, "{r:?}");
     }
 }
 

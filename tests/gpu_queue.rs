@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use admission::gpu::{
-    GpuAdmitError, LedgerHealth, ObservationKind, PreflightRequest, QueryAdmissionOutcome,
+    GpuAdmitError, LedgerState, ObservationKind, PreflightRequest, QueryAdmissionOutcome,
     QueueBounds, WaiterId,
 };
 use futures::poll;
@@ -220,10 +220,7 @@ async fn a_protection_moves_when_its_device_is_quarantined() {
     rig.sim.inject_sync_fault(dev(0), 700);
     let report = h0.release().await;
     assert!(report.ledger_released);
-    assert_eq!(
-        rig.report(0).health,
-        LedgerHealth::Quarantined { code: 700 }
-    );
+    assert_eq!(rig.report(0).state, LedgerState::Quarantined { code: 700 });
     assert!(rig.report(0).protection.is_none());
     assert_eq!(
         rig.report(1).protection.map(|p| p.waiter),

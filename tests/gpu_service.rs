@@ -8,9 +8,9 @@ use std::sync::Arc;
 
 use admission::gpu::backend::sim::{SimBackend, SimDevice};
 use admission::gpu::backend::{BackendError, BackendOp, FaultIsolation};
-use admission::gpu::{BuildStep, DeviceHealth, Disposition};
+use admission::gpu::{BuildStep, DeviceFinding, Disposition};
 use admission::gpu::{
-    DeviceSet, GpuAdmitError, LedgerHealth, MemoryOwnership, ObservationKind, ProofIssuer,
+    DeviceSet, GpuAdmitError, LedgerState, MemoryOwnership, ObservationKind, ProofIssuer,
     QueryAdmissionOutcome, QueryService, ReinstateError, ServiceError,
 };
 use futures::poll;
@@ -104,7 +104,7 @@ async fn a_proof_ticket_admits_one_device_one_grant_and_release_returns_everythi
     let report = handle.release().await;
     assert!(report.ledger_released);
     assert_eq!(report.disposition, Disposition::Clean);
-    assert_eq!(report.health, DeviceHealth::Healthy);
+    assert_eq!(report.finding, DeviceFinding::Clean);
     assert_eq!(report.plan, Some(proof.fingerprint()));
     assert_eq!(report.grant_bytes, 5 * GIB);
     // Held from publication to the end of teardown: within the test's own
@@ -351,7 +351,7 @@ async fn a_fault_outside_a_stream_sync_while_building_closes_every_ledger() {
     let error = rig.service.resource_ticket(GIB).admit().await.unwrap_err();
     assert_eq!(error.outcome(), QueryAdmissionOutcome::DeviceFault);
     for r in rig.reports() {
-        assert_eq!(r.health, LedgerHealth::Closed, "{r:?}");
+        assert_eq!(r.state, LedgerState::Closed, "{r:?}");
         assert_eq!((r.live_grant_count, r.active_attempts), (0, 0));
     }
     assert!(matches!(
@@ -382,7 +382,7 @@ async fn a_fault_outside_a_stream_sync_at_release_closes_every_ledger() {
     assert_eq!(report.disposition, Disposition::Clean);
     assert_eq!(report.teardown.disposition, Disposition::DeviceFault);
     for r in rig.reports() {
-        assert_eq!(r.health, LedgerHealth::Closed, "{r:?}");
+        assert_eq!(r.state, LedgerState::Closed, "{r:?}");
     }
 }
 
@@ -392,10 +392,7 @@ async fn a_quarantined_device_is_reinstated_only_after_its_probe_passes() {
     let handle = rig.service.resource_ticket(GIB).admit().await.unwrap();
     rig.sim.inject_sync_fault(dev(0), 700);
     handle.release().await;
-    assert_eq!(
-        rig.report(0).health,
-        LedgerHealth::Quarantined { code: 700 }
-    );
+    assert_eq!(rig.report(0).state, LedgerState::Quarantined { code: 700 });
 
     // The device still faults: the probe fails and nothing changes.
     let error = rig.service.reinstate(dev(0)).await.unwrap_err();
@@ -403,10 +400,7 @@ async fn a_quarantined_device_is_reinstated_only_after_its_probe_passes() {
         matches!(error, ReinstateError::ProbeFailed { device, .. } if device == dev(0)),
         "{error}"
     );
-    assert_eq!(
-        rig.report(0).health,
-        LedgerHealth::Quarantined { code: 700 }
-    );
+    assert_eq!(rig.report(0).state, LedgerState::Quarantined { code: 700 });
     assert_eq!(
         rig.service.reinstate(dev(5)).await,
         Err(ReinstateError::NoSuchDevice { device: dev(5) })
@@ -415,7 +409,7 @@ async fn a_quarantined_device_is_reinstated_only_after_its_probe_passes() {
     // After the operator's reset the probe passes and grants flow again.
     rig.sim.reset_device(dev(0));
     rig.service.reinstate(dev(0)).await.unwrap();
-    assert_eq!(rig.report(0).health, LedgerHealth::Healthy);
+    assert_eq!(rig.report(0).state, LedgerState::Admitting);
     assert!(rig
         .observed
         .lock()
@@ -429,7 +423,7 @@ async fn a_quarantined_device_is_reinstated_only_after_its_probe_passes() {
         rig.service.reinstate(dev(0)).await,
         Err(ReinstateError::NotQuarantined {
             device: dev(0),
-            health: LedgerHealth::Healthy
+            health: LedgerState::Admitting
         })
     );
 
@@ -438,7 +432,7 @@ async fn a_quarantined_device_is_reinstated_only_after_its_probe_passes() {
     assert!(matches!(
         rig.service.reinstate(dev(0)).await,
         Err(ReinstateError::NotQuarantined {
-            health: LedgerHealth::Closed,
+            health: LedgerState::Closed,
             ..
         })
     ));
@@ -526,10 +520,7 @@ async fn a_sync_fault_at_release_quarantines_in_flight_work_drains_and_waiters_g
     let report = a.release().await;
     assert!(report.ledger_released);
     assert_eq!(report.disposition, Disposition::DeviceFault);
-    assert_eq!(
-        rig.report(0).health,
-        LedgerHealth::Quarantined { code: 700 }
-    );
+    assert_eq!(rig.report(0).state, LedgerState::Quarantined { code: 700 });
     let error = only_x.await.unwrap_err();
     assert_eq!(
         error,
@@ -575,7 +566,7 @@ async fn close_fails_waiters_and_new_submissions_while_handles_drain() {
     let error = rig.service.resource_ticket(GIB).admit().await.unwrap_err();
     assert_eq!(error, GpuAdmitError::Closed);
     assert_eq!(error.outcome(), QueryAdmissionOutcome::Closed);
-    assert_eq!(rig.report(0).health, LedgerHealth::Closed);
+    assert_eq!(rig.report(0).state, LedgerState::Closed);
     let report = held.release().await;
     assert!(report.ledger_released);
     rig.assert_idle();

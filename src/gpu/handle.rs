@@ -40,7 +40,7 @@ use tokio::sync::oneshot;
 
 use super::backend::DeviceOrdinal;
 use super::envelope::{
-    AdmissionEnvelope, DeviceHealth, Disposition, EnvelopeError, ExecutionContext, SourcePermit,
+    AdmissionEnvelope, DeviceFinding, Disposition, EnvelopeError, ExecutionContext, SourcePermit,
     TeardownReport,
 };
 use super::ledger::{GrantId, MemoryGrant, WaiterId};
@@ -74,10 +74,10 @@ pub struct AttemptReport {
     /// from the root stream's synchronization and the errors its execution
     /// contexts deferred.
     pub disposition: Disposition,
-    /// The device's health as that synchronization showed it.
-    pub health: DeviceHealth,
+    /// What that synchronization found on the device.
+    pub finding: DeviceFinding,
     /// The teardown's record, attached after the seal: every clean-up call
-    /// and its error, the leaks freed. Its own `disposition` and `health`
+    /// and its error, the leaks freed. Its own `disposition` and `finding`
     /// also count what destruction revealed.
     pub teardown: TeardownReport,
     /// Whether the grant went back to its ledger (false only on an
@@ -115,7 +115,7 @@ impl Sealing {
             waited: self.waited,
             held,
             disposition: before_destruction.disposition,
-            health: before_destruction.health,
+            finding: before_destruction.finding,
             teardown: before_destruction.clone(),
             ledger_released: false,
         }
@@ -136,7 +136,7 @@ impl AttemptReport {
             waited: Duration::ZERO,
             held: Duration::ZERO,
             disposition: teardown.disposition,
-            health: teardown.health,
+            finding: teardown.finding,
             teardown: teardown.clone(),
             ledger_released: false,
         }
@@ -448,7 +448,7 @@ impl QueryHandle {
                 waited,
                 held: published_at.elapsed(),
                 disposition: teardown.disposition,
-                health: teardown.health,
+                finding: teardown.finding,
                 teardown,
                 ledger_released: false,
             },

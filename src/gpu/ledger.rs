@@ -48,7 +48,7 @@
 //! [`DeviceLedger::decide`] is pure. It answers
 //!
 //! * **Never** when waiting on this ledger cannot help: the ledger is
-//!   [closed](LedgerHealth::Closed) or [quarantined](LedgerHealth::Quarantined)
+//!   [closed](LedgerState::Closed) or [quarantined](LedgerState::Quarantined)
 //!   (a closed ledger never reopens; a quarantined one only when the
 //!   operator reinstates it after a device reset and a passing health probe,
 //!   `QueryService::reinstate`), the device lacks a required capability, or the required floor
@@ -94,7 +94,7 @@
 //!
 //! A [`MemoryGrant`] is immutable and not `Clone`: `release`
 //! consumes it, so a grant cannot be released twice. Release works in every
-//! health state, so in-flight grants of a quarantined or closed ledger drain
+//! admission state, so in-flight grants of a quarantined or closed ledger drain
 //! normally; such a ledger issues nothing new (no grant, protection or
 //! cache charge).
 
@@ -210,9 +210,9 @@ impl GrantRequest {
 
 /// Whether a ledger may issue new grants.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum LedgerHealth {
+pub enum LedgerState {
     /// Admitting normally.
-    Healthy,
+    Admitting,
     /// A proven device-local fault: nothing new is issued; in-flight grants
     /// drain.
     Quarantined {
@@ -531,14 +531,14 @@ pub struct ProtectionSnapshot {
 }
 
 /// A snapshot of every counter of one ledger, for observability. The
-/// authoritative view of grants, protection, cache charges and health.
+/// authoritative view of grants, protection, cache charges and whether it admits.
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct LedgerSnapshot {
     /// The device.
     pub device: DeviceOrdinal,
-    /// Admission health.
-    pub health: LedgerHealth,
+    /// Whether the ledger admits: admitting, quarantined or closed.
+    pub state: LedgerState,
     /// The managed capacity.
     pub managed_capacity: u64,
     /// The attempt floor.
@@ -606,7 +606,7 @@ struct Protection {
 #[derive(Debug)]
 pub(crate) struct DeviceLedger {
     profile: DeviceProfile,
-    health: LedgerHealth,
+    state: LedgerState,
     live_grants: u64,
     cache_evictable: u64,
     cache_pinned: u64,
@@ -628,7 +628,7 @@ impl DeviceLedger {
     pub(crate) fn new(profile: DeviceProfile) -> Self {
         DeviceLedger {
             profile,
-            health: LedgerHealth::Healthy,
+            state: LedgerState::Admitting,
             live_grants: 0,
             cache_evictable: 0,
             cache_pinned: 0,
@@ -649,9 +649,9 @@ impl DeviceLedger {
         self.profile.ordinal()
     }
 
-    /// Admission health.
-    pub(crate) fn health(&self) -> LedgerHealth {
-        self.health
+    /// Whether the ledger admits.
+    pub(crate) fn state(&self) -> LedgerState {
+        self.state
     }
 
     /// The protection's holder, if any.
@@ -667,14 +667,14 @@ impl DeviceLedger {
     /// Decides `request` without changing anything. See the
     /// [module docs](self) for Admit, Later and Never.
     pub(crate) fn decide(&self, request: &GrantRequest) -> Decision {
-        match self.health {
-            LedgerHealth::Healthy => {}
-            LedgerHealth::Quarantined { code } => {
+        match self.state {
+            LedgerState::Admitting => {}
+            LedgerState::Quarantined { code } => {
                 return Decision::Never {
                     reason: NeverReason::Quarantined { code },
                 }
             }
-            LedgerHealth::Closed => {
+            LedgerState::Closed => {
                 return Decision::Never {
                     reason: NeverReason::Closed,
                 }
@@ -760,7 +760,7 @@ impl DeviceLedger {
         })
     }
 
-    /// Returns a grant's bytes and slot. Works in every health state, so
+    /// Returns a grant's bytes and slot. Works in every admission state, so
     /// in-flight grants drain from a quarantined or closed ledger. On a
     /// healthy ledger the freed bytes first top up a protection.
     pub(crate) fn release(&mut self, grant: MemoryGrant) -> Result<ReleaseOutcome, ForeignGrant> {
@@ -797,7 +797,7 @@ impl DeviceLedger {
         waiter: WaiterId,
         floor: u64,
     ) -> Result<ProtectionSnapshot, LedgerError> {
-        if let Some(reason) = self.unhealthy_reason() {
+        if let Some(reason) = self.refusing_reason() {
             return Err(LedgerError::Never(reason));
         }
         if let Some(holder) = self.protection_holder() {
@@ -844,7 +844,7 @@ impl DeviceLedger {
 
     /// Charges `bytes` of newly resident, evictable cache.
     pub(crate) fn charge_cache(&mut self, bytes: u64) -> Result<(), LedgerError> {
-        if let Some(reason) = self.unhealthy_reason() {
+        if let Some(reason) = self.refusing_reason() {
             return Err(LedgerError::Never(reason));
         }
         let resident = checked(
@@ -910,8 +910,8 @@ impl DeviceLedger {
     /// quarantined one keeps its first code. Returns the holder of a
     /// dropped protection, to be retargeted.
     pub(crate) fn quarantine(&mut self, code: u32) -> Option<WaiterId> {
-        if self.health == LedgerHealth::Healthy {
-            self.health = LedgerHealth::Quarantined { code };
+        if self.state == LedgerState::Admitting {
+            self.state = LedgerState::Quarantined { code };
         }
         self.protection.take().map(|p| p.waiter)
     }
@@ -920,9 +920,9 @@ impl DeviceLedger {
     /// after a device reset, once a health probe passed). Whether it was
     /// quarantined; a closed ledger stays closed.
     pub(crate) fn reinstate(&mut self) -> bool {
-        let quarantined = matches!(self.health, LedgerHealth::Quarantined { .. });
+        let quarantined = matches!(self.state, LedgerState::Quarantined { .. });
         if quarantined {
-            self.health = LedgerHealth::Healthy;
+            self.state = LedgerState::Admitting;
         }
         quarantined
     }
@@ -930,7 +930,7 @@ impl DeviceLedger {
     /// Closes the ledger: nothing new is issued, in-flight grants drain.
     /// Returns the holder of a dropped protection, to be retargeted.
     pub(crate) fn close(&mut self) -> Option<WaiterId> {
-        self.health = LedgerHealth::Closed;
+        self.state = LedgerState::Closed;
         self.protection.take().map(|p| p.waiter)
     }
 
@@ -942,7 +942,7 @@ impl DeviceLedger {
         };
         LedgerSnapshot {
             device: self.device(),
-            health: self.health,
+            state: self.state,
             managed_capacity: self.profile.managed_capacity(),
             attempt_floor: self.profile.attempt_floor(),
             cache_cap: self.profile.cache_cap(),
@@ -963,11 +963,11 @@ impl DeviceLedger {
         }
     }
 
-    fn unhealthy_reason(&self) -> Option<NeverReason> {
-        match self.health {
-            LedgerHealth::Healthy => None,
-            LedgerHealth::Quarantined { code } => Some(NeverReason::Quarantined { code }),
-            LedgerHealth::Closed => Some(NeverReason::Closed),
+    fn refusing_reason(&self) -> Option<NeverReason> {
+        match self.state {
+            LedgerState::Admitting => None,
+            LedgerState::Quarantined { code } => Some(NeverReason::Quarantined { code }),
+            LedgerState::Closed => Some(NeverReason::Closed),
         }
     }
 
@@ -1020,7 +1020,7 @@ impl DeviceLedger {
     /// many moved. Free: not held by grants, cache, the protection or the
     /// headroom of open unprotected slots.
     fn top_up_protection(&mut self) -> u64 {
-        if self.health != LedgerHealth::Healthy {
+        if self.state != LedgerState::Admitting {
             return 0;
         }
         let Some(mut protection) = self.protection else {

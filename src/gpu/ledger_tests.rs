@@ -13,7 +13,7 @@ use crate::gpu::ledger::{
 use crate::gpu::placement::{compatible_devices, rank_devices, DeviceLoad};
 use crate::gpu::{
     AllocationOwner, Capability, CapabilitySet, DeviceProfile, DeviceSet, GpuAdmitError,
-    LedgerError, LedgerHealth, LoweringError, MemoryOwnership, PhaseRequirement, PlanDescription,
+    LedgerError, LedgerState, LoweringError, MemoryOwnership, PhaseRequirement, PlanDescription,
     PlanFingerprint, ProofIssuer, QueryAdmissionOutcome, QueueBounds, WaiterId,
 };
 use proptest::prelude::*;
@@ -254,10 +254,10 @@ fn a_closed_ledger_stays_closed_and_a_quarantine_keeps_its_first_code() {
     let mut ledger = DeviceLedger::new(seed_profile(0));
     ledger.quarantine(1);
     ledger.quarantine(2);
-    assert_eq!(ledger.health(), LedgerHealth::Quarantined { code: 1 });
+    assert_eq!(ledger.state(), LedgerState::Quarantined { code: 1 });
     ledger.close();
     ledger.quarantine(3);
-    assert_eq!(ledger.health(), LedgerHealth::Closed);
+    assert_eq!(ledger.state(), LedgerState::Closed);
 }
 
 /// Three 20 GB grants on the seed device: 60 GB live, one slot open.

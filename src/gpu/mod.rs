@@ -327,13 +327,13 @@ pub mod bench_internals {
 pub use config::{GpuConfig, DEVICES_ENV};
 pub use domain::{AllocationDomain, LeakReport, SubReservation};
 pub use envelope::{
-    BuildStep, DeviceHealth, Disposition, EnvelopeError, ExecutionContext, SourcePermit,
+    BuildStep, DeviceFinding, Disposition, EnvelopeError, ExecutionContext, SourcePermit,
     StepOutcome, TeardownReport,
 };
 pub use handle::{AttemptReport, QueryHandle};
 pub use lazy::LazyAdmission;
 pub use ledger::{
-    GrantId, LaterReason, LedgerError, LedgerHealth, LedgerSnapshot, NeverReason,
+    GrantId, LaterReason, LedgerError, LedgerSnapshot, LedgerState, NeverReason,
     ProtectionSnapshot, WaiterId,
 };
 #[cfg(feature = "config")]

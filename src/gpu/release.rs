@@ -30,7 +30,7 @@ use tokio::time::{Instant, Sleep};
 
 use super::backend::{BackendError, DeviceOrdinal, FaultIsolation};
 use super::envelope::{
-    AdmissionEnvelope, AttemptBounds, BuildError, DeviceHealth, EnvelopeSpec, TeardownCallback,
+    AdmissionEnvelope, AttemptBounds, BuildError, DeviceFinding, EnvelopeSpec, TeardownCallback,
     TeardownReport,
 };
 use super::handle::{AttemptReport, QueryHandle, Sealing};
@@ -190,8 +190,8 @@ impl Inner {
 
 /// The driver code of a teardown's fault, for the quarantine record.
 pub(crate) fn fault_code(report: &TeardownReport) -> u32 {
-    match report.health {
-        DeviceHealth::Faulted { code, .. } => code,
+    match report.finding {
+        DeviceFinding::Faulted { code, .. } => code,
         _ => 0,
     }
 }

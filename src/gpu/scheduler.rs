@@ -66,8 +66,8 @@ use tokio::time::Instant;
 
 use super::backend::DeviceOrdinal;
 use super::ledger::{
-    Decision, DeviceLedger, ForeignGrant, GrantRequest, LaterReason, LedgerError, LedgerHealth,
-    LedgerSnapshot, MemoryGrant, ReleaseOutcome, WaiterId,
+    Decision, DeviceLedger, ForeignGrant, GrantRequest, LaterReason, LedgerError, LedgerSnapshot,
+    LedgerState, MemoryGrant, ReleaseOutcome, WaiterId,
 };
 use super::observe::GpuEvent;
 use super::outcome::GpuAdmitError;
@@ -138,8 +138,8 @@ pub struct WaiterSnapshot {
 pub struct DeviceSummary {
     /// The device.
     pub device: DeviceOrdinal,
-    /// Admission health.
-    pub health: LedgerHealth,
+    /// Whether the device's ledger admits.
+    pub state: LedgerState,
     /// Attempts running.
     pub active_attempts: u32,
     /// The active-attempt limit.
@@ -304,7 +304,7 @@ impl AdmissionCore {
         }
         let healthy = candidates.iter().any(|d| {
             self.ledger(*d)
-                .is_some_and(|l| l.health() == LedgerHealth::Healthy)
+                .is_some_and(|l| l.state() == LedgerState::Admitting)
         });
         if !healthy {
             return Err(GpuAdmitError::NoHealthyDevice {
@@ -410,9 +410,9 @@ impl AdmissionCore {
         let Some(ledger) = self.index(device).and_then(|i| self.ledgers.get_mut(i)) else {
             return events;
         };
-        let was_healthy = ledger.health() == LedgerHealth::Healthy;
+        let was_admitting = ledger.state() == LedgerState::Admitting;
         let holder = ledger.quarantine(code);
-        if was_healthy {
+        if was_admitting {
             events.push(GpuEvent::Quarantined { device, code });
         }
         self.retarget(holder, device, &mut events);
@@ -511,7 +511,7 @@ impl AdmissionCore {
                 continue;
             };
             let device = ledger.device();
-            if ledger.health() != LedgerHealth::Closed {
+            if ledger.state() != LedgerState::Closed {
                 events.push(GpuEvent::LedgerClosed { device });
             }
             let holder = ledger.close();
@@ -720,7 +720,7 @@ impl AdmissionCore {
                     return false;
                 };
                 let floor = ledger.required_floor(&w.request);
-                ledger.health() == LedgerHealth::Healthy
+                ledger.state() == LedgerState::Admitting
                     && ledger
                         .profile()
                         .capabilities()
@@ -774,7 +774,7 @@ impl AdmissionCore {
                     let r = l.snapshot();
                     DeviceSummary {
                         device: r.device,
-                        health: r.health,
+                        state: r.state,
                         active_attempts: r.active_attempts,
                         max_active_attempts: r.max_active_attempts,
                         live_grants_bytes: r.live_grants_bytes,
@@ -904,7 +904,7 @@ impl AdmissionCore {
             .candidates
             .iter()
             .filter_map(|d| self.ledger(*d))
-            .filter(|l| l.health() == LedgerHealth::Healthy && l.protection_holder().is_none())
+            .filter(|l| l.state() == LedgerState::Admitting && l.protection_holder().is_none())
             .map(|l| {
                 let r = l.snapshot();
                 let claimed = r

@@ -12,7 +12,7 @@ use crate::gpu::backend::DeviceOrdinal;
 use crate::gpu::ledger::{Decision, GrantRequest, MemoryGrant};
 use crate::gpu::observe::GpuEvent;
 use crate::gpu::scheduler::AdmissionCore;
-use crate::gpu::{DeviceProfile, DeviceSet, LedgerHealth, MemoryOwnership, QueueBounds, WaiterId};
+use crate::gpu::{DeviceProfile, DeviceSet, LedgerState, MemoryOwnership, QueueBounds, WaiterId};
 
 const GIB: u64 = 1 << 30;
 
@@ -76,7 +76,7 @@ fn assert_within_capacity(core: &AdmissionCore) {
             + r.cache_evictable_bytes
             + r.cache_pinned_bytes
             + r.protected_bytes
-            + if r.health == LedgerHealth::Healthy {
+            + if r.state == LedgerState::Admitting {
                 r.attempt_floor * u64::from(r.empty_unprotected_slots)
             } else {
                 0
@@ -85,7 +85,7 @@ fn assert_within_capacity(core: &AdmissionCore) {
             r.live_grants_bytes + r.protected_bytes <= r.managed_capacity,
             "{r:?}"
         );
-        if r.health == LedgerHealth::Healthy {
+        if r.state == LedgerState::Admitting {
             assert!(spoken <= r.managed_capacity, "{r:?}");
         }
         assert!(r.active_attempts <= r.max_active_attempts, "{r:?}");
@@ -162,8 +162,8 @@ proptest! {
             for event in &events {
                 if let GpuEvent::Admitted { waiter, grant_bytes, device, .. } = event {
                     prop_assert_eq!(
-                        core.ledger(*device).unwrap().health(),
-                        LedgerHealth::Healthy,
+                        core.ledger(*device).unwrap().state(),
+                        LedgerState::Admitting,
                         "grants only on healthy ledgers"
                     );
                     admitted_bytes.insert(*waiter, *grant_bytes);

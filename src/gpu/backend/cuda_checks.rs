@@ -13,7 +13,7 @@ use super::{
     FaultIsolation, LaneId, ScopeId, SharedBackend, StreamId,
 };
 use crate::gpu::envelope::{
-    AdmissionEnvelope, AttemptBounds, BuildError, BuildStep, DeviceHealth, Disposition,
+    AdmissionEnvelope, AttemptBounds, BuildError, BuildStep, DeviceFinding, Disposition,
     EnvelopeSpec,
 };
 use crate::gpu::worker::DeviceWorker;
@@ -434,7 +434,7 @@ fn sticky_fault_is_a_device_fault() {
                 "test": "sticky_fault",
                 "launch": format!("{launched:?}"),
                 "disposition": format!("{:?}", report.disposition),
-                "health": format!("{:?}", report.health),
+                "finding": format!("{:?}", report.finding),
                 "errors": report.errors.iter().map(|e| e.to_string()).collect::<Vec<_>>(),
                 "next_build": format!("{:?}", next.as_ref().map(|_| ())),
                 "next_build_fault": format!("{:?}", next.as_ref().err().and_then(BuildError::fault)),
@@ -442,8 +442,8 @@ fn sticky_fault_is_a_device_fault() {
             })
         );
         assert!(matches!(
-            report.health,
-            DeviceHealth::Faulted {
+            report.finding,
+            DeviceFinding::Faulted {
                 op: BackendOp::Synchronize,
                 isolation: FaultIsolation::Device(DEVICE),
                 ..

@@ -67,7 +67,7 @@
 //!
 //! The teardown job catches a panic of its own physical part (the crate's
 //! bug, since every backend call is behind the `gpu_backend` boundary in a
-//! service) and reports it as [`DeviceHealth::Interrupted`]: what was
+//! service) and reports it as [`DeviceFinding::Interrupted`]: what was
 //! released is unknown, so the device is quarantined, and the callbacks
 //! still run.
 
@@ -88,7 +88,7 @@ use crate::sync::{AtomicBool, AtomicU64, Mutex, Ordering, StdArc};
 pub use context::{ExecutionContext, SourcePermit};
 pub(crate) use report::{BuildError, RollbackReport};
 pub use report::{
-    BuildStep, DeviceHealth, Disposition, EnvelopeError, StepOutcome, TeardownReport,
+    BuildStep, DeviceFinding, Disposition, EnvelopeError, StepOutcome, TeardownReport,
 };
 
 /// Per-attempt bounds on the physical resources an envelope may take, from

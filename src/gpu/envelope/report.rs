@@ -237,11 +237,11 @@ pub enum Disposition {
     Cancelled,
 }
 
-/// The device's health as a clean-up observed it.
+/// What a clean-up found on the device.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum DeviceHealth {
+pub enum DeviceFinding {
     /// No fault was seen.
-    Healthy,
+    Clean,
     /// A device fault was seen.
     Faulted {
         /// The operation that surfaced it.
@@ -266,8 +266,8 @@ pub struct TeardownReport {
     pub device: DeviceOrdinal,
     /// How the clean-up ended.
     pub disposition: Disposition,
-    /// The device's health.
-    pub health: DeviceHealth,
+    /// What the clean-up found on the device.
+    pub finding: DeviceFinding,
     /// Whether nobody awaited it (a dropped envelope or cancelled build).
     pub implicit: bool,
     /// The grant's bytes.
@@ -291,18 +291,18 @@ impl TeardownReport {
     /// a fault lies), or
     /// `Unknown` when the clean-up was abandoned.
     pub fn fault_isolation(&self) -> Option<FaultIsolation> {
-        match self.health {
-            DeviceHealth::Healthy => None,
+        match self.finding {
+            DeviceFinding::Clean => None,
             // Only a synchronization proves where a fault lies; see
             // `proven_isolation`.
-            DeviceHealth::Faulted {
+            DeviceFinding::Faulted {
                 op: BackendOp::Synchronize,
                 isolation,
                 ..
             } => Some(isolation),
-            DeviceHealth::Faulted { .. } => Some(FaultIsolation::Unknown),
-            DeviceHealth::Unknown => Some(FaultIsolation::Unknown),
-            DeviceHealth::Interrupted => Some(FaultIsolation::Device(self.device)),
+            DeviceFinding::Faulted { .. } => Some(FaultIsolation::Unknown),
+            DeviceFinding::Unknown => Some(FaultIsolation::Unknown),
+            DeviceFinding::Interrupted => Some(FaultIsolation::Device(self.device)),
         }
     }
 
@@ -334,29 +334,29 @@ impl TeardownReport {
                 )
             })
             .chain(errors.iter());
-        let health = sync_first
+        let finding = sync_first
             .find_map(|e| match e {
                 BackendError::Fault {
                     op,
                     code,
                     isolation,
-                } => Some(DeviceHealth::Faulted {
+                } => Some(DeviceFinding::Faulted {
                     op: *op,
                     code: *code,
                     isolation: *isolation,
                 }),
                 _ => None,
             })
-            .unwrap_or(DeviceHealth::Healthy);
-        let disposition = match (health, errors.is_empty()) {
-            (DeviceHealth::Faulted { .. }, _) => Disposition::DeviceFault,
+            .unwrap_or(DeviceFinding::Clean);
+        let disposition = match (finding, errors.is_empty()) {
+            (DeviceFinding::Faulted { .. }, _) => Disposition::DeviceFault,
             (_, false) => Disposition::Errors,
             _ => Disposition::Clean,
         };
         Self {
             device,
             disposition,
-            health,
+            finding,
             implicit,
             grant_bytes,
             peak_bytes,
@@ -368,23 +368,23 @@ impl TeardownReport {
     }
 
     pub(super) fn abandoned(device: DeviceOrdinal, grant_bytes: u64, implicit: bool) -> Self {
-        Self::unfinished(device, grant_bytes, implicit, DeviceHealth::Unknown)
+        Self::unfinished(device, grant_bytes, implicit, DeviceFinding::Unknown)
     }
 
     pub(super) fn interrupted(device: DeviceOrdinal, grant_bytes: u64, implicit: bool) -> Self {
-        Self::unfinished(device, grant_bytes, implicit, DeviceHealth::Interrupted)
+        Self::unfinished(device, grant_bytes, implicit, DeviceFinding::Interrupted)
     }
 
     fn unfinished(
         device: DeviceOrdinal,
         grant_bytes: u64,
         implicit: bool,
-        health: DeviceHealth,
+        finding: DeviceFinding,
     ) -> Self {
         Self {
             device,
             disposition: Disposition::Abandoned,
-            health,
+            finding,
             implicit,
             grant_bytes,
             peak_bytes: 0,

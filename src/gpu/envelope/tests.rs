@@ -9,7 +9,7 @@ use std::sync::Arc;
 use crate::gpu::backend::sim::{SimBackend, SimDevice};
 use crate::gpu::backend::{BackendError, BackendOp, DeviceOrdinal, FaultIsolation, SharedBackend};
 use crate::gpu::envelope::{
-    AdmissionEnvelope, AttemptBounds, BuildError, BuildStep, DeviceHealth, Disposition,
+    AdmissionEnvelope, AttemptBounds, BuildError, BuildStep, DeviceFinding, Disposition,
     EnvelopeError, EnvelopeSpec, TeardownReport,
 };
 use crate::gpu::worker::DeviceWorker;
@@ -329,8 +329,8 @@ async fn a_sticky_sync_fault_surfaces_with_device_isolation() {
     let report = envelope.teardown().await;
     assert_eq!(report.disposition, Disposition::DeviceFault);
     assert_eq!(
-        report.health,
-        DeviceHealth::Faulted {
+        report.finding,
+        DeviceFinding::Faulted {
             op: Synchronize,
             code: 700,
             isolation: FaultIsolation::Device(DEVICE)
@@ -386,7 +386,7 @@ async fn teardown_waits_for_idle_contexts_then_releases_in_reverse_order() {
         ]
     );
     assert_eq!(report.disposition, Disposition::Clean);
-    assert_eq!(report.health, DeviceHealth::Healthy);
+    assert_eq!(report.finding, DeviceFinding::Clean);
     assert!(!report.implicit);
     assert_eq!(report.leaked.bytes, 512);
     assert_eq!(report.peak_bytes, 512);

@@ -6,7 +6,7 @@ use std::fmt;
 
 use crate::error::ConfigError;
 use crate::gpu::backend::{BackendError, BackendOp, DeviceOrdinal};
-use crate::gpu::ledger::LedgerHealth;
+use crate::gpu::ledger::LedgerState;
 
 /// Why a [`QueryService`](super::QueryService) could not be built.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -80,7 +80,7 @@ pub enum ReinstateError {
         /// The device.
         device: DeviceOrdinal,
         /// Its ledger's health.
-        health: LedgerHealth,
+        health: LedgerState,
     },
     /// The health probe failed; the device stays quarantined.
     ProbeFailed {

@@ -103,7 +103,7 @@ use tokio::time::Instant;
 
 pub(crate) use self::inner::Inner;
 use super::backend::{BackendError, BackendOp, DeviceOrdinal, SharedBackend};
-use super::ledger::{GrantRequest, LedgerError, LedgerHealth, LedgerSnapshot, WaiterId};
+use super::ledger::{GrantRequest, LedgerError, LedgerSnapshot, LedgerState, WaiterId};
 use super::observe::{GpuEvent, Observation};
 use super::outcome::GpuAdmitError;
 use super::profile::{DeviceSet, QueueBounds};
@@ -428,14 +428,14 @@ impl QueryService {
     /// # let bounds = QueueBounds::new(64, Duration::from_secs(30), 4)?;
     /// # let backend = Arc::new(SimBackend::new([SimDevice::new(0, 96 * GIB)]));
     /// # let service = QueryService::builder(backend, devices, bounds).build()?;
-    /// use admission::gpu::LedgerHealth;
+    /// use admission::gpu::LedgerState;
     ///
     /// // An operator takes the device out after an external health check failed...
     /// service.quarantine(gpu0, 700);
-    /// assert!(matches!(service.ledger_snapshots()[0].health, LedgerHealth::Quarantined { .. }));
+    /// assert!(matches!(service.ledger_snapshots()[0].state, LedgerState::Quarantined { .. }));
     /// // ...and brings it back once the device was reset.
     /// service.reinstate(gpu0).await?;
-    /// assert_eq!(service.ledger_snapshots()[0].health, LedgerHealth::Healthy);
+    /// assert_eq!(service.ledger_snapshots()[0].state, LedgerState::Admitting);
     /// # Ok(())
     /// # }
     /// ```
@@ -446,9 +446,9 @@ impl QueryService {
             .lock()
             .core
             .ledger(device)
-            .map(|ledger| ledger.health())
+            .map(|ledger| ledger.state())
             .ok_or(ReinstateError::NoSuchDevice { device })?;
-        if !matches!(health, LedgerHealth::Quarantined { .. }) {
+        if !matches!(health, LedgerState::Quarantined { .. }) {
             return Err(ReinstateError::NotQuarantined { device, health });
         }
         let worker = inner
@@ -479,7 +479,7 @@ impl QueryService {
                 .lock()
                 .core
                 .ledger(device)
-                .map_or(LedgerHealth::Closed, |ledger| ledger.health());
+                .map_or(LedgerState::Closed, |ledger| ledger.state());
             Err(ReinstateError::NotQuarantined { device, health })
         }
     }
