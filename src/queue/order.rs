@@ -1,6 +1,7 @@
 //! The two orderings of the WorkQueue, as `Ord` keys.
 
 use std::cmp::{Ordering, Reverse};
+use std::collections::BTreeSet;
 
 use tokio::time::Instant;
 
@@ -39,6 +40,82 @@ impl Ord for TenantOrder {
 impl PartialOrd for TenantOrder {
     fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
         Some(self.cmp(other))
+    }
+}
+
+/// The tenants with waiting work, in [`TenantOrder`]: a B-tree, but for
+/// one tenant alone, which is kept beside it. A queue whose requests come
+/// from one tenant (or mostly do) enters it into the order when its first
+/// request waits and takes it out when its last is granted, turn after
+/// turn: for one tenant that is a field set and cleared, not a B-tree
+/// insert and removal.
+#[derive(Debug, Default)]
+pub(super) struct FairOrder {
+    /// The one tenant, while `many` is empty.
+    only: Option<TenantOrder>,
+    /// Every tenant, while there are two or more.
+    many: BTreeSet<TenantOrder>,
+}
+
+impl FairOrder {
+    /// Adds `order`; `false` if it was there.
+    pub(super) fn insert(&mut self, order: TenantOrder) -> bool {
+        if !self.many.is_empty() {
+            return self.many.insert(order);
+        }
+        match self.only {
+            None => {
+                self.only = Some(order);
+                true
+            }
+            Some(only) if only == order => false,
+            Some(only) => {
+                self.only = None;
+                self.many.insert(only);
+                self.many.insert(order)
+            }
+        }
+    }
+
+    /// Takes `order` out; `false` if it was not there.
+    pub(super) fn remove(&mut self, order: &TenantOrder) -> bool {
+        if self.many.is_empty() {
+            if self.only.as_ref() == Some(order) {
+                self.only = None;
+                return true;
+            }
+            return false;
+        }
+        let removed = self.many.remove(order);
+        if self.many.len() == 1 {
+            self.only = self.many.pop_first();
+        }
+        removed
+    }
+
+    /// The least-served tenant.
+    pub(super) fn first(&self) -> Option<&TenantOrder> {
+        self.only.as_ref().or_else(|| self.many.first())
+    }
+
+    /// Every tenant, least-served first.
+    pub(super) fn iter(&self) -> impl Iterator<Item = &TenantOrder> {
+        self.only.iter().chain(&self.many)
+    }
+
+    pub(super) fn clear(&mut self) {
+        self.only = None;
+        self.many.clear();
+    }
+}
+
+impl FromIterator<TenantOrder> for FairOrder {
+    fn from_iter<I: IntoIterator<Item = TenantOrder>>(orders: I) -> Self {
+        let mut order = FairOrder::default();
+        for tenant in orders {
+            order.insert(tenant);
+        }
+        order
     }
 }
 
@@ -96,6 +173,35 @@ mod tests {
             weight,
             since: 0,
             id: TenantId::new(id),
+        }
+    }
+
+    proptest::proptest! {
+        /// Whatever is inserted and removed, the order agrees with a
+        /// B-tree of the same tenants: what insert and remove answer, the
+        /// first, and every tenant in order.
+        #[test]
+        fn the_fair_order_agrees_with_a_btree_of_the_same_tenants(
+            ops in proptest::collection::vec((proptest::bool::ANY, 0u64..4, 0u64..3), 1..60),
+        ) {
+            let mut ours = FairOrder::default();
+            let mut model = BTreeSet::new();
+            for (insert, id, used) in ops {
+                let order = tenant(used, 1, id);
+                if insert {
+                    proptest::prop_assert_eq!(ours.insert(order), model.insert(order));
+                } else {
+                    proptest::prop_assert_eq!(ours.remove(&order), model.remove(&order));
+                }
+                proptest::prop_assert_eq!(ours.first(), model.first());
+                let listed: Vec<_> = ours.iter().copied().collect();
+                let expected: Vec<_> = model.iter().copied().collect();
+                proptest::prop_assert_eq!(listed, expected);
+            }
+            let rebuilt: FairOrder = model.iter().copied().collect();
+            proptest::prop_assert!(rebuilt.iter().eq(model.iter()));
+            ours.clear();
+            proptest::prop_assert_eq!(ours.first(), None);
         }
     }
 

@@ -9,7 +9,8 @@
 //! by its `Admit` future. Two levels give the order:
 //!
 //! * `tenant_order`: every tenant with at least one *waiting* request, in a
-//!   B-tree keyed by [`TenantOrder`] (least `used / weight` first).
+//!   [`FairOrder`] (a B-tree keyed by [`TenantOrder`], least `used / weight`
+//!   first, with one tenant alone kept beside it).
 //! * each tenant's ready set, in [`WaiterKey`] order (priority, then create
 //!   time oldest-first, or newest-first for LIFO-marked work, then arrival):
 //!   per-priority linked lists that take in-order arrivals and any cancel in
@@ -91,7 +92,7 @@
 //! nothing.
 
 use std::cmp::Reverse;
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::task::Waker;
 use std::time::Duration;
 
@@ -102,7 +103,7 @@ use tokio::time::Instant;
 use super::drain::{Drain, RATE_WINDOW};
 use super::epoch::{DeadlineScale, EpochLifo};
 use super::level::{LevelWindows, QueueLoad};
-use super::order::{OpenKey, Place, Recency, TenantOrder, WaiterKey};
+use super::order::{FairOrder, OpenKey, Place, Recency, TenantOrder, WaiterKey};
 use super::pacing::Pacing;
 use super::ready::Entry;
 use super::tenant::{newcomer_used, Seat, Tenant};
@@ -316,7 +317,7 @@ pub(crate) struct QueueState {
     /// Waiting requests per priority byte, for early rejection.
     waiting_at: Box<[u32; 256]>,
     tenants: FxHashMap<TenantId, Tenant>,
-    tenant_order: BTreeSet<TenantOrder>,
+    tenant_order: FairOrder,
     weights: FxHashMap<TenantId, TenantWeight>,
     next_seq: u64,
     /// Tenant records made so far: each record's `since`.
@@ -374,7 +375,7 @@ impl QueueState {
             waiting: 0,
             waiting_at: Box::new([0; 256]),
             tenants: FxHashMap::default(),
-            tenant_order: BTreeSet::new(),
+            tenant_order: FairOrder::default(),
             weights: FxHashMap::default(),
             next_seq: 0,
             records_made: 0,
@@ -1904,7 +1905,7 @@ impl QueueState {
 /// `tenant_order` key in step (see [`QueueState::update_tenant`]).
 #[inline]
 fn keep_in_order<R>(
-    tenant_order: &mut BTreeSet<TenantOrder>,
+    tenant_order: &mut FairOrder,
     id: TenantId,
     tenant: &mut Tenant,
     change: impl FnOnce(&mut Tenant) -> R,
