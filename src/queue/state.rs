@@ -725,7 +725,7 @@ impl QueueState {
     /// granted now, and that request: a tenant whose next request is
     /// elastic is passed over while elastic work holds its share.
     fn next_grantee(&self, elastic_full: bool) -> Option<(TenantOrder, usize)> {
-        self.tenant_order.iter().find_map(|&order| {
+        self.tenant_order.find_map(|&order| {
             let record = self.tenants.get(&order.id)?;
             Some((order, self.grantable_first(record, elastic_full)?))
         })
