@@ -32,7 +32,7 @@ fn a_selected_ordinal_without_a_profile_is_named() {
 #[test]
 fn the_env_reader_uses_the_same_parser() {
     // The variable is not set by this test suite; unset means every device.
-    if std::env::var_os(admission::gpu::DEVICES_ENV).is_none() {
+    if std::env::var_os("ADMISSION_GPU_DEVICES").is_none() {
         let config = GpuConfig::from_toml_and_env(SAMPLE).expect("valid");
         assert_eq!(config.devices().ordinals().len(), 2);
     }

@@ -45,7 +45,7 @@ use super::proof::{Capability, CapabilitySet};
 use crate::error::ConfigError;
 
 /// The environment variable selecting device ordinals (`"0,2"`).
-pub const DEVICES_ENV: &str = "ADMISSION_GPU_DEVICES";
+pub(crate) const DEVICES_ENV: &str = "ADMISSION_GPU_DEVICES";
 
 /// The keys the `[admission]` table may hold.
 const ADMISSION_KEYS: [&str; 2] = ["queue", "device_profiles"];
@@ -60,7 +60,7 @@ pub struct GpuConfig {
 
 impl GpuConfig {
     /// Parses `toml`, keeping the ordinals listed in `selection` (the value
-    /// of [`DEVICES_ENV`]); `None` or an empty string keeps every profile.
+    /// of `ADMISSION_GPU_DEVICES`); `None` or an empty string keeps every profile.
     ///
     /// # Errors
     ///
@@ -202,7 +202,7 @@ impl GpuConfig {
     }
 
     /// [`from_toml`](Self::from_toml) with the selection read from
-    /// [`DEVICES_ENV`].
+    /// `ADMISSION_GPU_DEVICES`.
     ///
     /// # Errors
     ///

@@ -8,7 +8,7 @@
 //! call [`AdmissionTicket::admit`] before its first device call will, on
 //! some path, forget it or call it from planning. The wrapper turns the
 //! rule into structure: every execution call goes through
-//! [`LazyAdmission::handle`] (or [`LazyAdmission::run`]), the first one
+//! [`LazyAdmission::handle`], the first one
 //! admits, the others share the handle it published, and a wrapper that no
 //! execution ever used is dropped without having reserved anything.
 //!
@@ -109,48 +109,6 @@ impl LazyAdmission {
         outcome.as_ref().map_err(Clone::clone)
     }
 
-    /// Runs one execution step against the handle, admitting first if this
-    /// is the first step: the execution wrapper an engine calls instead of
-    /// reaching for the device directly.
-    ///
-    /// # Cancel safety
-    ///
-    /// As [`handle`](Self::handle); `step` runs only once the handle is
-    /// available, so a dropped call never runs it.
-    ///
-    /// # Errors
-    ///
-    /// As [`handle`](Self::handle); `step` is not run then.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// # use std::sync::Arc;
-    /// # use std::time::Duration;
-    /// # use admission::gpu::backend::sim::{SimBackend, SimDevice};
-    /// # use admission::gpu::backend::DeviceOrdinal;
-    /// # use admission::gpu::{DeviceProfile, DeviceSet, MemoryOwnership, QueryService, QueueBounds};
-    /// # const GIB: u64 = 1 << 30;
-    /// # #[tokio::main(flavor = "current_thread")]
-    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// # let gpu0 = DeviceOrdinal(0);
-    /// # let profile = DeviceProfile::builder(gpu0).managed_capacity(80 * GIB).max_active_attempts(4)
-    /// #     .cache_cap(16 * GIB).streams_per_attempt(4).build()?;
-    /// # let devices = DeviceSet::new(vec![profile], vec![MemoryOwnership::exclusive(gpu0)])?;
-    /// # let bounds = QueueBounds::new(64, Duration::from_secs(30), 4)?;
-    /// # let backend = Arc::new(SimBackend::new([SimDevice::new(0, 96 * GIB)]));
-    /// # let service = QueryService::builder(backend, devices, bounds).build()?;
-    /// let lazy = service.resource_ticket(GIB).lazy();
-    /// let device = lazy.run(|handle| handle.device()).await?;
-    /// assert_eq!(device, gpu0);
-    /// lazy.release().await;
-    /// # Ok(())
-    /// # }
-    /// ```
-    pub async fn run<R>(&self, step: impl FnOnce(&QueryHandle) -> R) -> Result<R, GpuAdmitError> {
-        self.handle().await.map(step)
-    }
-
     /// Whether a first use has admitted (successfully or not).
     #[cfg(test)]
     fn is_admitted(&self) -> bool {
@@ -242,9 +200,9 @@ mod tests {
     async fn the_first_execution_step_admits_once_and_later_steps_share_the_handle() {
         let (service, sim) = service();
         let lazy = service.resource_ticket(GIB).lazy();
-        let first = lazy.run(QueryHandle::grant_id).await.unwrap();
+        let first = lazy.handle().await.map(QueryHandle::grant_id).unwrap();
         assert!(lazy.is_admitted());
-        let second = lazy.run(QueryHandle::grant_id).await.unwrap();
+        let second = lazy.handle().await.map(QueryHandle::grant_id).unwrap();
         assert_eq!(first, second, "one admission, one grant");
         assert_eq!(service.ledger_snapshots()[0].live_grant_count, 1);
         let report = lazy.release().await.expect("admitted");
@@ -267,7 +225,7 @@ mod tests {
         assert!(!lazy.is_admitted(), "the dropped first use left nothing");
         assert_eq!(service.admission_snapshot().queued, 0);
         blocker.release().await;
-        let grant = lazy.run(QueryHandle::grant_id).await.unwrap();
+        let grant = lazy.handle().await.map(QueryHandle::grant_id).unwrap();
         assert_eq!(service.ledger_snapshots()[0].live_grant_count, 1);
         assert_eq!(lazy.release().await.map(|r| r.grant), Some(grant));
     }

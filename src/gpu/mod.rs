@@ -324,7 +324,7 @@ pub mod bench_internals {
 }
 
 #[cfg(feature = "config")]
-pub use config::{GpuConfig, DEVICES_ENV};
+pub use config::GpuConfig;
 pub use domain::{AllocationDomain, LeakReport, SubReservation};
 pub use envelope::{
     BuildStep, DeviceFinding, Disposition, EnvelopeError, ExecutionContext, SourcePermit,
