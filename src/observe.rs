@@ -65,7 +65,7 @@ impl WaitHistogram {
     /// A wait of zero: what [`record`](Self::record) does with
     /// `Duration::ZERO`, without the bucket search.
     pub(crate) fn record_zero(&mut self) {
-        self.counts[0] = self.counts[0].saturating_add(1);
+        self.record_zeros(1);
     }
 
     /// `count` waits of zero.

@@ -312,6 +312,24 @@ fn books(queue: &WorkQueue, tenant: u64) -> (u64, u64, u64) {
     (used, normal.requested, normal.admitted)
 }
 
+/// A one-slot queue whose lane is open for tenant 1: its last admission,
+/// under the lock with nobody waiting, opened it, and its release went on
+/// the lane.
+fn one_slot_with_the_lane_open() -> WorkQueue {
+    let queue = WorkQueue::new(1).unwrap();
+    drop(admitted_now(&queue, 1));
+    queue
+}
+
+/// `f` on a thread of its own, with a handle on `queue`.
+fn on_a_thread(
+    queue: &WorkQueue,
+    f: impl FnOnce(WorkQueue) + Send + 'static,
+) -> thread::JoinHandle<()> {
+    let queue = queue.clone();
+    thread::spawn(move || f(queue))
+}
+
 /// The lane is open for tenant 1 (its last admission opened it), and a
 /// request of tenant 1, which takes the lane, races one of tenant 2, which
 /// takes the lock and closes the lane, for the queue's one slot. Both are
@@ -322,17 +340,14 @@ fn books(queue: &WorkQueue, tenant: u64) -> (u64, u64, u64) {
 #[test]
 fn a_lane_admission_races_a_request_that_takes_the_lock() {
     model(|| {
-        let queue = WorkQueue::new(1).unwrap();
-        drop(admitted_now(&queue, 1));
+        let queue = one_slot_with_the_lane_open();
 
-        let on_lane = {
-            let queue = queue.clone();
-            thread::spawn(move || drop(loom::future::block_on(queue.admit(work(1))).unwrap()))
-        };
-        let locking = {
-            let queue = queue.clone();
-            thread::spawn(move || drop(loom::future::block_on(queue.admit(work(2))).unwrap()))
-        };
+        let on_lane = on_a_thread(&queue, |queue| {
+            drop(loom::future::block_on(queue.admit(work(1))).unwrap())
+        });
+        let locking = on_a_thread(&queue, |queue| {
+            drop(loom::future::block_on(queue.admit(work(2))).unwrap())
+        });
         on_lane.join().unwrap();
         locking.join().unwrap();
 
@@ -355,15 +370,12 @@ fn a_lane_release_races_a_snapshot() {
         let on_lane = admitted_now(&queue, 1);
 
         let releaser = thread::spawn(move || drop(on_lane));
-        let reader = {
-            let queue = queue.clone();
-            thread::spawn(move || {
-                let snapshot = queue.snapshot();
-                assert!(matches!(snapshot.granter.used, 1 | 2));
-                let normal = snapshot.priority(Priority::NORMAL).unwrap();
-                assert_eq!((normal.requested, normal.admitted), (2, 2));
-            })
-        };
+        let reader = on_a_thread(&queue, |queue| {
+            let snapshot = queue.snapshot();
+            assert!(matches!(snapshot.granter.used, 1 | 2));
+            let normal = snapshot.priority(Priority::NORMAL).unwrap();
+            assert_eq!((normal.requested, normal.admitted), (2, 2));
+        });
         releaser.join().unwrap();
         reader.join().unwrap();
 
@@ -383,24 +395,17 @@ fn a_lane_release_races_a_snapshot() {
 #[test]
 fn a_lane_admission_races_close() {
     model(|| {
-        let queue = WorkQueue::new(1).unwrap();
-        drop(admitted_now(&queue, 1));
+        let queue = one_slot_with_the_lane_open();
 
-        let admitter = {
-            let queue = queue.clone();
-            thread::spawn(move || {
-                let mut admit = Box::pin(queue.admit(work(1)));
-                match poll_once(&mut admit) {
-                    Poll::Ready(Ok(permit)) => drop(permit),
-                    Poll::Ready(Err(AdmitError::Closed)) => {}
-                    other => panic!("admitted or refused as closed, not {other:?}"),
-                }
-            })
-        };
-        let closer = {
-            let queue = queue.clone();
-            thread::spawn(move || queue.close())
-        };
+        let admitter = on_a_thread(&queue, |queue| {
+            let mut admit = Box::pin(queue.admit(work(1)));
+            match poll_once(&mut admit) {
+                Poll::Ready(Ok(permit)) => drop(permit),
+                Poll::Ready(Err(AdmitError::Closed)) => {}
+                other => panic!("admitted or refused as closed, not {other:?}"),
+            }
+        });
+        let closer = on_a_thread(&queue, |queue| queue.close());
         admitter.join().unwrap();
         closer.join().unwrap();
 
