@@ -189,14 +189,15 @@ impl<G: Granter> Future for Admit<G> {
                         outcome = tracing::field::Empty,
                         wait_us = tracing::field::Empty,
                     );
-                    if let Phase::Queued { span: kept, .. } = &mut *this.phase {
-                        *kept = span.clone();
-                    }
                     // Entered on every poll of the wait, as `Instrument`
                     // would: events of the wait (a deadline refusal) nest
-                    // under it.
-                    let entered = span.clone();
-                    let _entered = entered.enter();
+                    // under it. Without a subscriber the span is disabled
+                    // and neither kept twice nor entered.
+                    let entered = (!span.is_disabled()).then(|| span.clone());
+                    let _entered = entered.as_ref().map(tracing::Span::enter);
+                    if let Phase::Queued { span: kept, .. } = &mut *this.phase {
+                        *kept = span;
+                    }
                     if let Some(deadline) = deadline {
                         let Some(timer) = crate::timer::sleep_until(deadline) else {
                             // Leaves the queue as a cancelled request would
@@ -207,7 +208,7 @@ impl<G: Granter> Future for Admit<G> {
                             });
                             let error = AdmitError::TimerUnavailable;
                             export::settled(&shared.keys, priority, error.reason(), None);
-                            record_outcome(&span, error.reason(), since);
+                            record_outcome(entered.as_ref(), error.reason(), since);
                             *this.shared = None;
                             return Poll::Ready(Err(error));
                         };
@@ -275,8 +276,8 @@ fn settle_queued<G: Granter>(
         unreachable!("Start was handled above and Done has no shared state");
     };
     let (key, priority, since) = (*key, work.priority(), *since);
-    let span = span.clone();
-    let _entered = span.enter();
+    let span = (!span.is_disabled()).then(|| span.clone());
+    let _entered = span.as_ref().map(tracing::Span::enter);
     let observed = shared.with_state(|queue, grants, wakes| {
         if fired {
             queue.deadline_fired(key, grants, wakes)
@@ -301,14 +302,16 @@ fn settle_queued<G: Granter>(
             // The permit first, as on the fast path.
             let permit = SlotPermit::new(shared, work, charge);
             export::settled(permit.keys(), priority, export::ADMITTED, Some(waited));
-            span.record("outcome", export::ADMITTED);
-            span.record("wait_us", waited.as_micros() as u64);
+            if let Some(span) = &span {
+                span.record("outcome", export::ADMITTED);
+                span.record("wait_us", waited.as_micros() as u64);
+            }
             Ok(permit)
         }
         Observed::Failed(error) => {
             let (shared, _) = finish();
             export::settled(&shared.keys, priority, error.reason(), None);
-            record_outcome(&span, error.reason(), since);
+            record_outcome(span.as_ref(), error.reason(), since);
             Err(error)
         }
     };
@@ -323,11 +326,11 @@ impl<G: Granter> FusedFuture for Admit<G> {
 
 /// Closes a wait's span: the outcome as the metric's `outcome` label
 /// spells it, and how long it waited.
-fn record_outcome(span: &tracing::Span, outcome: &'static str, since: Instant) {
+fn record_outcome(span: Option<&tracing::Span>, outcome: &'static str, since: Instant) {
     // No subscriber takes the span: no clock read for a wait nobody sees.
-    if span.is_disabled() {
+    let Some(span) = span.filter(|span| !span.is_disabled()) else {
         return;
-    }
+    };
     span.record("outcome", outcome);
     span.record("wait_us", since.elapsed().as_micros() as u64);
 }
@@ -355,7 +358,7 @@ impl<G: Granter> PinnedDrop for Admit<G> {
             // span's outcome are left out then.
             if !std::thread::panicking() {
                 export::settled(&shared.keys, work.priority(), export::CANCELLED, None);
-                record_outcome(span, export::CANCELLED, *since);
+                record_outcome(Some(span), export::CANCELLED, *since);
             }
         }
     }

@@ -45,8 +45,10 @@ pub(super) enum Entry {
     Sorted,
 }
 
-/// A lane: keys of one priority and one recency class.
-type LaneKey = (std::cmp::Reverse<crate::work::Priority>, u8);
+/// A lane: keys of one priority and one recency class, packed into one
+/// integer that sorts as `(Reverse(priority), class)` does, so finding a
+/// lane is a search over integers.
+type LaneKey = u16;
 
 fn lane_of(key: &WaiterKey) -> LaneKey {
     let class = match key.recency {
@@ -54,7 +56,9 @@ fn lane_of(key: &WaiterKey) -> LaneKey {
         Recency::Newest(_) => 1,
         Recency::Oldest(_) => 2,
     };
-    (key.priority, class)
+    // Highest priority first: 127 maps to 0, -128 to 255.
+    let rank = (127 - i16::from(key.priority.0.get())) as u16;
+    (rank << 2) | class
 }
 
 #[derive(Debug)]
@@ -103,7 +107,7 @@ impl ReadyQueue {
     /// Adds the request at `slab_key` under `key`, which no entry has.
     pub(super) fn insert(&mut self, key: WaiterKey, slab_key: usize) -> Entry {
         let lane_key = lane_of(&key);
-        let at = match self.lanes.binary_search_by(|lane| lane.key.cmp(&lane_key)) {
+        let at = match self.lanes.binary_search_by_key(&lane_key, |lane| lane.key) {
             Ok(at) => at,
             Err(at) => {
                 self.lanes.insert(
@@ -151,7 +155,7 @@ impl ReadyQueue {
     /// it is not there.
     pub(super) fn remove(&mut self, key: &WaiterKey, entry: Entry) -> bool {
         let lane_key = lane_of(key);
-        let Ok(at) = self.lanes.binary_search_by(|lane| lane.key.cmp(&lane_key)) else {
+        let Ok(at) = self.lanes.binary_search_by_key(&lane_key, |lane| lane.key) else {
             return false;
         };
         let lane = &mut self.lanes[at];
@@ -308,6 +312,34 @@ mod tests {
                 prop_assert_eq!(ours, theirs);
             }
         }
+    }
+
+    /// The packed lane key sorts as `(Reverse(priority), class)` at every
+    /// priority, extremes included.
+    #[test]
+    fn lane_keys_sort_as_priority_then_class() {
+        let at = Instant::now();
+        let mut keys: Vec<((Reverse<Priority>, u8), LaneKey)> = Vec::new();
+        for priority in i8::MIN..=i8::MAX {
+            for (class, recency) in [
+                Recency::Resumed(at),
+                Recency::Newest(Reverse(at)),
+                Recency::Oldest(at),
+            ]
+            .into_iter()
+            .enumerate()
+            {
+                let priority = Reverse(Priority::new(priority));
+                let key = WaiterKey {
+                    priority,
+                    recency,
+                    seq: 0,
+                };
+                keys.push(((priority, class as u8), lane_of(&key)));
+            }
+        }
+        keys.sort_by_key(|&(tuple, _)| tuple);
+        assert!(keys.windows(2).all(|pair| pair[0].1 < pair[1].1));
     }
 
     #[test]
