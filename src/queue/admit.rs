@@ -17,7 +17,9 @@
 //! The deadline timer is a `tokio::time::Sleep` created only when a request
 //! with a deadline has to wait, so the fast path and deadline-free requests
 //! never touch tokio's timer (and the loom models, which have no runtime,
-//! never create one).
+//! never create one). It is boxed, as is the wait's tracing span (and only
+//! when a subscriber takes it): the future stays about a hundred bytes, which
+//! every caller moves into its own state.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -52,23 +54,30 @@ use crate::work::WorkInfo;
 pub struct Admit<G: Granter = SlotGranter> {
     /// Moves into the permit on success; `None` once complete.
     shared: Option<Arc<Shared<G>>>,
+    /// Beside the phase rather than in it, so that moving between phases
+    /// copies a key and a time, not the request.
+    work: WorkInfo,
     phase: Phase,
+    /// The wait's span, once queued and only if a subscriber takes it:
+    /// beside the phase, which then has nothing to drop when it changes,
+    /// and boxed, so that a future that never waits (or waits with nobody
+    /// listening) carries one empty word.
+    span: Option<Box<tracing::Span>>,
     /// Work in progress asking for its slots again after a wait (see
     /// `hold.rs`): ahead of new work of its priority, exempt from a full
     /// queue and early rejection.
     resumed: bool,
-    #[pin]
-    timer: Option<Sleep>,
+    /// Boxed: a timer is most of a future's size, and every admission's
+    /// future is moved at least once (into the caller's), while only a
+    /// request with a deadline that waits needs one.
+    timer: Option<Pin<Box<Sleep>>>,
 }
 
+#[derive(Clone, Copy)]
 enum Phase {
-    Start(WorkInfo),
+    Start,
     Queued {
         key: usize,
-        /// Kept for the permit, which can ask for its slots again with it
-        /// ([`SlotPermit::release_during`]).
-        work: WorkInfo,
-        span: tracing::Span,
         /// When it was queued: the span's `wait_us` on every outcome.
         since: Instant,
     },
@@ -79,7 +88,9 @@ impl<G: Granter> Admit<G> {
     pub(super) fn new(shared: Arc<Shared<G>>, work: WorkInfo) -> Self {
         Admit {
             shared: Some(shared),
-            phase: Phase::Start(work),
+            work,
+            phase: Phase::Start,
+            span: None,
             resumed: false,
             timer: None,
         }
@@ -90,7 +101,9 @@ impl<G: Granter> Admit<G> {
     pub(super) fn resume(shared: Arc<Shared<G>>, work: WorkInfo) -> Self {
         Admit {
             shared: Some(shared),
-            phase: Phase::Start(work),
+            work,
+            phase: Phase::Start,
+            span: None,
             resumed: true,
             timer: None,
         }
@@ -101,23 +114,22 @@ impl<G: Granter> Future for Admit<G> {
     type Output = Result<SlotPermit<G>, AdmitError>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        let mut this = self.project();
+        let this = self.project();
         let Some(shared) = this.shared.as_ref() else {
             panic!("`Admit` polled after it completed");
         };
-        if matches!(*this.phase, Phase::Start(_)) {
+        if matches!(*this.phase, Phase::Start) {
             // Admission that is always ready on the fast path must still
             // give the scheduler a turn now and then, as tokio's own
             // semaphore does.
             let coop = ready!(tokio::task::coop::poll_proceed(cx));
-            let Phase::Start(work) = std::mem::replace(&mut *this.phase, Phase::Done) else {
-                unreachable!("matched above");
-            };
+            *this.phase = Phase::Done;
+            let work = &*this.work;
             let resumed = *this.resumed;
             let lane = if resumed {
                 LaneAdmit::Declined
             } else {
-                shared.try_lane(&work)
+                shared.try_lane(work)
             };
             let attempt = match lane {
                 LaneAdmit::Admitted(generation) => Attempt::Admitted {
@@ -130,11 +142,11 @@ impl<G: Granter> Future for Admit<G> {
                         grants.return_grant(1);
                         queue.grant_waiting(grants, wakes);
                     }
-                    let mut attempt = queue.attempt(&work, resumed, grants, cx.waker(), wakes);
+                    let mut attempt = queue.attempt(work, resumed, grants, cx.waker(), wakes);
                     if let Attempt::Admitted { charge } = &mut attempt {
                         // Its release goes on the lane it opens, or it would
                         // close it at once.
-                        charge.lane = shared.open_lane_for(&work, queue, grants);
+                        charge.lane = shared.open_lane_for(work, queue, grants);
                     }
                     attempt
                 }),
@@ -148,7 +160,9 @@ impl<G: Granter> Future for Admit<G> {
                     // The permit before anything that calls the
                     // application's code (recorder, subscriber): if that
                     // panics, the permit's drop still returns the slot.
-                    let permit = SlotPermit::new(shared, work, charge);
+                    // Kept for the permit, which can ask for its slots
+                    // again with it (`SlotPermit::release_during`).
+                    let permit = SlotPermit::new(shared, work.clone(), charge);
                     export::settled(
                         permit.keys(),
                         priority,
@@ -175,12 +189,7 @@ impl<G: Granter> Future for Admit<G> {
                     // Queued before anything that calls the application's
                     // code (the subscriber, below): if that panics, the
                     // drop still takes the request out of the queue.
-                    *this.phase = Phase::Queued {
-                        key,
-                        work,
-                        span: tracing::Span::none(),
-                        since,
-                    };
+                    *this.phase = Phase::Queued { key, since };
                     let span = tracing::debug_span!(
                         target: "admission",
                         "admission_wait",
@@ -191,13 +200,10 @@ impl<G: Granter> Future for Admit<G> {
                     );
                     // Entered on every poll of the wait, as `Instrument`
                     // would: events of the wait (a deadline refusal) nest
-                    // under it. Without a subscriber the span is disabled
-                    // and neither kept twice nor entered.
-                    let entered = (!span.is_disabled()).then(|| span.clone());
-                    let _entered = entered.as_ref().map(tracing::Span::enter);
-                    if let Phase::Queued { span: kept, .. } = &mut *this.phase {
-                        *kept = span;
-                    }
+                    // under it.
+                    *this.span = (!span.is_disabled()).then(|| Box::new(span));
+                    let span = this.span.as_deref();
+                    let _entered = span.map(tracing::Span::enter);
                     if let Some(deadline) = deadline {
                         let Some(timer) = crate::timer::sleep_until(deadline) else {
                             // Leaves the queue as a cancelled request would
@@ -208,17 +214,17 @@ impl<G: Granter> Future for Admit<G> {
                             });
                             let error = AdmitError::TimerUnavailable;
                             export::settled(&shared.keys, priority, error.reason(), None);
-                            record_outcome(entered.as_ref(), error.reason(), since);
+                            record_outcome(span, error.reason(), since);
                             *this.shared = None;
                             return Poll::Ready(Err(error));
                         };
-                        this.timer.set(Some(timer));
+                        *this.timer = Some(Box::pin(timer));
                     }
                     // The waker is already stored with the waiter; only the
                     // deadline timer (if any) needs this poll to register.
                     // A grant made since the lock was released has woken us.
-                    let fired = match this.timer.as_mut().as_pin_mut() {
-                        Some(timer) => timer.poll(cx).is_ready(),
+                    let fired = match this.timer.as_mut() {
+                        Some(timer) => timer.as_mut().poll(cx).is_ready(),
                         None => false,
                     };
                     if !fired {
@@ -227,8 +233,8 @@ impl<G: Granter> Future for Admit<G> {
                 }
             }
         }
-        let fired = match this.timer.as_mut().as_pin_mut() {
-            Some(timer) => timer.poll(cx).is_ready(),
+        let fired = match this.timer.as_mut() {
+            Some(timer) => timer.as_mut().poll(cx).is_ready(),
             None => false,
         };
         settle_queued(this, cx.waker(), fired)
@@ -259,25 +265,19 @@ impl<G: Granter> Admit<G> {
 /// The waiting phase of [`Admit::poll`]: the deadline timer has been
 /// polled (`fired`), the waiter's state is looked at under the lock.
 fn settle_queued<G: Granter>(
-    mut this: AdmitProjection<'_, G>,
+    this: AdmitProjection<'_, G>,
     waker: &std::task::Waker,
     fired: bool,
 ) -> Poll<Result<SlotPermit<G>, AdmitError>> {
     let Some(shared) = this.shared.as_ref() else {
         panic!("`Admit` polled after it completed");
     };
-    let Phase::Queued {
-        key,
-        work,
-        span,
-        since,
-    } = &*this.phase
-    else {
+    let Phase::Queued { key, since } = *this.phase else {
         unreachable!("Start was handled above and Done has no shared state");
     };
-    let (key, priority, since) = (*key, work.priority(), *since);
-    let span = (!span.is_disabled()).then(|| span.clone());
-    let _entered = span.as_ref().map(tracing::Span::enter);
+    let priority = this.work.priority();
+    let span = this.span.as_deref();
+    let _entered = span.map(tracing::Span::enter);
     let observed = shared.with_state(|queue, grants, wakes| {
         if fired {
             queue.deadline_fired(key, grants, wakes)
@@ -289,11 +289,12 @@ fn settle_queued<G: Granter>(
     // that calls the application's code (recorder, subscriber). If that
     // panics, the drop finds nothing to cancel.
     let mut finish = || {
-        let Phase::Queued { work, .. } = std::mem::replace(&mut *this.phase, Phase::Done) else {
-            unreachable!("matched above");
-        };
-        this.timer.set(None);
-        (this.shared.take().expect("checked above"), work)
+        *this.phase = Phase::Done;
+        *this.timer = None;
+        (
+            this.shared.take().expect("checked above"),
+            this.work.clone(),
+        )
     };
     let result = match observed {
         Observed::Pending => return Poll::Pending,
@@ -302,7 +303,7 @@ fn settle_queued<G: Granter>(
             // The permit first, as on the fast path.
             let permit = SlotPermit::new(shared, work, charge);
             export::settled(permit.keys(), priority, export::ADMITTED, Some(waited));
-            if let Some(span) = &span {
+            if let Some(span) = span {
                 span.record("outcome", export::ADMITTED);
                 span.record("wait_us", waited.as_micros() as u64);
             }
@@ -311,7 +312,7 @@ fn settle_queued<G: Granter>(
         Observed::Failed(error) => {
             let (shared, _) = finish();
             export::settled(&shared.keys, priority, error.reason(), None);
-            record_outcome(span.as_ref(), error.reason(), since);
+            record_outcome(span, error.reason(), since);
             Err(error)
         }
     };
@@ -328,7 +329,7 @@ impl<G: Granter> FusedFuture for Admit<G> {
 /// spells it, and how long it waited.
 fn record_outcome(span: Option<&tracing::Span>, outcome: &'static str, since: Instant) {
     // No subscriber takes the span: no clock read for a wait nobody sees.
-    let Some(span) = span.filter(|span| !span.is_disabled()) else {
+    let Some(span) = span else {
         return;
     };
     span.record("outcome", outcome);
@@ -339,26 +340,17 @@ fn record_outcome(span: Option<&tracing::Span>, outcome: &'static str, since: In
 impl<G: Granter> PinnedDrop for Admit<G> {
     fn drop(self: Pin<&mut Self>) {
         let this = self.project();
-        if let (
-            Phase::Queued {
-                key,
-                span,
-                work,
-                since,
-            },
-            Some(shared),
-        ) = (&*this.phase, this.shared.as_ref())
-        {
+        if let (Phase::Queued { key, since }, Some(shared)) = (&*this.phase, this.shared.as_ref()) {
             // Out of the queue before anything that calls the application's
             // code (recorder, subscriber), which could panic here.
-            let key = *key;
+            let (key, since) = (*key, *since);
             shared.with_state(|state, granter, wakes| state.cancel(key, granter, wakes));
             // Dropped as its task unwinds, a second panic (the recorder's or
             // the subscriber's) would abort the process: the count and the
             // span's outcome are left out then.
             if !std::thread::panicking() {
-                export::settled(&shared.keys, work.priority(), export::CANCELLED, None);
-                record_outcome(Some(span), export::CANCELLED, *since);
+                export::settled(&shared.keys, this.work.priority(), export::CANCELLED, None);
+                record_outcome(this.span.as_deref(), export::CANCELLED, since);
             }
         }
     }
@@ -367,10 +359,24 @@ impl<G: Granter> PinnedDrop for Admit<G> {
 impl<G: Granter> std::fmt::Debug for Admit<G> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let phase = match &self.phase {
-            Phase::Start(_) => "start",
+            Phase::Start => "start",
             Phase::Queued { .. } => "queued",
             Phase::Done => "done",
         };
         f.debug_struct("Admit").field("phase", &phase).finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every caller moves the future into its own state (an `async fn`'s,
+    /// a tower response future's): the timer and the span stay boxed, out
+    /// of its size.
+    #[test]
+    fn the_future_stays_small() {
+        let size = std::mem::size_of::<Admit>();
+        assert!(size <= 128, "Admit is {size} bytes");
     }
 }

@@ -1066,11 +1066,13 @@ impl QueueState {
                 }
                 break;
             };
-            self.unlink(slab_key);
             let waiter = &self.waiters[slab_key];
             let (priority, enqueued_at, deadline) =
                 (waiter.priority, waiter.enqueued_at, waiter.deadline);
-            self.with_tenant(first.id, |t| {
+            debug_assert_eq!(waiter.tenant, first.id, "the grantee is its tenant's first");
+            // Out of its tenant's set and charged in one visit to the
+            // record: one look-up and one order update per grant.
+            self.unlink_and(slab_key, |t| {
                 t.used = t.used.saturating_add(count);
                 if let Some(now) = now.filter(|_| epoch_lifo) {
                     t.states
@@ -1244,12 +1246,13 @@ impl QueueState {
         wakes: &mut WakeList,
     ) {
         if matches!(self.waiters[slab_key].state, WaiterState::Waiting { .. }) {
-            self.unlink(slab_key);
             if self.lifo.is_some() {
                 let waiter = &self.waiters[slab_key];
-                let (tenant, priority) = (waiter.tenant, waiter.priority);
+                let priority = waiter.priority;
                 let waited = Instant::now().saturating_duration_since(waiter.enqueued_at);
-                self.with_tenant(tenant, |t| t.states.waited(priority, waited, false));
+                self.unlink_and(slab_key, |t| t.states.waited(priority, waited, false));
+            } else {
+                self.unlink(slab_key);
             }
         }
         let waiter = self.waiters.remove(slab_key);
@@ -1759,11 +1762,21 @@ impl QueueState {
     /// of `tenant_order` if that was its last one).
     #[inline]
     fn unlink(&mut self, slab_key: usize) {
+        self.unlink_and(slab_key, |_| {});
+    }
+
+    /// [`unlink`](Self::unlink), then `change` to the same tenant record,
+    /// with the record found once and its order key updated once.
+    #[inline]
+    fn unlink_and(&mut self, slab_key: usize, change: impl FnOnce(&mut Tenant)) {
         let (tenant, seat, priority) = {
             let waiter = &self.waiters[slab_key];
             (waiter.tenant, waiter.seat, waiter.priority)
         };
-        self.update_tenant(tenant, |t| t.remove(&seat));
+        self.update_tenant(tenant, |t| {
+            t.remove(&seat);
+            change(t);
+        });
         self.waiting -= 1;
         self.waiting_at[super::level::index(priority)] -= 1;
     }
