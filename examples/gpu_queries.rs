@@ -52,7 +52,7 @@ fn print_state(service: &QueryService, stage: &str) {
 }
 
 fn print_observation(o: &Observation) {
-    let mut line = format!("   [{:>8} µs] {:<18}", o.elapsed_us, o.kind.name());
+    let mut line = format!("   [{:>8} µs] {:<18}", o.elapsed_us, o.kind);
     if let Some(w) = o.waiter {
         line.push_str(&format!(" waiter#{w}"));
     }

@@ -45,7 +45,8 @@ use admission::gpu::backend::sim::{SimBackend, SimDevice};
 use admission::gpu::backend::DeviceOrdinal;
 use admission::gpu::{
     CapabilityProof, DeviceProfile, DeviceSet, MemoryOwnership, Observation, ObservationKind,
-    PhaseRequirement, PlanDescription, PlanFingerprint, QueryService, QueueBounds,
+    PhaseRequirement, PlanDescription, PlanFingerprint, QueryAdmissionOutcome, QueryService,
+    QueueBounds,
 };
 use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
@@ -251,8 +252,11 @@ enum Settled {
         wait: Duration,
         started: Duration,
     },
-    /// Refused, with the policy-neutral outcome's name.
-    Refused { class: usize, outcome: &'static str },
+    /// Refused, with the policy-neutral outcome.
+    Refused {
+        class: usize,
+        outcome: QueryAdmissionOutcome,
+    },
 }
 
 /// What one system did in one run.
@@ -269,9 +273,9 @@ pub struct Outcome {
     pub started_in_window: usize,
     /// Admission waits of completed queries, per class.
     pub waits: [Vec<Duration>; 2],
-    /// Refusals per class, by `QueryAdmissionOutcome` name (`deadline`
-    /// for the baseline's timeout).
-    pub refusals: [BTreeMap<&'static str, usize>; 2],
+    /// Refusals per class, by `QueryAdmissionOutcome` as it displays
+    /// (`deadline` for the baseline's timeout).
+    pub refusals: [BTreeMap<String, usize>; 2],
     /// Admissions that took a device's held bytes past its capacity
     /// (exact, from the workload's own counters).
     pub over_commit_admissions: usize,
@@ -484,7 +488,7 @@ async fn query(
                 Err(error) => {
                     return Settled::Refused {
                         class,
-                        outcome: error.outcome().name(),
+                        outcome: error.outcome(),
                     }
                 }
             };
@@ -507,7 +511,7 @@ async fn query(
                 }
                 Err(error) => Settled::Refused {
                     class,
-                    outcome: error.outcome().name(),
+                    outcome: error.outcome(),
                 },
             }
         }
@@ -535,11 +539,11 @@ async fn query(
                 }
                 Ok(Err(_closed)) => Settled::Refused {
                     class,
-                    outcome: "closed",
+                    outcome: QueryAdmissionOutcome::Closed,
                 },
                 Err(_elapsed) => Settled::Refused {
                     class,
-                    outcome: "deadline",
+                    outcome: QueryAdmissionOutcome::Deadline,
                 },
             }
         }
@@ -719,7 +723,7 @@ pub fn run(settings: &Settings, system: System) -> Result<Outcome, String> {
                 class,
                 outcome: name,
             } => {
-                *outcome.refusals[class].entry(name).or_insert(0) += 1;
+                *outcome.refusals[class].entry(name.to_string()).or_insert(0) += 1;
             }
         }
     }

@@ -27,6 +27,7 @@
 //! a record's fields by hand and a new event cannot be reported without a
 //! kind.
 
+use std::fmt;
 use std::time::Duration;
 
 use super::backend::DeviceOrdinal;
@@ -34,7 +35,8 @@ use super::envelope::Disposition;
 use super::ledger::{GrantId, WaiterId};
 use super::outcome::GpuAdmitError;
 
-/// What happened.
+/// What happened. `Display` writes a short, stable snake_case name
+/// (`admitted`, `protection_dropped`...).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[cfg_attr(feature = "config", derive(serde::Serialize))]
 #[cfg_attr(feature = "config", serde(rename_all = "snake_case"))]
@@ -77,10 +79,10 @@ pub enum ObservationKind {
     EvictionRequested,
 }
 
-impl ObservationKind {
-    /// A short, stable snake_case name.
-    pub fn name(self) -> &'static str {
-        match self {
+// The same snake_case names the `config` feature's serialization writes.
+impl fmt::Display for ObservationKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.pad(match self {
             ObservationKind::Submitted => "submitted",
             ObservationKind::Rejected => "rejected",
             ObservationKind::Queued => "queued",
@@ -96,7 +98,7 @@ impl ObservationKind {
             ObservationKind::LedgerClosed => "ledger_closed",
             ObservationKind::Reinstated => "reinstated",
             ObservationKind::EvictionRequested => "eviction_requested",
-        }
+        })
     }
 }
 
@@ -336,8 +338,8 @@ pub struct Observation {
     pub pending_preflights: usize,
     /// The error's stable reason ([`GpuAdmitError::reason`](super::GpuAdmitError::reason)).
     pub reason: Option<&'static str>,
-    /// The error's policy-neutral outcome
-    /// ([`QueryAdmissionOutcome::name`](super::QueryAdmissionOutcome::name)).
+    /// The error's policy-neutral outcome, as
+    /// [`QueryAdmissionOutcome`](super::QueryAdmissionOutcome) displays it.
     pub outcome: Option<&'static str>,
     /// A fault code (quarantine).
     pub code: Option<u32>,

@@ -24,7 +24,10 @@ use super::ledger::GrantId;
 use super::profile::fmt_bytes;
 use super::proof::{CapabilitySet, IssuerId, LoweringError, PlanFingerprint};
 
-/// The policy-neutral class of a [`GpuAdmitError`].
+/// The policy-neutral class of a [`GpuAdmitError`]. `Display` writes a
+/// short, stable snake_case name (`capacity_pressure`, `deadline`...), the
+/// one [`Observation::outcome`](super::Observation::outcome) carries, for
+/// metric labels.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum QueryAdmissionOutcome {
@@ -48,8 +51,9 @@ pub enum QueryAdmissionOutcome {
 }
 
 impl QueryAdmissionOutcome {
-    /// A short, stable snake_case name for metric labels.
-    pub fn name(self) -> &'static str {
+    /// A short, stable snake_case name, for the observation records' metric
+    /// labels; users read it through `Display`.
+    pub(crate) fn name(self) -> &'static str {
         match self {
             QueryAdmissionOutcome::CapacityPressure => "capacity_pressure",
             QueryAdmissionOutcome::Capability => "capability",
@@ -64,7 +68,7 @@ impl QueryAdmissionOutcome {
 
 impl fmt::Display for QueryAdmissionOutcome {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
+        f.pad(self.name())
     }
 }
 

@@ -38,7 +38,8 @@ use std::error::Error;
 use std::fmt;
 
 /// One device capability a plan may require (`"fp64"`, `"hash_join"`,
-/// `"sm_90"`): a name, compared exactly.
+/// `"sm_90"`): a name, compared exactly. `Display` and `AsRef<str>` give the
+/// name.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct Capability(String);
 
@@ -47,9 +48,10 @@ impl Capability {
     pub fn new(name: impl Into<String>) -> Self {
         Capability(name.into())
     }
+}
 
-    /// The capability's name.
-    pub fn name(&self) -> &str {
+impl AsRef<str> for Capability {
+    fn as_ref(&self) -> &str {
         &self.0
     }
 }
@@ -120,7 +122,7 @@ impl fmt::Display for CapabilitySet {
             if i > 0 {
                 f.write_str(", ")?;
             }
-            f.write_str(capability.name())?;
+            f.write_str(&capability.0)?;
         }
         f.write_str("}")
     }

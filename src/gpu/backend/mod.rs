@@ -111,7 +111,8 @@ impl fmt::Display for DeviceOrdinal {
 
 /// Every operation a backend performs, by name: the vocabulary of error
 /// messages, of the envelope's build steps and of the simulator's fault
-/// injection.
+/// injection. `Display` writes the operation's name (`open_lane`,
+/// `synchronize`...).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 #[non_exhaustive]
 pub enum BackendOp {
@@ -149,10 +150,9 @@ pub enum BackendOp {
     CloseLane,
 }
 
-impl BackendOp {
-    /// A short, stable name (`open_lane`, `synchronize`, ...).
-    pub fn name(self) -> &'static str {
-        match self {
+impl fmt::Display for BackendOp {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.pad(match self {
             BackendOp::Inventory => "inventory",
             BackendOp::MemoryInfo => "memory_info",
             BackendOp::OpenLane => "open_lane",
@@ -169,13 +169,7 @@ impl BackendOp {
             BackendOp::CloseDomain => "close_domain",
             BackendOp::DestroyStream => "destroy_stream",
             BackendOp::CloseLane => "close_lane",
-        }
-    }
-}
-
-impl fmt::Display for BackendOp {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
+        })
     }
 }
 
