@@ -56,8 +56,13 @@ mod cuda_checks;
 use std::error::Error;
 use std::fmt;
 
+// The raw value is crate-private unless the id names it `get: pub`: a
+// stream or domain number means nothing outside the backend that chose it.
 macro_rules! opaque_id {
     ($(#[$doc:meta])* $name:ident) => {
+        opaque_id!($(#[$doc])* $name, get: pub(crate));
+    };
+    ($(#[$doc:meta])* $name:ident, get: $get:vis) => {
         $(#[$doc])*
         #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
         pub struct $name(u64);
@@ -70,7 +75,7 @@ macro_rules! opaque_id {
             }
 
             /// The raw value the backend chose.
-            pub const fn get(self) -> u64 {
+            $get const fn get(self) -> u64 {
                 self.0
             }
         }
@@ -95,8 +100,11 @@ opaque_id!(
     StreamId
 );
 opaque_id!(
-    /// A device allocation made through a domain.
-    DevicePtr
+    /// A device allocation made through a domain. On the CUDA backend its
+    /// [`get`](Self::get) is the device address (a `CUdeviceptr`), for a
+    /// kernel's arguments.
+    DevicePtr,
+    get: pub
 );
 
 /// The index of a device as the backend numbers them (a CUDA ordinal).
