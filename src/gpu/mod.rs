@@ -118,7 +118,8 @@
 //!   stays in service (a host-side panic is no evidence about device
 //!   memory; only a [`BackendError::Fault`](backend::BackendError::Fault)
 //!   reported by a stream synchronization quarantines, and any other fault
-//!   closes every ledger: see [`TeardownReport::fault_isolation`]), so a backend
+//!   closes every ledger: the [`TeardownReport`]'s
+//!   [`finding`](TeardownReport::finding) names the fault), so a backend
 //!   that always panics fails each attempt fast
 //!   with a typed error, and the health shows it failing; an operator can
 //!   [`quarantine`](QueryService::quarantine) the device.

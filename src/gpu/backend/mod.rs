@@ -250,16 +250,6 @@ pub enum BackendError {
     },
 }
 
-impl BackendError {
-    /// The fault's isolation when this error is a device fault.
-    pub fn fault_isolation(&self) -> Option<FaultIsolation> {
-        match self {
-            BackendError::Fault { isolation, .. } => Some(*isolation),
-            _ => None,
-        }
-    }
-}
-
 impl fmt::Display for BackendError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {

@@ -286,11 +286,12 @@ pub struct TeardownReport {
 }
 
 impl TeardownReport {
-    /// The isolation to act on: a synchronization fault's own, any other
-    /// fault's [`FaultIsolation::Unknown`] (only a synchronization proves where
-    /// a fault lies), or
-    /// `Unknown` when the clean-up was abandoned.
-    pub fn fault_isolation(&self) -> Option<FaultIsolation> {
+    /// The isolation the service acts on: a synchronization fault's own,
+    /// any other fault's [`FaultIsolation::Unknown`] (only a synchronization
+    /// proves where a fault lies), or `Unknown` when the clean-up was
+    /// abandoned. The service's rule, not the report's data: a user reads
+    /// the [`finding`](Self::finding) and the ledger states it led to.
+    pub(crate) fn fault_isolation(&self) -> Option<FaultIsolation> {
         match self.finding {
             DeviceFinding::Clean => None,
             // Only a synchronization proves where a fault lies; see
