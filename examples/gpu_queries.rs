@@ -73,12 +73,11 @@ fn print_observation(o: &Observation) {
 fn backend() -> (SharedBackend, Option<Arc<SimBackend>>, Vec<u32>) {
     #[cfg(feature = "cuda")]
     {
-        use admission::gpu::backend::cuda::{driver_present, CudaBackend};
-        if driver_present() {
-            if let Ok(cuda) = CudaBackend::new([DeviceOrdinal(0)]) {
-                println!("backend: cuda (device 0)");
-                return (Arc::new(cuda), None, vec![0]);
-            }
+        use admission::gpu::backend::cuda::CudaBackend;
+        // Without a driver this is `BackendError::NoDriver`, not a panic.
+        if let Ok(cuda) = CudaBackend::new([DeviceOrdinal(0)]) {
+            println!("backend: cuda (device 0)");
+            return (Arc::new(cuda), None, vec![0]);
         }
     }
     let sim = Arc::new(SimBackend::new([

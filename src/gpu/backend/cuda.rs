@@ -59,8 +59,9 @@ use super::{
 use crate::sync::Mutex;
 
 /// Whether the CUDA driver library can be loaded, asked once per process.
-/// `cudarc` is never called when this is false.
-pub fn driver_present() -> bool {
+/// `cudarc` is never called when this is false. Crate-private: a user asks
+/// by constructing the backend, which answers [`BackendError::NoDriver`].
+pub(crate) fn driver_present() -> bool {
     static PRESENT: OnceLock<bool> = OnceLock::new();
     // SAFETY: `is_culib_present` only tries `dlopen` on the driver's known
     // library names and drops the handle; it calls no driver function.
