@@ -17,9 +17,10 @@
 //!   domain gives its outstanding allocations back to the device);
 //! * a [`BackendError::Fault`] on a device is **sticky**, like a CUDA sticky
 //!   error: every later call touching that device returns the same code;
-//! * a domain's ceiling is enforced by the driver only when asked
-//!   ([`SimBackend::with_driver_ceiling`]), as with a capped memory pool:
-//!   exceeding it is an out-of-memory [`BackendError::Driver`] (code 2).
+//! * a domain's ceiling is enforced by the driver only when a test asks
+//!   (`SimBackend::with_driver_ceiling`, with `test-util`), as with a capped
+//!   memory pool: exceeding it is an out-of-memory [`BackendError::Driver`]
+//!   (code 2).
 //!
 //! Every call is logged (operation, device, argument ids, result). With the
 //! `test-util` feature, a test reads the log (`SimBackend::log`), to assert
@@ -51,7 +52,9 @@ pub struct SimDevice {
 
 impl SimDevice {
     /// A device with `total_bytes` of memory, named `sim-<ordinal>`, compute
-    /// capability 9.0, with memory pools.
+    /// capability 9.0, with memory pools. Only the ordinal and the memory
+    /// are admission inputs (a profile is checked against the memory); the
+    /// other facts are fixed, since nothing reads them but diagnostics.
     pub fn new(ordinal: u32, total_bytes: u64) -> Self {
         Self {
             facts: DeviceFacts {
@@ -63,24 +66,6 @@ impl SimDevice {
                 memory_pools: true,
             },
         }
-    }
-
-    /// Sets the name.
-    pub fn name(mut self, name: impl Into<String>) -> Self {
-        self.facts.name = name.into();
-        self
-    }
-
-    /// Sets the compute capability.
-    pub fn compute_capability(mut self, major: u32, minor: u32) -> Self {
-        self.facts.compute_capability = (major, minor);
-        self
-    }
-
-    /// Sets whether the device supports memory pools.
-    pub fn memory_pools(mut self, supported: bool) -> Self {
-        self.facts.memory_pools = supported;
-        self
     }
 }
 
@@ -333,11 +318,15 @@ impl SimBackend {
         }
     }
 
-    /// Enforces each domain's ceiling in the "driver" too, like a memory
-    /// pool capped at the ceiling.
-    pub fn with_driver_ceiling(self, enforce: bool) -> Self {
-        self.state.lock().driver_ceiling = enforce;
-        self
+    test_hook! {
+        /// Enforces each domain's ceiling in the "driver" too, like a memory
+        /// pool capped at the ceiling. Only a test that calls the backend
+        /// past the allocation domain can reach it: through a service, the
+        /// domain refuses first.
+        fn with_driver_ceiling(self, enforce: bool) -> Self {
+            self.state.lock().driver_ceiling = enforce;
+            self
+        }
     }
 
     /// Fails the `n`-th call of `op` from now (`n >= 1`) with `error`. A
