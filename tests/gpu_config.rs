@@ -17,7 +17,7 @@ fn the_selection_keeps_only_the_listed_ordinals() {
         (Some(" 1 , 0 "), vec![0, 1]),
     ] {
         let config = GpuConfig::from_toml(SAMPLE, selection).expect("valid selection");
-        let ordinals: Vec<u32> = config.devices().ordinals().iter().map(|o| o.0).collect();
+        let ordinals: Vec<u32> = config.devices.ordinals().iter().map(|o| o.0).collect();
         assert_eq!(ordinals, expected, "selection {selection:?}");
     }
 }
@@ -34,7 +34,7 @@ fn the_env_reader_uses_the_same_parser() {
     // The variable is not set by this test suite; unset means every device.
     if std::env::var_os("ADMISSION_GPU_DEVICES").is_none() {
         let config = GpuConfig::from_toml_and_env(SAMPLE).expect("valid");
-        assert_eq!(config.devices().ordinals().len(), 2);
+        assert_eq!(config.devices.ordinals().len(), 2);
     }
 }
 

@@ -51,11 +51,15 @@ pub(crate) const DEVICES_ENV: &str = "ADMISSION_GPU_DEVICES";
 const ADMISSION_KEYS: [&str; 2] = ["queue", "device_profiles"];
 
 /// The GPU admission configuration: the selected devices and the queue
-/// bounds.
+/// bounds, each validated by its own type, to hand to
+/// [`QueryService::builder`](super::QueryService::builder).
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct GpuConfig {
-    devices: DeviceSet,
-    queue: QueueBounds,
+    /// The selected devices.
+    pub devices: DeviceSet,
+    /// The queue bounds.
+    pub queue: QueueBounds,
 }
 
 impl GpuConfig {
@@ -100,10 +104,10 @@ impl GpuConfig {
     /// "#;
     ///
     /// let config = GpuConfig::from_toml(TOML, None).unwrap();
-    /// assert_eq!(config.devices().ordinals().len(), 2);
+    /// assert_eq!(config.devices.ordinals().len(), 2);
     /// // A selection (the value of `ADMISSION_GPU_DEVICES`) narrows it.
     /// let only_1 = GpuConfig::from_toml(TOML, Some("1")).unwrap();
-    /// assert_eq!(only_1.devices().ordinals(), vec![DeviceOrdinal(1)]);
+    /// assert_eq!(only_1.devices.ordinals(), vec![DeviceOrdinal(1)]);
     /// // A bad value names its field.
     /// let bad = TOML.replace("\"24GiB\"", "\"24 parsecs\"");
     /// assert_eq!(GpuConfig::from_toml(&bad, None).unwrap_err().field(), "managed_capacity");
@@ -235,7 +239,7 @@ impl GpuConfig {
     ///
     /// // Every profiled device, unless ADMISSION_GPU_DEVICES selects some.
     /// let config = GpuConfig::from_toml_and_env(TOML).unwrap();
-    /// assert_eq!(config.devices().ordinals().len(), 2);
+    /// assert_eq!(config.devices.ordinals().len(), 2);
     /// ```
     pub fn from_toml_and_env(toml: &str) -> Result<GpuConfig, ConfigError> {
         match std::env::var(DEVICES_ENV) {
@@ -246,16 +250,6 @@ impl GpuConfig {
                 "is not valid Unicode",
             )),
         }
-    }
-
-    /// The selected devices.
-    pub fn devices(&self) -> &DeviceSet {
-        &self.devices
-    }
-
-    /// The queue bounds.
-    pub fn queue(&self) -> QueueBounds {
-        self.queue
     }
 }
 
@@ -540,7 +534,7 @@ mod tests {
     #[test]
     fn the_sample_file_declares_two_devices_and_the_queue_bounds() {
         let config = GpuConfig::from_toml(SAMPLE, None).expect("the sample is valid");
-        let devices = config.devices();
+        let devices = &config.devices;
         assert_eq!(devices.ordinals(), vec![DeviceOrdinal(0), DeviceOrdinal(1)]);
 
         let gpu0 = devices.profile(DeviceOrdinal(0)).expect("profiled");
@@ -567,7 +561,7 @@ mod tests {
             })
         );
 
-        let queue = config.queue();
+        let queue = config.queue;
         assert_eq!(queue.max_pending(), 64);
         assert_eq!(queue.max_wait(), Duration::from_secs(30));
         assert_eq!(queue.overtake_budget(), 4);
