@@ -67,13 +67,6 @@ pub struct Leased {
     pub available: u64,
 }
 
-impl Leased {
-    /// An answer granting `granted` units with `available` left for the node.
-    pub fn new(granted: u64, available: u64) -> Self {
-        Leased { granted, available }
-    }
-}
-
 /// Everything one node exchanges with the backend at once: a [`Lease`] per
 /// tenant that needs one, answered in one round trip.
 #[derive(Clone, Debug)]
@@ -304,7 +297,10 @@ impl InMemoryBackend {
                     })
                     .or_insert_with(|| FleetBucket::new(lease.burst, now));
                 let exchanged = bucket.exchange(now, batch.node(), share_ttl, lease);
-                Leased::new(exchanged.granted, exchanged.available)
+                Leased {
+                    granted: exchanged.granted,
+                    available: exchanged.available,
+                }
             })
             .collect()
     }
@@ -358,7 +354,13 @@ mod tests {
         let backend = InMemoryBackend::manual(now.clone(), Duration::from_secs(10));
         let lease = Lease::new(TenantId::new(1), 100, 500, 500, 100);
         let first = backend.exchange_now(&batch("a", vec![lease.clone()]));
-        assert_eq!(first, [Leased::new(500, 0)]);
+        assert_eq!(
+            first,
+            [Leased {
+                granted: 500,
+                available: 0
+            }]
+        );
         now.store(9_000_000, Ordering::Relaxed);
         let refilled = backend.exchange_now(&batch("a", vec![lease.clone()]));
         assert_eq!(refilled[0].granted, 500, "refilled to the burst in 5 s");

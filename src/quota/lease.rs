@@ -370,7 +370,16 @@ mod tests {
         let (mut lease, now) = busy(400, t0);
         let first = lease.ask(now, 0, 0, &policy()).unwrap();
         assert!(lease.ask(now, 0, 0, &policy()).is_none(), "one in flight");
-        assert_eq!(lease.granted(&first, Leased::new(400, 600)), 400);
+        assert_eq!(
+            lease.granted(
+                &first,
+                Leased {
+                    granted: 400,
+                    available: 600
+                }
+            ),
+            400
+        );
         let soon = now + 10 * MS;
         assert!(
             lease.ask(soon, 0, 0, &policy()).is_none(),
@@ -389,7 +398,13 @@ mod tests {
         let t0 = Instant::now();
         let (mut lease, mut now) = busy(400, t0);
         let first = lease.ask(now, 0, 0, &policy()).unwrap();
-        lease.granted(&first, Leased::new(400, 0));
+        lease.granted(
+            &first,
+            Leased {
+                granted: 400,
+                available: 0,
+            },
+        );
         // Demand stops: windows close with nothing in them.
         for _ in 0..300 {
             now += 10 * MS;
@@ -397,7 +412,13 @@ mod tests {
         }
         let report = lease.ask(now, 400, 0, &policy()).expect("demand fell");
         assert_eq!((report.asked, report.demand), (0, 0));
-        lease.granted(&report, Leased::new(0, 0));
+        lease.granted(
+            &report,
+            Leased {
+                granted: 0,
+                available: 0,
+            },
+        );
         now += 100 * MS;
         assert!(
             lease.ask(now, 400, 0, &policy()).is_none(),
@@ -442,7 +463,13 @@ mod tests {
         lease.observe(now + 200 * MS, 50, &policy);
         let report = lease.ask(now + 200 * MS, balance, 0, &policy).unwrap();
         assert_eq!(report.charge, 330);
-        lease.granted(&report, Leased::new(report.asked, 0));
+        lease.granted(
+            &report,
+            Leased {
+                granted: report.asked,
+                available: 0,
+            },
+        );
         lease.stop_dripping();
         let again = lease.ask(now + 300 * MS, 0, 0, &policy).unwrap();
         assert_eq!(again.charge, 0, "charged once");
@@ -475,7 +502,16 @@ mod tests {
         let t0 = Instant::now();
         let (mut lease, now) = busy(100, t0);
         let asked = lease.ask(now, 0, 0, &policy()).unwrap();
-        assert_eq!(lease.granted(&asked, Leased::new(u64::MAX, 0)), asked.asked);
+        assert_eq!(
+            lease.granted(
+                &asked,
+                Leased {
+                    granted: u64::MAX,
+                    available: 0
+                }
+            ),
+            asked.asked
+        );
     }
 
     #[test]

@@ -228,7 +228,7 @@ impl RedisBackend {
         let answer = answer.map_err(unavailable)?;
         Ok(answer
             .into_iter()
-            .map(|(granted, available)| Leased::new(granted, available))
+            .map(|(granted, available)| Leased { granted, available })
             .collect())
     }
 }
