@@ -16,7 +16,8 @@
 //! instead. A lane's first entry is the smaller of the two heads, and the
 //! lanes themselves are a short vector in service order (a tenant waits at
 //! a handful of priorities), so the order is exactly the B-tree's, with no
-//! worst case above it.
+//! worst case above it. An arrival finds its lane by a search of that
+//! vector; a removal, by the lane's place that the arrival's handle kept.
 
 use std::collections::BTreeMap;
 
@@ -36,13 +37,28 @@ const KEEP_NODES: usize = 1024;
 /// would otherwise shift the vector twice a turn.
 const KEEP_LANES: usize = 4;
 
-/// Where [`ReadyQueue::insert`] put an entry, for [`ReadyQueue::remove`].
+/// Where [`ReadyQueue::insert`] put an entry, for [`ReadyQueue::remove`]:
+/// its lane, so that taking it out searches for nothing.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) enum Entry {
+pub(super) struct Entry {
+    lane: u32,
+    place: Filed,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Filed {
     /// In its lane's list, at this node.
     Listed(usize),
     /// In its lane's B-tree.
     Sorted,
+}
+
+impl Entry {
+    /// An entry that finds nothing: what a request filed nowhere holds.
+    pub(super) const NOWHERE: Entry = Entry {
+        lane: u32::MAX,
+        place: Filed::Sorted,
+    };
 }
 
 /// A lane: keys of one priority and one recency class, packed into one
@@ -88,9 +104,12 @@ impl Lane {
 /// A tenant's ready work: see the module's notes.
 #[derive(Debug, Default)]
 pub(super) struct ReadyQueue {
-    /// In service order; empty ones only while there are at most
-    /// [`KEEP_LANES`].
-    lanes: Vec<Lane>,
+    /// The lanes where entries find them again: a lane keeps its place
+    /// here for as long as it exists.
+    lanes: Slab<Lane>,
+    /// Every lane's key and place in `lanes`, in service order; empty lanes
+    /// only while there are at most [`KEEP_LANES`].
+    order: Vec<(LaneKey, u32)>,
     nodes: Slab<Node>,
     len: usize,
 }
@@ -107,23 +126,24 @@ impl ReadyQueue {
     /// Adds the request at `slab_key` under `key`, which no entry has.
     pub(super) fn insert(&mut self, key: WaiterKey, slab_key: usize) -> Entry {
         let lane_key = lane_of(&key);
-        let at = match self.lanes.binary_search_by_key(&lane_key, |lane| lane.key) {
-            Ok(at) => at,
+        let id = match self.order.binary_search_by_key(&lane_key, |&(key, _)| key) {
+            Ok(at) => self.order[at].1,
             Err(at) => {
-                self.lanes.insert(
-                    at,
-                    Lane {
-                        key: lane_key,
-                        head: NIL,
-                        tail: NIL,
-                        sorted: BTreeMap::new(),
-                    },
-                );
-                at
+                let id = self.lanes.insert(Lane {
+                    key: lane_key,
+                    head: NIL,
+                    tail: NIL,
+                    sorted: BTreeMap::new(),
+                });
+                // At most one lane per (priority, class): 768.
+                let id = id as u32;
+                self.order.insert(at, (lane_key, id));
+                id
             }
         };
         self.len += 1;
-        let lane = &mut self.lanes[at];
+        let lane = &mut self.lanes[id as usize];
+        let entry = |place| Entry { lane: id, place };
         let node = |prev, next| Node {
             key,
             slab_key,
@@ -133,37 +153,42 @@ impl ReadyQueue {
         if lane.tail == NIL {
             let only = self.nodes.insert(node(NIL, NIL));
             (lane.head, lane.tail) = (only, only);
-            return Entry::Listed(only);
+            return entry(Filed::Listed(only));
         }
         if self.nodes[lane.tail].key < key {
             let last = self.nodes.insert(node(lane.tail, NIL));
             self.nodes[lane.tail].next = last;
             lane.tail = last;
-            return Entry::Listed(last);
+            return entry(Filed::Listed(last));
         }
         if key < self.nodes[lane.head].key {
             let first = self.nodes.insert(node(NIL, lane.head));
             self.nodes[lane.head].prev = first;
             lane.head = first;
-            return Entry::Listed(first);
+            return entry(Filed::Listed(first));
         }
         lane.sorted.insert(key, slab_key);
-        Entry::Sorted
+        entry(Filed::Sorted)
     }
 
     /// Takes out the entry `insert` put at `entry` under `key`; `false` if
     /// it is not there.
     pub(super) fn remove(&mut self, key: &WaiterKey, entry: Entry) -> bool {
         let lane_key = lane_of(key);
-        let Ok(at) = self.lanes.binary_search_by_key(&lane_key, |lane| lane.key) else {
+        // The key check guards against an entry whose lane has gone and
+        // whose place was taken by another.
+        let Some(lane) = self
+            .lanes
+            .get_mut(entry.lane as usize)
+            .filter(|lane| lane.key == lane_key)
+        else {
             return false;
         };
-        let lane = &mut self.lanes[at];
-        let removed = match entry {
+        let removed = match entry.place {
             // The key check guards against a handle whose node has been
             // freed and reused: keys are unique (they end in an arrival
             // number).
-            Entry::Listed(node) if self.nodes.get(node).is_some_and(|n| n.key == *key) => {
+            Filed::Listed(node) if self.nodes.get(node).is_some_and(|n| n.key == *key) => {
                 let Node { prev, next, .. } = self.nodes.remove(node);
                 match prev {
                     NIL => lane.head = next,
@@ -175,15 +200,16 @@ impl ReadyQueue {
                 }
                 true
             }
-            Entry::Listed(_) => false,
-            Entry::Sorted => lane.sorted.remove(key).is_some(),
+            Filed::Listed(_) => false,
+            Filed::Sorted => lane.sorted.remove(key).is_some(),
         };
         if !removed {
             return false;
         }
         self.len -= 1;
-        if lane.is_empty() && self.lanes.len() > KEEP_LANES {
-            self.lanes.remove(at);
+        if lane.is_empty() && self.order.len() > KEEP_LANES {
+            self.lanes.remove(entry.lane as usize);
+            self.order.retain(|&(_, id)| id != entry.lane);
         }
         if self.len == 0 && self.nodes.capacity() > KEEP_NODES {
             self.nodes = Slab::new();
@@ -193,7 +219,11 @@ impl ReadyQueue {
 
     /// The slab key of the first entry in service order.
     pub(super) fn first(&self) -> Option<usize> {
-        let lane = self.lanes.iter().find(|lane| !lane.is_empty())?;
+        let lane = self
+            .order
+            .iter()
+            .map(|&(_, id)| &self.lanes[id as usize])
+            .find(|lane| !lane.is_empty())?;
         let listed = (lane.head != NIL).then(|| &self.nodes[lane.head]);
         let sorted = lane.sorted.first_key_value();
         match (listed, sorted) {
@@ -210,7 +240,8 @@ impl ReadyQueue {
 
     /// Slab keys from the last entry in service order to the first.
     pub(super) fn last_first(&self) -> impl Iterator<Item = usize> + '_ {
-        self.lanes.iter().rev().flat_map(move |lane| {
+        self.order.iter().rev().flat_map(move |&(_, id)| {
+            let lane = &self.lanes[id as usize];
             let mut node = lane.tail;
             let mut sorted = lane.sorted.iter().rev().peekable();
             std::iter::from_fn(move || {
@@ -231,6 +262,7 @@ impl ReadyQueue {
 
     pub(super) fn clear(&mut self) {
         self.lanes.clear();
+        self.order.clear();
         self.nodes.clear();
         self.len = 0;
     }
@@ -354,7 +386,10 @@ mod tests {
                 seq,
             };
             let entry = queue.insert(key, seq as usize);
-            assert!(matches!(entry, Entry::Listed(_)), "{seq} went to the tree");
+            assert!(
+                matches!(entry.place, Filed::Listed(_)),
+                "{seq} went to the tree"
+            );
             entries.push((key, entry));
         }
         // Newest-first work arriving newest goes to the front of its list.
@@ -370,7 +405,10 @@ mod tests {
         };
         let newest_entry = queue.insert(newest, 2_000);
         let newer_entry = queue.insert(newer, 2_001);
-        assert!(matches!(newer_entry, Entry::Listed(_)), "not at the front");
+        assert!(
+            matches!(newer_entry.place, Filed::Listed(_)),
+            "not at the front"
+        );
         assert_eq!(
             queue.first(),
             Some(2_001),

@@ -976,7 +976,7 @@ impl QueueState {
                     recency: Recency::Oldest(create_time),
                     seq,
                 },
-                Entry::Sorted,
+                Entry::NOWHERE,
             ));
         let inserted = self.waiters.insert(Waiter {
             tenant: tenant_id,
