@@ -258,7 +258,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let call = |priority: Priority, timeout: Duration| {
         let mut request = tonic::Request::new(Bytes::from_static(b"work"));
         request.set_timeout(timeout);
-        let name = priority.name().unwrap_or("normal");
+        // A rung's name; the header also takes a number.
+        let name = priority.to_string();
         request.metadata_mut().insert(
             "x-admission-priority",
             name.parse().expect("a rung name is ASCII"),

@@ -41,8 +41,10 @@ impl Priority {
     /// The highest priority: work the node needs to stay healthy.
     pub const HIGH: Priority = Priority(i8::MAX);
 
-    /// The named rungs, lowest first.
-    pub const RUNGS: [Priority; 8] = [
+    /// The named rungs, lowest first: the priorities metrics keep a series
+    /// key of each for.
+    #[cfg_attr(not(feature = "metrics"), allow(dead_code))]
+    pub(crate) const RUNGS: [Priority; 8] = [
         Priority::LOW,
         Priority::BULK_LOW,
         Priority::USER_LOW,
@@ -68,8 +70,9 @@ impl Priority {
         self.0 < 0
     }
 
-    /// The rung's name if this is one of the named rungs.
-    pub const fn name(self) -> Option<&'static str> {
+    /// The rung's name if this is one of the named rungs: what `Display`
+    /// writes, and the metrics' priority label.
+    pub(crate) const fn name(self) -> Option<&'static str> {
         Some(match self.0 {
             i8::MIN => "low",
             -100 => "bulk-low",
