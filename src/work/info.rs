@@ -98,13 +98,6 @@ impl WorkInfo {
         self.deadline = Some(deadline);
         self
     }
-
-    /// The same work at another priority (for example a route's own class
-    /// over the one a caller asked for).
-    pub fn with_priority(mut self, priority: Priority) -> Self {
-        self.priority = priority;
-        self
-    }
 }
 
 /// Builds a [`WorkInfo`]; see there.
