@@ -42,7 +42,8 @@
 //!
 //! The recorder is the application's code: every call into it runs behind a
 //! panic catch of its own, so a recorder that panics loses that recording
-//! (counted in [`recorder_panics`]) and nothing else.
+//! (the panic is logged: the first, then at every power of two) and
+//! nothing else.
 //!
 //! Counters and the histogram are recorded when a request settles, outside
 //! the queue's lock, and without an allocation: each queue keeps the keys
@@ -73,22 +74,27 @@ use std::time::Duration;
 use crate::sync::{StdArc, StdAtomicU64};
 use crate::work::Priority;
 
-/// Panics caught in the installed `metrics` recorder (see [`recorder_panics`]).
+/// Panics caught in the installed `metrics` recorder: what decides which
+/// of them are logged.
 static RECORDER_PANICS: StdAtomicU64 = StdAtomicU64::new(0);
 
-/// How many times the installed `metrics` recorder panicked while
-/// admission recorded through it. Each panic was caught and logged (the
-/// first, then at every power of two), and that one recording was lost;
-/// admission itself went on. Always 0 without the `metrics` feature.
-///
-/// The recorder is the application's code, called on admission's hot path
-/// (where a request settles, between a grant and the permit that returns
-/// it): a panic there must not unwind into admission, where it would leave
-/// a slot granted with nothing to return it. This count is the recorder's
-/// health; there is no `admission_*` metric of it, since reporting it would
-/// go through the recorder that failed.
-pub fn recorder_panics() -> u64 {
-    RECORDER_PANICS.load(std::sync::atomic::Ordering::Relaxed)
+test_hook! {
+    /// How many times the installed `metrics` recorder panicked while
+    /// admission recorded through it. Each panic was caught and logged (the
+    /// first, then at every power of two), and that one recording was lost;
+    /// admission itself went on. Always 0 without the `metrics` feature.
+    ///
+    /// The recorder is the application's code, called on admission's hot
+    /// path (where a request settles, between a grant and the permit that
+    /// returns it): a panic there must not unwind into admission, where it
+    /// would leave a slot granted with nothing to return it. The tests read
+    /// this count to see that every recording went through the catch; a
+    /// service sees the panics in its log, and there is no `admission_*`
+    /// metric of them, since reporting one would go through the recorder
+    /// that failed.
+    fn recorder_panics() -> u64 {
+        RECORDER_PANICS.load(std::sync::atomic::Ordering::Relaxed)
+    }
 }
 
 /// Runs `record`, which calls the installed recorder, behind a panic
