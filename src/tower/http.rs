@@ -35,7 +35,7 @@ pub const REASON_HEADER: &str = "x-admission-reason";
 /// .. }`), else [`HttpAdmissionLayer::retry_after`]; in whole seconds, at
 /// least one, at most [`HttpAdmissionLayer::max_retry_after`]. A closed
 /// queue is `503` without a hint, a deadline that passed `504`; see
-/// [`status_for`](super::status_for) for the rest. Every refusal carries
+/// [`rejection_response`](super::rejection_response) for the rest. Every refusal carries
 /// [`REASON_HEADER`] and an empty body. A gRPC call (content type
 /// `application/grpc`) is refused the gRPC way instead; see
 /// [`grpc_response`](Self::grpc_response).

@@ -198,4 +198,5 @@ pub use propagate::{
 pub use release::{give_way, release_during, release_slot};
 pub use report::{LoadReport, LEVEL_HEADER, LOAD_HEADER};
 pub use service::{AdmissionService, CLASSIFIER_FALLBACK_PRIORITY};
-pub use status::{rejection_response, status_for};
+pub use status::rejection_response;
+pub(crate) use status::status_for;

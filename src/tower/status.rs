@@ -18,8 +18,12 @@ use crate::AdmitError;
 
 /// The status for a refused request, and how long to suggest waiting before
 /// a retry (none where a retry would not help): `retry_after`, or, over
-/// quota, the quota's own estimate.
-pub fn status_for(error: &AdmitError, retry_after: Duration) -> (StatusCode, Option<Duration>) {
+/// quota, the quota's own estimate. Crate-private: a user reads the mapping
+/// off [`rejection_response`] or the layer's refusals, which build on it.
+pub(crate) fn status_for(
+    error: &AdmitError,
+    retry_after: Duration,
+) -> (StatusCode, Option<Duration>) {
     match error {
         AdmitError::QueueFull { .. } | AdmitError::WouldMissDeadline { .. } => {
             (StatusCode::TOO_MANY_REQUESTS, Some(retry_after))
@@ -44,7 +48,11 @@ pub fn status_for(error: &AdmitError, retry_after: Duration) -> (StatusCode, Opt
 }
 
 /// An empty-bodied response for a refused request, with `Retry-After` in
-/// whole seconds (at least one) where a retry may help.
+/// whole seconds (at least one) where a retry may help: capacity pressure
+/// (a full queue, a deadline the request would miss) and a tenant over its
+/// quota are `429` (over quota with the quota's own hint), a closed queue
+/// and a request that can never fit `503` without a hint, a deadline that
+/// passed `504`, a runtime without timers `500`.
 ///
 /// ```
 /// use std::time::Duration;
