@@ -40,8 +40,13 @@ mod ingest;
 
 use std::time::Duration;
 
-use admission::io::fjall::FJALL_STALL_RUNS;
 use ingest::{Mode, Outcome, Second, Settings};
+
+/// L0 runs from which fjall slows every writer down, and from which it
+/// halts them (fjall's own thresholds, which the `io::fjall` module
+/// documentation gives).
+const FJALL_STALL_RUNS: u64 = 20;
+const FJALL_HALT_RUNS: u64 = 30;
 
 const USAGE: &str = "options: --seconds N | --quick, --fjall-workers N, --memtable-kib N, \
                      --bulk-writers N, --interval-ms N, --sublevel-threshold N, \
@@ -246,8 +251,7 @@ fn main() {
          >= {FJALL_STALL_RUNS} / >= {}; steady: writes intended after the first {:?};\n\
          admit / insert: the foreground write's time in admission and inside fjall's insert;\n\
          paced: the bulk held to a fixed rate without admission (the first at admission's rate)",
-        admission::io::fjall::FJALL_HALT_RUNS,
-        settings.warmup,
+        FJALL_HALT_RUNS, settings.warmup,
     );
     print!("{}", table(&outcomes));
     if errors > 0 {

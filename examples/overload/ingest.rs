@@ -36,11 +36,20 @@ use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use admission::io::fjall::{FjallStats, FJALL_HALT_RUNS, FJALL_MEMTABLE_STOP, FJALL_STALL_RUNS};
+use admission::io::fjall::FjallStats;
 use admission::io::{Controller, IntervalTokens, Tokens};
 use admission::{Priority, TenantId, WorkInfo};
 use fjall::{AbstractTree, Database, Keyspace, KeyspaceCreateOptions};
 use hdrhistogram::Histogram;
+
+/// L0 runs from which fjall slows every writer down (fjall's own
+/// threshold, which the `io::fjall` module documentation gives).
+const FJALL_STALL_RUNS: u64 = 20;
+/// L0 runs from which fjall halts every writer until compactions catch up.
+const FJALL_HALT_RUNS: u64 = 30;
+/// Sealed memtables from which fjall halts every writer until flushes
+/// catch up.
+const FJALL_MEMTABLE_STOP: u64 = 4;
 
 const FOREGROUND_TENANT: TenantId = TenantId::new(1);
 const BULK_TENANT: TenantId = TenantId::new(2);

@@ -6,7 +6,9 @@
 //! * **L0 files** are the keyspace's L0 table count, and **sub-levels** are
 //!   L0's *runs*: every flush adds an overlapping run, which is what a
 //!   sub-level is, and what fjall itself throttles on (a write stall from
-//!   [`FJALL_STALL_RUNS`] runs, a halt from [`FJALL_HALT_RUNS`]).
+//!   20 runs, the controller's default
+//!   [`l0_sublevel_threshold`](super::ControllerBuilder::l0_sublevel_threshold);
+//!   a halt from 30).
 //! * **L0 bytes** are L0's on-disk size.
 //! * **Flushed and compacted bytes** are not counted by fjall. The adapter
 //!   keeps the id and on-disk size of every L0 table of its previous
@@ -21,7 +23,8 @@
 //! * **Write stalls** count readings that found L0 in fjall's stall range
 //!   (one reading per tick under the controller).
 //! * **Unflushed memtables** are the keyspace's sealed memtables: fjall
-//!   halts every writer from [`FJALL_MEMTABLE_STOP`] of them.
+//!   halts every writer from 4 of them, the value for
+//!   [`memtable_stop_threshold`](super::ControllerBuilder::memtable_stop_threshold).
 //!
 //! The adapter answers [`LsmStatsSource::tick_stats`] too, so the
 //! controller reads it every tick; the table ids are then compared a
@@ -41,14 +44,11 @@ use fjall::{AbstractTree, Database, Keyspace};
 
 use super::stats::{LsmStats, LsmStatsSource};
 
-/// L0 runs from which fjall slows every writer down.
-pub const FJALL_STALL_RUNS: u64 = 20;
-/// L0 runs from which fjall halts every writer until compactions catch up.
-pub const FJALL_HALT_RUNS: u64 = 30;
-/// Sealed memtables waiting to be flushed from which fjall halts every
-/// writer (in 100 ms sleeps) until flushes catch up: the value for
-/// [`ControllerBuilder::memtable_stop_threshold`](super::ControllerBuilder::memtable_stop_threshold).
-pub const FJALL_MEMTABLE_STOP: u64 = 4;
+/// L0 runs from which fjall slows every writer down: a reading from here
+/// counts as a write stall. Crate-private: the module documentation gives
+/// fjall's thresholds for the builder, and a user's copy would not follow
+/// fjall anyway.
+const FJALL_STALL_RUNS: u64 = 20;
 
 /// Reads one fjall keyspace's L0 as [`LsmStats`]; see the
 /// [module documentation](self) for what is derived and how.
