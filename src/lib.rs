@@ -78,7 +78,7 @@
 //! at once in proportion, by 40% (or higher-priority work finishing late
 //! while lower-priority work completes) take a slot, and the first rule may
 //! add a slot only after windows of holds near their unloaded value
-//! ([`cpu::InflationReading`]), and only while a worker is parked: with every
+//! (see [`cpu`]), and only while a worker is parked: with every
 //! worker busy, another admitted task could only share one. When freed
 //! slots come back in a burst, only a few grants go out until their tasks
 //! have actually started

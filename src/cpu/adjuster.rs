@@ -32,8 +32,8 @@ use super::signal::CpuLoad;
 pub enum Adjustment {
     /// Overloaded: one slot fewer.
     Decrease,
-    /// Admitted work's holds grew at least twofold (see
-    /// [`InflationReading`](super::InflationReading)): the total is cut to this at once.
+    /// Admitted work's holds grew at least twofold (see the
+    /// [module documentation](super)): the total is cut to this at once.
     Cut(u64),
     /// Underloaded with every slot in use: one slot more.
     Increase,
@@ -59,7 +59,8 @@ pub enum Hold {
     /// total: nobody is asking for more.
     SlotsFree,
     /// Underloaded by the runnable rule, but admitted work's holds are not
-    /// (yet) near their unloaded value: see [`InflationReading`](super::InflationReading).
+    /// (yet) near their unloaded value: see the
+    /// [module documentation](super).
     Inflated,
     /// Underloaded by the runnable rule with every slot in use, but no
     /// worker was parked as the tick sampled: the workers are already busy,

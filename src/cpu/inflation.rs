@@ -96,27 +96,28 @@ pub(crate) const GOOD_WINDOWS_TO_INCREASE: u32 = 2;
 /// taken back within two windows doubles the wait, up to this.
 pub(crate) const MAX_GOOD_WINDOWS_TO_INCREASE: u32 = 32;
 
-/// What one closed window of completions said.
+/// What one closed window of completions said: the controller acts on
+/// the verdict, and a snapshot's `Debug` shows the latest reading.
 #[derive(Clone, Copy, Debug, PartialEq)]
-pub struct InflationReading {
+pub(crate) struct InflationReading {
     /// Completion-weighted mean hold over the baseline; `None` until some
     /// priority that completed has a baseline.
-    pub inflation: Option<f64>,
+    pub(crate) inflation: Option<f64>,
     /// Completions in the window.
-    pub completions: u64,
+    pub(crate) completions: u64,
     /// A priority finished late, or waited long for its grant, while a
     /// lower priority completed work in the same window.
-    pub inversion: bool,
+    pub(crate) inversion: bool,
     /// The verdict of the rule.
-    pub verdict: InflationVerdict,
+    pub(crate) verdict: InflationVerdict,
     /// Good windows in a row the next increase waits for (2, doubled by
     /// each increase taken back, up to 32).
-    pub increase_after: u32,
+    pub(crate) increase_after: u32,
 }
 
 /// The rule's verdict on a window.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum InflationVerdict {
+pub(crate) enum InflationVerdict {
     /// Holds grew at least twofold: cut the total to this.
     Cut {
         /// The new total.

@@ -8,7 +8,8 @@
 
 use std::time::Duration;
 
-use super::{Adjustment, Controller, CpuLoad, Hold, InflationVerdict};
+use super::inflation::InflationVerdict;
+use super::{Adjustment, Controller, CpuLoad, Hold};
 use crate::{Priority, SlotPermit, TenantId, WorkInfo};
 
 /// A manual controller over two workers whose runnable signal always reads

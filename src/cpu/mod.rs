@@ -35,7 +35,7 @@
 //! signal is a probe that sees even less. Handlers written the way tokio's
 //! docs teach then hide their own backlog, the total climbs, and admitted
 //! work queues in tokio's FIFO run queues, where priority no longer exists.
-//! So the controller also reads admitted work itself ([`InflationReading`]): how
+//! So the controller also reads admitted work itself (the hold inflation): how
 //! much longer each priority's work holds its slot than it does with a
 //! worker to itself. Holds inflated twofold cut the total in proportion at
 //! once (a spike is absorbed in one window: 32 completions, or as few as 8
@@ -44,9 +44,10 @@
 //! slot; and the runnable rule may add a slot only after two windows in a
 //! row near the unloaded hold. Holds are trusted only while the workers are
 //! busy: when they are not, longer holds are waits on IO or locks, which
-//! more slots do not worsen. [`Snapshot::inflation`] and
-//! [`hold_baselines`](Snapshot::hold_baselines) show the inputs
-//! and the verdict of the latest window.
+//! more slots do not worsen. [`hold_baselines`](Snapshot::hold_baselines)
+//! shows the baselines, [`last_adjustment`](Snapshot::last_adjustment) what
+//! the rules decided, and the snapshot's `Debug` the latest window's inputs
+//! and verdict.
 //!
 //! # An increase needs a worker with nothing to do
 //!
@@ -149,7 +150,6 @@ pub use adjuster::{Adjustment, Hold};
 pub use builder::ControllerBuilder;
 pub use controller::Controller;
 pub use idle::Mode;
-pub use inflation::{InflationReading, InflationVerdict};
 pub use signal::{CpuLoad, CpuSignal, RuntimeSignal, SignalSource};
 pub use snapshot::{RuntimeSummary, SlotChange, Snapshot, Tick};
 pub use tuning::{configure_runtime, GlobalQueueBacklog};

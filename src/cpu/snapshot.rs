@@ -101,7 +101,11 @@ pub struct Snapshot {
     /// The latest window of the second signal: admitted work's hold
     /// inflation over its unloaded value, inversion, and the verdict (see
     /// the [module documentation](super)); `None` before the first window.
-    pub inflation: Option<InflationReading>,
+    /// Crate-private: the rule's working, which `Debug` shows; what it
+    /// decided is [`last_adjustment`](Self::last_adjustment).
+    // Only `Debug` reads it, which dead-code analysis does not count.
+    #[allow(dead_code)]
+    pub(crate) inflation: Option<InflationReading>,
     /// Each priority's unloaded hold, the second signal's baseline: the
     /// mean hold of work admitted with no more slots in flight than the
     /// runtime has workers.
