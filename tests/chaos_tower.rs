@@ -153,7 +153,8 @@ async fn hostile_headers_fall_back_to_the_defaults() {
             (
                 TenantId::ANONYMOUS,
                 Priority::NORMAL,
-                Some(work.create_time() + HttpClassifier::DEFAULT_TIMEOUT)
+                // The classifier's default timeout.
+                Some(work.create_time() + Duration::from_secs(1))
             ),
             "{bytes:?}"
         );

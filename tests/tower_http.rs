@@ -8,8 +8,7 @@ use std::time::Duration;
 
 use admission::cpu::Controller;
 use admission::tower::{
-    current_work, AdmissionError, AdmissionLayer, HttpAdmissionLayer, HttpClassifier,
-    RefusalPolicy, REASON_HEADER,
+    current_work, AdmissionError, AdmissionLayer, HttpClassifier, RefusalPolicy, REASON_HEADER,
 };
 use admission::{AdmitError, Priority, TenantId, WorkInfo, WorkQueue};
 use axum::body::Body;
@@ -440,7 +439,8 @@ fn grpc_refusals_map_deadlines_and_push_back_by_the_estimate() {
 /// closed queue or with a pace of zero.
 #[tokio::test(start_paused = true)]
 async fn capacity_refusals_are_paced_and_nothing_else_is() {
-    let pace = HttpAdmissionLayer::<()>::DEFAULT_REFUSAL_PACE;
+    // The default pace.
+    let pace = Duration::from_millis(50);
     let (queue, _waiter) = refusing_queue();
     let app = |layer| {
         Router::new()

@@ -273,12 +273,11 @@ impl HttpClassifier {
     }
 
     /// The deadline a classifier gives requests unless told otherwise:
-    /// [`default_timeout`](Self::default_timeout).
-    pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(1);
+    /// [`default_timeout`](Self::default_timeout)'s default.
+    pub(crate) const DEFAULT_TIMEOUT: Duration = Duration::from_secs(1);
 
     /// The deadline of requests without a (believed) deadline header, and
-    /// the longest an untrusted caller may ask for; one second
-    /// ([`DEFAULT_TIMEOUT`](Self::DEFAULT_TIMEOUT)) unless set.
+    /// the longest an untrusted caller may ask for; one second unless set.
     ///
     /// Why a default: a request without a deadline waits as long as it
     /// takes, and early rejection, which refuses work that would wait past

@@ -215,7 +215,7 @@ struct Seen {
 
 impl<C> HttpAdmissionLayer<C> {
     /// Default of [`pace_refusals`](Self::pace_refusals): 50 ms.
-    pub const DEFAULT_REFUSAL_PACE: Duration = Duration::from_millis(50);
+    pub(crate) const DEFAULT_REFUSAL_PACE: Duration = Duration::from_millis(50);
 
     pub(super) fn new(layer: AdmissionLayer<C>) -> Self {
         let reporter = Reporter::new(layer.queue().clone(), layer.owner());
@@ -256,7 +256,7 @@ impl<C> HttpAdmissionLayer<C> {
 
     /// Holds the answer to a capacity refusal (a full queue, or a request
     /// that would miss its deadline) for up to `pace` before sending it
-    /// (default [`DEFAULT_REFUSAL_PACE`](Self::DEFAULT_REFUSAL_PACE), 50 ms;
+    /// (default 50 ms;
     /// `Duration::ZERO` answers at once).
     ///
     /// Why: a client that ignores `Retry-After` sends its next request the

@@ -309,13 +309,13 @@ impl Default for DownstreamsBuilder {
 
 impl DownstreamsBuilder {
     /// Default of [`level_ttl`](Self::level_ttl): one second.
-    pub const DEFAULT_LEVEL_TTL: Duration = Duration::from_secs(1);
+    pub(crate) const DEFAULT_LEVEL_TTL: Duration = Duration::from_secs(1);
     /// Default of [`throttle_window`](Self::throttle_window): one second.
-    pub const DEFAULT_THROTTLE_WINDOW: Duration = Duration::from_secs(1);
+    pub(crate) const DEFAULT_THROTTLE_WINDOW: Duration = Duration::from_secs(1);
     /// Default of [`retry_backoff`](Self::retry_backoff): 10 ms.
-    pub const DEFAULT_BACKOFF: Duration = Duration::from_millis(10);
+    pub(crate) const DEFAULT_BACKOFF: Duration = Duration::from_millis(10);
     /// Default of [`retry_budget`](Self::retry_budget)'s window: 10 s.
-    pub const DEFAULT_BUDGET_WINDOW: Duration = Duration::from_secs(10);
+    pub(crate) const DEFAULT_BUDGET_WINDOW: Duration = Duration::from_secs(10);
 
     /// An endpoint the client calls, as a URI authority (`host:port`):
     /// requests whose URI names it are checked against what it said, and
