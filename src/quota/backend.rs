@@ -196,8 +196,8 @@ pub trait QuotaBackend: fmt::Debug + Send + Sync + 'static {
 /// this process. The default of [`QuotaBuilder`](super::QuotaBuilder):
 /// with one node, the quota is a token bucket per tenant, no server.
 ///
-/// Buckets not exchanged with for their TTL (at least the time their burst
-/// takes to refill) are dropped, as Redis expires its keys, so tenant ids
+/// Buckets not exchanged with for their TTL (ten minutes, and at least the
+/// time their burst takes to refill) are dropped, as Redis expires its keys, so tenant ids
 /// that come and go leave nothing behind.
 #[derive(Clone)]
 pub struct InMemoryBackend {
@@ -238,8 +238,9 @@ impl Clock {
 const SWEEP_FLOOR: usize = 1_024;
 
 impl InMemoryBackend {
-    /// Default time a bucket nobody exchanges with is kept.
-    pub const DEFAULT_KEY_TTL: Duration = Duration::from_secs(600);
+    /// Time a bucket nobody exchanges with is kept (before its refill
+    /// time is considered).
+    pub(crate) const DEFAULT_KEY_TTL: Duration = Duration::from_secs(600);
 
     /// An empty backend on the process's clock.
     pub fn new() -> Self {
