@@ -67,12 +67,20 @@ impl TokenClass {
         }
     }
 
-    /// `regular` or `elastic`, for logs and metric labels.
-    pub fn name(self) -> &'static str {
+    /// `regular` or `elastic`: the metrics' class label, and what
+    /// `Display` writes.
+    pub(crate) fn name(self) -> &'static str {
         match self {
             TokenClass::Regular => "regular",
             TokenClass::Elastic => "elastic",
         }
+    }
+}
+
+impl fmt::Display for TokenClass {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // `pad` so that width and alignment flags work in tables.
+        f.pad(self.name())
     }
 }
 
