@@ -291,17 +291,14 @@ fn settle_queued<G: Granter>(
     let mut finish = || {
         *this.phase = Phase::Done;
         *this.timer = None;
-        (
-            this.shared.take().expect("checked above"),
-            this.work.clone(),
-        )
+        this.shared.take().expect("checked above")
     };
     let result = match observed {
         Observed::Pending => return Poll::Pending,
         Observed::Admitted { charge, waited } => {
-            let (shared, work) = finish();
+            let shared = finish();
             // The permit first, as on the fast path.
-            let permit = SlotPermit::new(shared, work, charge);
+            let permit = SlotPermit::new(shared, this.work.clone(), charge);
             export::settled(permit.keys(), priority, export::ADMITTED, Some(waited));
             if let Some(span) = span {
                 span.record("outcome", export::ADMITTED);
@@ -310,7 +307,7 @@ fn settle_queued<G: Granter>(
             Ok(permit)
         }
         Observed::Failed(error) => {
-            let (shared, _) = finish();
+            let shared = finish();
             export::settled(&shared.keys, priority, error.reason(), None);
             record_outcome(span, error.reason(), since);
             Err(error)

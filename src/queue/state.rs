@@ -1246,14 +1246,7 @@ impl QueueState {
         wakes: &mut WakeList,
     ) {
         if matches!(self.waiters[slab_key].state, WaiterState::Waiting { .. }) {
-            if self.lifo.is_some() {
-                let waiter = &self.waiters[slab_key];
-                let priority = waiter.priority;
-                let waited = Instant::now().saturating_duration_since(waiter.enqueued_at);
-                self.unlink_and(slab_key, |t| t.states.waited(priority, waited, false));
-            } else {
-                self.unlink(slab_key);
-            }
+            self.unlink_unserved(slab_key, Instant::now);
         }
         let waiter = self.waiters.remove(slab_key);
         self.stats.cancelled(waiter.priority);
@@ -1758,15 +1751,28 @@ impl QueueState {
         out
     }
 
-    /// Takes a waiting request out of its tenant's set (and its tenant out
-    /// of `tenant_order` if that was its last one).
-    #[inline]
-    fn unlink(&mut self, slab_key: usize) {
-        self.unlink_and(slab_key, |_| {});
+    /// [`unlink_and`](Self::unlink_and) for a wait that ends without a
+    /// grant (a cancel, a deadline, a refusal): under epoch-LIFO the
+    /// tenant's epoch state counts the wait, up to `now` (read only then),
+    /// in the same visit to the record.
+    fn unlink_unserved(&mut self, slab_key: usize, now: impl FnOnce() -> Instant) {
+        let waiter = &self.waiters[slab_key];
+        let priority = waiter.priority;
+        let waited = self
+            .lifo
+            .is_some()
+            .then(|| now().saturating_duration_since(waiter.enqueued_at));
+        self.unlink_and(slab_key, |t| {
+            if let Some(waited) = waited {
+                t.states.waited(priority, waited, false);
+            }
+        });
     }
 
-    /// [`unlink`](Self::unlink), then `change` to the same tenant record,
-    /// with the record found once and its order key updated once.
+    /// Takes a waiting request out of its tenant's set (and its tenant out
+    /// of `tenant_order` if that was its last one), then applies `change`
+    /// to the same record: the record is found once and its order key
+    /// updated once.
     #[inline]
     fn unlink_and(&mut self, slab_key: usize, change: impl FnOnce(&mut Tenant)) {
         let (tenant, seat, priority) = {
@@ -1795,7 +1801,7 @@ impl QueueState {
         failed: WaiterState,
         wakes: &mut WakeList,
     ) {
-        self.unlink(slab_key);
+        self.unlink_unserved(slab_key, || now);
         let waiter = &mut self.waiters[slab_key];
         let waited = now.saturating_duration_since(waiter.enqueued_at);
         let reason = match &failed {
@@ -1817,9 +1823,6 @@ impl QueueState {
             waited,
             reason,
         });
-        if self.lifo.is_some() {
-            self.with_tenant(tenant, |t| t.states.waited(priority, waited, false));
-        }
     }
 
     /// Applies `change` to `tenant`'s record, creating the record if needed.
