@@ -317,6 +317,11 @@ mod tests {
 
     const MS: Duration = Duration::from_millis(1);
 
+    /// What the backend answered: `granted` units, `available` left.
+    fn leased(granted: u64, available: u64) -> Leased {
+        Leased { granted, available }
+    }
+
     fn policy() -> Policy {
         Policy {
             lease_period: Duration::from_secs(1),
@@ -370,16 +375,7 @@ mod tests {
         let (mut lease, now) = busy(400, t0);
         let first = lease.ask(now, 0, 0, &policy()).unwrap();
         assert!(lease.ask(now, 0, 0, &policy()).is_none(), "one in flight");
-        assert_eq!(
-            lease.granted(
-                &first,
-                Leased {
-                    granted: 400,
-                    available: 600
-                }
-            ),
-            400
-        );
+        assert_eq!(lease.granted(&first, leased(400, 600)), 400);
         let soon = now + 10 * MS;
         assert!(
             lease.ask(soon, 0, 0, &policy()).is_none(),
@@ -398,13 +394,7 @@ mod tests {
         let t0 = Instant::now();
         let (mut lease, mut now) = busy(400, t0);
         let first = lease.ask(now, 0, 0, &policy()).unwrap();
-        lease.granted(
-            &first,
-            Leased {
-                granted: 400,
-                available: 0,
-            },
-        );
+        lease.granted(&first, leased(400, 0));
         // Demand stops: windows close with nothing in them.
         for _ in 0..300 {
             now += 10 * MS;
@@ -412,13 +402,7 @@ mod tests {
         }
         let report = lease.ask(now, 400, 0, &policy()).expect("demand fell");
         assert_eq!((report.asked, report.demand), (0, 0));
-        lease.granted(
-            &report,
-            Leased {
-                granted: 0,
-                available: 0,
-            },
-        );
+        lease.granted(&report, leased(0, 0));
         now += 100 * MS;
         assert!(
             lease.ask(now, 400, 0, &policy()).is_none(),
@@ -463,13 +447,7 @@ mod tests {
         lease.observe(now + 200 * MS, 50, &policy);
         let report = lease.ask(now + 200 * MS, balance, 0, &policy).unwrap();
         assert_eq!(report.charge, 330);
-        lease.granted(
-            &report,
-            Leased {
-                granted: report.asked,
-                available: 0,
-            },
-        );
+        lease.granted(&report, leased(report.asked, 0));
         lease.stop_dripping();
         let again = lease.ask(now + 300 * MS, 0, 0, &policy).unwrap();
         assert_eq!(again.charge, 0, "charged once");
@@ -502,16 +480,7 @@ mod tests {
         let t0 = Instant::now();
         let (mut lease, now) = busy(100, t0);
         let asked = lease.ask(now, 0, 0, &policy()).unwrap();
-        assert_eq!(
-            lease.granted(
-                &asked,
-                Leased {
-                    granted: u64::MAX,
-                    available: 0
-                }
-            ),
-            asked.asked
-        );
+        assert_eq!(lease.granted(&asked, leased(u64::MAX, 0)), asked.asked);
     }
 
     #[test]
