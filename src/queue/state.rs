@@ -1756,17 +1756,13 @@ impl QueueState {
     /// tenant's epoch state counts the wait, up to `now` (read only then),
     /// in the same visit to the record.
     fn unlink_unserved(&mut self, slab_key: usize, now: impl FnOnce() -> Instant) {
+        if self.lifo.is_none() {
+            return self.unlink_and(slab_key, |_| {});
+        }
         let waiter = &self.waiters[slab_key];
         let priority = waiter.priority;
-        let waited = self
-            .lifo
-            .is_some()
-            .then(|| now().saturating_duration_since(waiter.enqueued_at));
-        self.unlink_and(slab_key, |t| {
-            if let Some(waited) = waited {
-                t.states.waited(priority, waited, false);
-            }
-        });
+        let waited = now().saturating_duration_since(waiter.enqueued_at);
+        self.unlink_and(slab_key, |t| t.states.waited(priority, waited, false));
     }
 
     /// Takes a waiting request out of its tenant's set (and its tenant out
