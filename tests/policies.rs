@@ -78,7 +78,7 @@ async fn a_priority_that_fell_behind_is_served_newest_first_by_epoch_and_recover
         held = Some(permit);
     }
     // High priority is FIFO and first; then the closed epochs newest-first;
-    // the open epoch only when nothing else of the tenant waits.
+    // the open epoch after its priority's closed ones.
     assert_eq!(
         order,
         ["p127 ct306", "p0 ct250", "p0 ct50", "p0 ct306 (open epoch)"]
@@ -124,6 +124,63 @@ async fn an_open_epoch_waits_until_it_closes_when_older_work_is_ready() {
     assert_eq!(names(&first), ["epoch 0"]);
     drop(first);
     assert_eq!(names(&granted(&mut waiters)), ["epoch 1"]);
+}
+
+/// An open epoch holds its work back behind its own priority's closed
+/// epochs, never behind a lower priority: at the edge of overload a
+/// priority's work is often all fresh, and a lower priority's older work
+/// would otherwise be granted ahead of it.
+#[tokio::test(start_paused = true)]
+async fn an_open_epoch_goes_ahead_of_lower_priorities_ready_work() {
+    let t0 = Instant::now();
+    let settings = EpochLifo {
+        epoch: ms(10),
+        closing_delta: ms(1),
+        lifo_delay: ms(5),
+    };
+    let queue = WorkQueue::builder()
+        .total_slots(1)
+        .epoch_lifo(settings)
+        .build()
+        .unwrap();
+    let held = admit_now(&queue, work(1, 0, t0, 0));
+    let mut late = vec![("late", enqueue(&queue, work(1, 0, t0, 0)))];
+    advance_to(t0, ms(9), &queue).await;
+    drop(held);
+    let held = granted(&mut late).pop().unwrap().1;
+    // Epoch 0 closes at 11 ms with a 9 ms delay seen at priority 0: it and
+    // every priority below it are LIFO from then on.
+    advance_to(t0, ms(11), &queue).await;
+    assert_eq!(lifo_below(&queue), 1);
+
+    // At 15 ms: lower work created in the closed epoch 0, normal work in
+    // the open epoch 1, and more of each.
+    advance_to(t0, ms(15), &queue).await;
+    let mut waiters = vec![
+        ("low, epoch 0", enqueue(&queue, work(1, -10, t0, 8))),
+        ("normal, epoch 1", enqueue(&queue, work(1, 0, t0, 12))),
+        ("normal, epoch 0", enqueue(&queue, work(1, 0, t0, 7))),
+        ("low, epoch 1", enqueue(&queue, work(1, -10, t0, 13))),
+    ];
+    let mut order = Vec::new();
+    let mut held = Some(held);
+    while !waiters.is_empty() {
+        drop(held.take());
+        let mut next = granted(&mut waiters);
+        assert_eq!(next.len(), 1);
+        let (name, permit) = next.pop().unwrap();
+        order.push(name);
+        held = Some(permit);
+    }
+    assert_eq!(
+        order,
+        [
+            "normal, epoch 0",
+            "normal, epoch 1",
+            "low, epoch 0",
+            "low, epoch 1"
+        ]
+    );
 }
 
 #[tokio::test(start_paused = true)]

@@ -11,9 +11,11 @@
 //!   Epoch `e` closes at `(e + 1) · epoch + closing_delta`.
 //! * Each tenant has a threshold: work below it is LIFO-marked when it
 //!   enqueues. A LIFO-marked request whose epoch is still open waits in a
-//!   separate set that is served only when nothing else of the tenant waits;
-//!   once its epoch closes it joins the others, ordered newest-first within
-//!   its priority (and ahead of FIFO-marked work of the same priority).
+//!   separate set, served after the tenant's ready work of its own priority
+//!   and above but ahead of lower priorities' (behind those it would be a
+//!   priority inversion); once its epoch closes it joins the others, ordered
+//!   newest-first within its priority (and ahead of FIFO-marked work of the
+//!   same priority).
 //! * At each epoch close the threshold is recomputed from what the epoch saw
 //!   per priority (the longest queueing delay, including that of requests
 //!   cancelled or expired while waiting, and how many were admitted):

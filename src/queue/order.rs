@@ -154,8 +154,9 @@ pub(super) enum Recency {
     Oldest(Instant),
 }
 
-/// Orders LIFO-marked work whose epoch has not closed yet: oldest epoch
-/// first, then priority, then create time, then arrival.
+/// Orders one priority's LIFO-marked work whose epoch has not closed yet:
+/// oldest epoch first, then create time, then arrival (the tenant's open
+/// set keeps each priority apart, highest first).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub(super) struct OpenKey {
     pub(super) epoch: u64,

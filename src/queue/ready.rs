@@ -24,6 +24,7 @@ use std::collections::BTreeMap;
 use slab::Slab;
 
 use super::order::{Recency, WaiterKey};
+use crate::work::Priority;
 
 /// No node: the end of a list.
 const NIL: usize = usize::MAX;
@@ -219,6 +220,11 @@ impl ReadyQueue {
 
     /// The slab key of the first entry in service order.
     pub(super) fn first(&self) -> Option<usize> {
+        self.first_with_priority().map(|(_, slab_key)| slab_key)
+    }
+
+    /// The first entry in service order: its priority and slab key.
+    pub(super) fn first_with_priority(&self) -> Option<(Priority, usize)> {
         let lane = self
             .order
             .iter()
@@ -226,16 +232,13 @@ impl ReadyQueue {
             .find(|lane| !lane.is_empty())?;
         let listed = (lane.head != NIL).then(|| &self.nodes[lane.head]);
         let sorted = lane.sorted.first_key_value();
-        match (listed, sorted) {
-            (Some(node), Some((key, &slab_key))) => Some(if node.key < *key {
-                node.slab_key
-            } else {
-                slab_key
-            }),
-            (Some(node), None) => Some(node.slab_key),
-            (None, Some((_, &slab_key))) => Some(slab_key),
-            (None, None) => None,
-        }
+        let (key, slab_key) = match (listed, sorted) {
+            (Some(node), Some((key, &slab_key))) if *key < node.key => (key, slab_key),
+            (Some(node), _) => (&node.key, node.slab_key),
+            (None, Some((key, &slab_key))) => (key, slab_key),
+            (None, None) => return None,
+        };
+        Some((key.priority.0, slab_key))
     }
 
     /// Slab keys from the last entry in service order to the first.
@@ -277,7 +280,6 @@ mod tests {
     use tokio::time::Instant;
 
     use super::*;
-    use crate::work::Priority;
 
     #[derive(Clone, Debug)]
     enum Op {

@@ -55,7 +55,7 @@ pub(super) struct Tenant {
     /// Waiting work that may be granted now, in service order.
     ready: ReadyQueue,
     /// LIFO-marked work whose epoch is still open.
-    open: BTreeMap<OpenKey, usize>,
+    open: OpenSet,
     /// Waiting requests per priority, in both sets; kept only when early
     /// rejection needs it (`None` otherwise: two tree updates per wait saved).
     waiting_at: Option<BTreeMap<Priority, u32>>,
@@ -71,7 +71,7 @@ impl Tenant {
             lifo_threshold: ALL_FIFO,
             states: PriorityStates::default(),
             ready: ReadyQueue::default(),
-            open: BTreeMap::new(),
+            open: OpenSet::default(),
             waiting_at: count_priorities.then(BTreeMap::new),
         }
     }
@@ -97,12 +97,23 @@ impl Tenant {
         i16::from(priority.get()) < self.lifo_threshold
     }
 
-    /// The slab key of the request to grant next: ready work first; open
-    /// epochs only when nothing else of the tenant waits.
+    /// The slab key of the request to grant next: the first ready work,
+    /// unless work of a higher priority waits for its epoch to close.
+    ///
+    /// An open epoch holds back its work only behind work of its own
+    /// priority or above: at its own priority the closed epochs go first,
+    /// newest first, which is what epoch-LIFO is for; behind lower
+    /// priorities it would be a priority inversion (at the edge of
+    /// overload, a priority's work is often all fresh, and lower work that
+    /// waited longer would be granted ahead of it).
     pub(super) fn first(&self) -> Option<usize> {
-        self.ready
-            .first()
-            .or_else(|| self.open.first_key_value().map(|(_, &slab_key)| slab_key))
+        let Some((open_priority, open)) = self.open.first() else {
+            return self.ready.first();
+        };
+        match self.ready.first_with_priority() {
+            Some((ready_priority, ready)) if ready_priority >= open_priority => Some(ready),
+            _ => Some(open),
+        }
     }
 
     /// Ready work from the last to be granted to the first, each with how
@@ -137,7 +148,7 @@ impl Tenant {
     pub(super) fn remove(&mut self, seat: &Seat) {
         let (removed, priority) = match seat {
             Seat::Ready(key, entry) => (self.ready.remove(key, *entry), key.priority.0),
-            Seat::Open(key) => (self.open.remove(key).is_some(), key.priority.0),
+            Seat::Open(key) => (self.open.remove(key), key.priority.0),
         };
         let Some(waiting_at) = self.waiting_at.as_mut().filter(|_| removed) else {
             return;
@@ -174,11 +185,7 @@ impl Tenant {
     /// Returns each moved request's slab key and new place.
     pub(super) fn close_epochs(&mut self, closed: u64) -> Vec<(usize, Seat)> {
         let mut moved = Vec::new();
-        while let Some(entry) = self.open.first_entry() {
-            if entry.key().epoch > closed {
-                break;
-            }
-            let (key, slab_key) = entry.remove_entry();
+        for (key, slab_key) in self.open.take_closed(closed) {
             let ready = WaiterKey {
                 priority: key.priority,
                 recency: Recency::Newest(Reverse(key.create_time)),
@@ -188,6 +195,83 @@ impl Tenant {
             moved.push((slab_key, Seat::Ready(ready, entry)));
         }
         moved
+    }
+}
+
+/// LIFO-marked work whose epoch is still open, by priority (highest
+/// first) and within a priority in [`OpenKey`] order (oldest epoch first):
+/// [`Tenant::first`] compares the highest open priority with the first
+/// ready one, and an epoch's close takes a prefix of each priority.
+#[derive(Debug, Default)]
+struct OpenSet {
+    /// No empty inner map: a priority leaves with its last request.
+    by_priority: BTreeMap<Reverse<Priority>, BTreeMap<OpenKey, usize>>,
+    len: usize,
+}
+
+impl OpenSet {
+    fn len(&self) -> usize {
+        self.len
+    }
+
+    fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    fn insert(&mut self, key: OpenKey, slab_key: usize) {
+        if self
+            .by_priority
+            .entry(key.priority)
+            .or_default()
+            .insert(key, slab_key)
+            .is_none()
+        {
+            self.len += 1;
+        }
+    }
+
+    /// `false` if `key` was not there.
+    fn remove(&mut self, key: &OpenKey) -> bool {
+        let Some(at_priority) = self.by_priority.get_mut(&key.priority) else {
+            return false;
+        };
+        if at_priority.remove(key).is_none() {
+            return false;
+        }
+        if at_priority.is_empty() {
+            self.by_priority.remove(&key.priority);
+        }
+        self.len -= 1;
+        true
+    }
+
+    /// The highest priority waiting and its first request.
+    fn first(&self) -> Option<(Priority, usize)> {
+        let (priority, at_priority) = self.by_priority.first_key_value()?;
+        let (_, &slab_key) = at_priority.first_key_value()?;
+        Some((priority.0, slab_key))
+    }
+
+    /// Takes out every request of an epoch up to `closed`, highest
+    /// priority first.
+    fn take_closed(&mut self, closed: u64) -> Vec<(OpenKey, usize)> {
+        let mut taken = Vec::new();
+        self.by_priority.retain(|_, at_priority| {
+            while let Some(entry) = at_priority.first_entry() {
+                if entry.key().epoch > closed {
+                    break;
+                }
+                taken.push(entry.remove_entry());
+            }
+            !at_priority.is_empty()
+        });
+        self.len -= taken.len();
+        taken
+    }
+
+    fn clear(&mut self) {
+        self.by_priority.clear();
+        self.len = 0;
     }
 }
 
