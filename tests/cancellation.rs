@@ -108,9 +108,9 @@ async fn done_returns_the_slot_to_the_next_waiter() {
     let t0 = Instant::now();
     let queue = WorkQueue::new(1).unwrap();
     let held = admit_now(&queue, work(4, 0, t0, 0));
-    assert_eq!(held.tenant(), TenantId::new(4));
+    assert_eq!(held.work().tenant(), TenantId::new(4));
     let mut next = vec![("next", enqueue(&queue, work(5, 0, t0, 1)))];
-    held.done();
+    drop(held);
     assert_eq!(names(&granted(&mut next)), ["next"]);
 }
 

@@ -36,7 +36,6 @@ enum Op {
     DropWaiting(usize),
     ReleasePermit {
         index: usize,
-        explicitly: bool,
     },
     SetTotal(u64),
     /// A permit gives its slots back for a wait the test ends later.
@@ -72,7 +71,7 @@ fn op() -> impl Strategy<Value = Op> {
             .prop_map(|(tenant, priority, timeout_ms, bypass, units)| Op::Admit { tenant, priority, timeout_ms, bypass, units }),
         3 => Just(Op::PollAll),
         2 => any::<usize>().prop_map(Op::DropWaiting),
-        4 => (any::<usize>(), any::<bool>()).prop_map(|(index, explicitly)| Op::ReleasePermit { index, explicitly }),
+        4 => any::<usize>().prop_map(|index| Op::ReleasePermit { index }),
         1 => (0..5u64).prop_map(Op::SetTotal),
         2 => any::<usize>().prop_map(Op::Release),
         2 => any::<usize>().prop_map(Op::EndWait),
@@ -381,13 +380,8 @@ fn run(ops: Vec<Op>, policies: Policies) -> Result<(), TestCaseError> {
                     // Cancelled: counted as errored by the queue.
                     seen.cancel();
                 }
-                Op::ReleasePermit { index, explicitly } if !permits.is_empty() => {
-                    let permit = permits.swap_remove(index % permits.len());
-                    if explicitly {
-                        permit.done();
-                    } else {
-                        drop(permit);
-                    }
+                Op::ReleasePermit { index } if !permits.is_empty() => {
+                    drop(permits.swap_remove(index % permits.len()));
                 }
                 Op::SetTotal(total) => queue.set_total_slots(total).unwrap(),
                 Op::Advance(ms) => tokio::time::advance(Duration::from_millis(ms)).await,

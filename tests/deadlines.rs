@@ -18,7 +18,7 @@ fn with_timeout(tenant: u64, timeout: Duration) -> WorkInfo {
 #[tokio::test(start_paused = true)]
 async fn an_expired_deadline_fails_at_once_without_queueing() {
     let queue = WorkQueue::new(1).unwrap();
-    let expired = WorkInfo::new(TenantId::SYSTEM, Priority::NORMAL).with_deadline(Instant::now());
+    let expired = WorkInfo::builder().deadline(Instant::now()).build();
     // Capacity is free, yet the work is not admitted: it can no longer help.
     assert_eq!(
         queue.admit(expired).await.unwrap_err(),

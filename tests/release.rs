@@ -31,7 +31,7 @@ async fn the_slot_is_free_during_the_wait_and_taken_again_after_it() {
         panic!("expected the answer and a new permit");
     };
     assert_eq!(queue.granter_snapshot().used, 1);
-    assert_eq!(permit.tenant(), TenantId::new(1));
+    assert_eq!(permit.work().tenant(), TenantId::new(1));
     assert_eq!(permit.work().priority(), Priority::NORMAL);
     // Each admission is counted: the first, the other tenant's, the second.
     assert_eq!(requested(&queue), 3);

@@ -15,13 +15,13 @@ use super::Shared;
 use crate::error::AdmitError;
 use crate::grant::{Granter, SlotGranter};
 use crate::sync::Arc;
-use crate::work::{TenantId, WorkInfo};
+use crate::work::WorkInfo;
 
 /// Proof of admission: holds the slots it was granted (one, unless the
 /// work asked for more with [`WorkInfoBuilder::requested`](crate::work::WorkInfoBuilder::requested))
 /// until dropped.
 ///
-/// Dropping the permit, or calling [`done`](Self::done), returns them; the
+/// Dropping the permit returns them; the
 /// first waiter in order gets them at once. Because the return happens in
 /// `Drop`, a handler that panics or is cancelled while holding the permit
 /// still gives its slot back.
@@ -46,19 +46,10 @@ impl<G: Granter> SlotPermit<G> {
         &self.shared.keys
     }
 
-    /// The tenant the slot is charged to.
-    pub fn tenant(&self) -> TenantId {
-        self.work.tenant()
-    }
-
     /// The work this permit admitted, as it asked.
     pub fn work(&self) -> &WorkInfo {
         &self.work
     }
-
-    /// Declares the work complete and returns the slot; the same as dropping
-    /// the permit, spelled out where that reads better.
-    pub fn done(self) {}
 }
 
 impl SlotPermit<SlotGranter> {

@@ -92,12 +92,6 @@ impl WorkInfo {
     pub fn requested(&self) -> u64 {
         self.requested
     }
-
-    /// The same work with another deadline.
-    pub fn with_deadline(mut self, deadline: Instant) -> Self {
-        self.deadline = Some(deadline);
-        self
-    }
 }
 
 /// Builds a [`WorkInfo`]; see there.
