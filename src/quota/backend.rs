@@ -69,11 +69,18 @@ pub struct Leased {
 
 /// Everything one node exchanges with the backend at once: a [`Lease`] per
 /// tenant that needs one, answered in one round trip.
+///
+/// Plain data, read by a backend: the quota makes one per exchange.
 #[derive(Clone, Debug)]
+#[non_exhaustive]
 pub struct LeaseBatch {
-    node: Arc<str>,
-    share_ttl: Duration,
-    leases: Vec<Lease>,
+    /// The node's id: its share of each bucket is kept under it.
+    pub node: Arc<str>,
+    /// How long a node's reported demand counts after its last exchange: a
+    /// node not heard from for longer is gone, and its share with it.
+    pub share_ttl: Duration,
+    /// One lease per tenant, each for a different tenant.
+    pub leases: Vec<Lease>,
 }
 
 impl LeaseBatch {
@@ -85,22 +92,6 @@ impl LeaseBatch {
             share_ttl,
             leases,
         }
-    }
-
-    /// The node's id: its share of each bucket is kept under it.
-    pub fn node(&self) -> &str {
-        &self.node
-    }
-
-    /// How long a node's reported demand counts after its last exchange: a
-    /// node not heard from for longer is gone, and its share with it.
-    pub fn share_ttl(&self) -> Duration {
-        self.share_ttl
-    }
-
-    /// One lease per tenant, each for a different tenant.
-    pub fn leases(&self) -> &[Lease] {
-        &self.leases
     }
 }
 
@@ -297,7 +288,7 @@ impl InMemoryBackend {
                         }
                     })
                     .or_insert_with(|| FleetBucket::new(lease.burst, now));
-                let exchanged = bucket.exchange(now, batch.node(), share_ttl, lease);
+                let exchanged = bucket.exchange(now, &batch.node, share_ttl, lease);
                 Leased {
                     granted: exchanged.granted,
                     available: exchanged.available,

@@ -194,20 +194,20 @@ impl Leaser {
     ) {
         self.in_flight = false;
         let answer = answer.and_then(|answers| {
-            if answers.len() == batch.leases().len() {
+            if answers.len() == batch.leases.len() {
                 Ok(answers)
             } else {
                 Err(BackendError::Invalid(format!(
                     "{} answers to {} leases",
                     answers.len(),
-                    batch.leases().len()
+                    batch.leases.len()
                 )))
             }
         });
         match answer {
             Ok(answers) => {
                 let mut leased = 0u64;
-                for (lease, answer) in batch.leases().iter().zip(answers) {
+                for (lease, answer) in batch.leases.iter().zip(answers) {
                     if lease.leaving {
                         continue;
                     }
@@ -236,7 +236,7 @@ impl Leaser {
                 self.recovered(now);
             }
             Err(error) => {
-                for lease in batch.leases() {
+                for lease in &batch.leases {
                     if lease.leaving {
                         self.keep_pending(lease.clone());
                     } else if let Some((record, tenant)) = self.tenants.get_mut(&lease.tenant) {

@@ -170,17 +170,19 @@ pub struct TenantQuota {
 impl TenantQuota {
     /// The largest rate and burst accepted: large enough for bytes a
     /// second, small enough that the buckets' arithmetic (in doubles, as in
-    /// Redis' Lua) stays exact to the unit.
-    pub const MAX_UNITS: u64 = 1 << 40;
+    /// Redis' Lua) stays exact to the unit. A validation rule: `new`'s
+    /// error states it.
+    pub(crate) const MAX_UNITS: u64 = 1 << 40;
 
     /// `rate` units a second, at most `burst` banked; a [`ConfigError`]
-    /// naming `rate` or `burst` if either is zero or above
-    /// [`MAX_UNITS`](Self::MAX_UNITS).
+    /// naming `rate` or `burst` if either is zero or above 2^40 (large
+    /// enough for bytes a second, small enough that the buckets'
+    /// arithmetic, in doubles as in Redis' Lua, stays exact to the unit).
     ///
     /// # Errors
     ///
     /// A zero rate would admit nothing, ever; a zero burst could never
-    /// bank a unit.
+    /// bank a unit. The error's message names the accepted range.
     ///
     /// # Examples
     ///

@@ -187,9 +187,9 @@ impl RedisBackend {
 
     async fn exchange_batch(&self, batch: &LeaseBatch) -> Result<Vec<Leased>, BackendError> {
         let mut connection = self.connection()?;
-        let share_ttl = u64::try_from(batch.share_ttl().as_micros()).unwrap_or(u64::MAX);
+        let share_ttl = u64::try_from(batch.share_ttl.as_micros()).unwrap_or(u64::MAX);
         let invocations: Vec<_> = batch
-            .leases()
+            .leases
             .iter()
             .map(|lease| {
                 let key_ttl = key_ttl_for(self.key_ttl, lease);
@@ -197,7 +197,7 @@ impl RedisBackend {
                 let mut invocation = self.script.prepare_invoke();
                 invocation
                     .key(self.key(lease.tenant))
-                    .arg(batch.node())
+                    .arg(&*batch.node)
                     .arg(lease.rate)
                     .arg(lease.burst)
                     .arg(lease.asked)
