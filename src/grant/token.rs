@@ -280,10 +280,12 @@ impl TokenGranter {
     ///
     /// ```
     /// use admission::grant::{TokenClass, TokenGranter};
+    /// use admission::WorkQueue;
     ///
     /// let granter = TokenGranter::new(64 << 20)?;
     /// assert_eq!(granter.class(), TokenClass::Regular);
-    /// assert!(granter.is_unlimited());
+    /// let queue = WorkQueue::builder().build_with(granter)?;
+    /// assert!(queue.snapshot().granter.unlimited);
     ///
     /// assert_eq!(TokenGranter::new(0).unwrap_err().field(), "burst");
     /// # Ok::<(), admission::ConfigError>(())
@@ -351,18 +353,13 @@ impl TokenGranter {
         self.class
     }
 
-    /// Whether this granter's class admits every request at once.
-    pub fn is_unlimited(&self) -> bool {
-        self.bucket
-            .with_class(self.class, |balance| balance.unlimited)
-    }
-
-    /// Switches this class's limit on or off; see
+    /// Switches this class's limit on or off. Crate-private: a user calls
     /// [`WorkQueue::set_token_limit`](crate::WorkQueue::set_token_limit),
-    /// which also grants waiters when the limit goes away. A class turning
-    /// limited starts from an empty balance, not from what it banked when
-    /// it was last limited.
-    pub fn set_unlimited(&self, unlimited: bool) {
+    /// which also grants waiters when the limit goes away (switching it
+    /// here alone would leave them waiting). A class turning limited starts
+    /// from an empty balance, not from what it banked when it was last
+    /// limited.
+    pub(crate) fn set_unlimited(&self, unlimited: bool) {
         self.bucket.with_class(self.class, |balance| {
             if balance.unlimited && !unlimited {
                 balance.available = 0;

@@ -360,7 +360,7 @@ impl ControllerBuilder {
     ///     .interval(Duration::from_secs(15))
     ///     .memtable_stop_threshold(4)
     ///     .build()?;
-    /// assert!(controller.queues().regular().granter().is_unlimited());
+    /// assert!(controller.queues().regular().snapshot().granter.unlimited);
     ///
     /// let err = Controller::builder(LsmStats::default)
     ///     .l0_file_threshold(0)
