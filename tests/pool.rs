@@ -38,13 +38,13 @@ mod collect_grants_chosen_from_the_cores {
     #[test]
     fn a_pool_built_outside_a_runtime_does_not_collect_unless_told() {
         let unset = CpuPool::builder().threads(1).build().unwrap();
-        assert!(!unset.collects_grants());
+        assert!(!unset.snapshot().collects_grants);
         let told = CpuPool::builder()
             .threads(1)
             .collect_grants(true)
             .build()
             .unwrap();
-        assert!(told.collects_grants());
+        assert!(told.snapshot().collects_grants);
     }
 
     #[test]
@@ -59,21 +59,21 @@ mod collect_grants_chosen_from_the_cores {
                 .threads(cores.saturating_sub(1).max(1))
                 .build()
                 .unwrap();
-            assert_eq!(fits.collects_grants(), cores >= 2, "{cores} cores");
+            assert_eq!(fits.snapshot().collects_grants, cores >= 2, "{cores} cores");
             let shares = CpuPool::builder().threads(cores).build().unwrap();
-            assert!(!shares.collects_grants());
+            assert!(!shares.snapshot().collects_grants);
             let told_on = CpuPool::builder()
                 .threads(cores)
                 .collect_grants(true)
                 .build()
                 .unwrap();
-            assert!(told_on.collects_grants());
+            assert!(told_on.snapshot().collects_grants);
             let told_off = CpuPool::builder()
                 .threads(1)
                 .collect_grants(false)
                 .build()
                 .unwrap();
-            assert!(!told_off.collects_grants());
+            assert!(!told_off.snapshot().collects_grants);
             assert!(format!("{fits:?}").contains("collects_grants"));
         });
     }
@@ -84,6 +84,6 @@ mod collect_grants_chosen_from_the_cores {
         let runtime = tokio::runtime::Builder::new_multi_thread().build().unwrap();
         let pool = runtime.block_on(async { CpuPool::builder().build().unwrap() });
         assert_eq!(pool.threads(), cores());
-        assert!(!pool.collects_grants());
+        assert!(!pool.snapshot().collects_grants);
     }
 }

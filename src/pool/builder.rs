@@ -133,8 +133,8 @@ impl CpuPoolBuilder {
     /// (`std::thread::available_parallelism`), off otherwise, which
     /// includes the default pool (a thread per core) beside the default
     /// runtime (a worker per core), and a pool built outside any runtime,
-    /// whose workers it cannot count. [`CpuPool::collects_grants`] says
-    /// what was chosen.
+    /// whose workers it cannot count. [`PoolSnapshot::collects_grants`](super::PoolSnapshot::collects_grants)
+    /// says what was chosen.
     pub fn collect_grants(mut self, on: bool) -> Self {
         self.collect_grants = Some(on);
         self

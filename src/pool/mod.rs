@@ -214,7 +214,7 @@
 //!         .build()
 //! })?;
 //! // One worker and one thread fit on two cores, and so on up.
-//! assert_eq!(pool.collects_grants(), cores >= 2);
+//! assert_eq!(pool.snapshot().collects_grants, cores >= 2);
 //! # drop(pool);
 //! # Ok(())
 //! # }
@@ -332,6 +332,10 @@ pub struct CpuPool {
 pub struct PoolSnapshot {
     /// The pool's own threads (the slot total).
     pub threads: usize,
+    /// Whether a thread whose closure returned collects the grant its slot
+    /// made: as set by [`CpuPoolBuilder::collect_grants`], or as `build`
+    /// chose from the cores. Fixed when the pool is built.
+    pub collects_grants: bool,
     /// Threads running a closure now, borrowed ones included.
     pub busy: usize,
     /// Borrowed threads alive now (bypass work beyond the total).
@@ -347,7 +351,7 @@ pub struct PoolSnapshot {
     /// Admitted work skipped because its [`PoolTask`] was dropped before a
     /// thread took it.
     pub abandoned: u64,
-    /// Whether the pool has been closed.
+    /// Whether the pool has been closed ([`CpuPool::close`]).
     pub closed: bool,
     /// The admission queue's own snapshot (per priority, per tenant, slots).
     pub queue: QueueSnapshot<SlotSnapshot>,
@@ -408,16 +412,10 @@ impl CpuPool {
         PoolTask::new(self.shared.clone(), work, f)
     }
 
-    /// The pool's own threads (the slot total).
+    /// The pool's own threads (the slot total), fixed when it is built.
+    /// Lock-free, unlike [`snapshot`](Self::snapshot).
     pub fn threads(&self) -> usize {
         self.shared.threads()
-    }
-
-    /// Whether a thread whose closure returned collects the grant its slot
-    /// made: as set by [`CpuPoolBuilder::collect_grants`], or as `build`
-    /// chose from the cores.
-    pub fn collects_grants(&self) -> bool {
-        self.shared.collects_grants()
     }
 
     /// Sets one tenant's weight in the pool's queue, effective for the next
@@ -544,11 +542,6 @@ impl CpuPool {
             let _ = thread.join();
         }
         tracing::debug!(target: "admission", "CPU pool closed and its threads joined");
-    }
-
-    /// Whether [`close`](Self::close) has been called.
-    pub fn is_closed(&self) -> bool {
-        self.shared.is_closed()
     }
 }
 

@@ -370,6 +370,7 @@ impl PoolShared {
         let queue = self.queue.snapshot();
         PoolSnapshot {
             threads: self.threads,
+            collects_grants: self.collects_grants(),
             busy,
             borrowed,
             dispatched,
