@@ -191,11 +191,15 @@ impl ControllerBuilder {
         self
     }
 
-    /// No sampler thread: the controller moves only when
-    /// [`Controller::step`] is called.
-    pub fn manual(mut self) -> Self {
-        self.manual = true;
-        self
+    test_hook! {
+        /// No sampler thread: the controller moves only when
+        /// [`Controller::step`] is called. A test hook (feature
+        /// `test-util`): a test drives the rule one sample at a time, with
+        /// an injected signal.
+        fn manual(mut self) -> Self {
+            self.manual = true;
+            self
+        }
     }
 
     /// Whether a slot returned on a worker while a task a worker or more
@@ -217,10 +221,10 @@ impl ControllerBuilder {
     /// (`docs/OVERLOAD.md`, "Arrivals first"). At most one slot is kept back at a
     /// time, and the next request to ask gives it out, whatever it is
     /// answered, or else the next grant loop: another release, or the
-    /// controller's tick. Turn it off for a
-    /// [`manual`](Self::manual) controller that is not stepped every
-    /// period, whose step is what gives out a slot kept for arrivals that
-    /// were not requests. A runtime built with
+    /// controller's tick. Turn it off for a controller without a sampler
+    /// thread (the `test-util` feature's `manual`) that is not stepped
+    /// every period, whose step is what gives out a slot kept for arrivals
+    /// that were not requests. A runtime built with
     /// [`configure_runtime`](super::configure_runtime) reads the global
     /// queue first and seldom leaves a backlog to keep a slot for.
     pub fn arrivals_first(mut self, on: bool) -> Self {

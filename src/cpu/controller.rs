@@ -303,12 +303,14 @@ impl Controller {
         (bits != NO_UTILIZATION).then(|| f64::from_bits(bits))
     }
 
-    /// Takes one sample and applies the rule now. The sampler thread calls
-    /// this every period; a controller built with
-    /// [`manual`](ControllerBuilder::manual) has no thread and is driven by
-    /// calling it (tests do, with an injected signal).
-    pub fn step(&self) -> Tick {
-        self.core.tick()
+    test_hook! {
+        /// Takes one sample and applies the rule now, and says what it
+        /// decided. The sampler thread does this every period; a controller
+        /// built with [`manual`](ControllerBuilder::manual) has no thread
+        /// and is driven by calling it. A test hook (feature `test-util`).
+        fn step(&self) -> Tick {
+            self.core.tick()
+        }
     }
 
     /// The controller's current state.

@@ -151,5 +151,7 @@ pub use builder::ControllerBuilder;
 pub use controller::Controller;
 pub use idle::Mode;
 pub use signal::{CpuLoad, CpuSignal, RuntimeSignal, SignalSource};
-pub use snapshot::{RuntimeSummary, SlotChange, Snapshot, Tick};
+#[cfg(any(test, loom, feature = "test-util"))]
+pub use snapshot::Tick;
+pub use snapshot::{RuntimeSummary, SlotChange, Snapshot};
 pub use tuning::{configure_runtime, GlobalQueueBacklog};

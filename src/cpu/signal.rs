@@ -43,8 +43,8 @@ impl CpuLoad {
 /// thread, every period (1 ms by default), so it should cost microseconds.
 ///
 /// A tick holds the controller's own lock while it samples, so `sample`
-/// must not call [`Controller::step`](super::Controller::step) or
-/// [`snapshot`](super::Controller::snapshot) on the controller it feeds:
+/// must not call [`snapshot`](super::Controller::snapshot) (nor, in a
+/// test, `step`) on the controller it feeds:
 /// that would wait on itself. [`close`](super::Controller::close) is
 /// fine (the sampler ends after the tick), as is anything on the
 /// controller's queue.

@@ -13,7 +13,13 @@ use crate::health::ComponentHealth;
 use crate::observe::QueueSnapshot;
 use crate::work::Priority;
 
-/// One tick's outcome.
+/// One tick's outcome, as [`Controller::step`](super::Controller::step)
+/// returns it. Public only with `test-util`, as the hook is; the snapshot
+/// keeps what a running controller decided.
+#[cfg_attr(
+    not(any(test, loom, feature = "test-util")),
+    allow(dead_code, unreachable_pub)
+)]
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Tick {
     /// The sample the tick acted on; `None` when the signal panicked (the
