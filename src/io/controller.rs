@@ -47,7 +47,7 @@ const TICKER: &str = "io_ticker";
 /// [module documentation](super)), and hands each class's total to its
 /// queue in ticks, exactly: 250 ms ticks until the store is first limited,
 /// 1 ms ticks from then on (a one-way switch, as upstream). A dedicated thread drives
-/// it, or [`step`](Self::step) does in tests. Writers call
+/// it (in tests, the `test-util` feature's `step`). Writers call
 /// [`admit`](Self::admit) with their estimated bytes (the work's priority
 /// picks the class) and settle with [`correct_tokens`](Self::correct_tokens)
 /// once the actual bytes are known.
@@ -117,7 +117,13 @@ pub struct Snapshot {
     pub ticks: u64,
 }
 
-/// What one tick did.
+/// What one tick did, as [`Controller::step`] returns it. Public only with
+/// `test-util`, as the hook is; the snapshot keeps what a running
+/// controller decided.
+#[cfg_attr(
+    not(any(test, loom, feature = "test-util")),
+    allow(dead_code, unreachable_pub)
+)]
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Tick {
     /// The interval's decision, when this tick started a new interval.
@@ -250,9 +256,14 @@ impl Controller {
         self.core.queues.correct_tokens(work, estimated, actual);
     }
 
-    /// Runs one tick now (the thread's job; for tests and manual driving).
-    pub fn step(&self) -> Tick {
-        self.core.tick(Instant::now())
+    test_hook! {
+        /// Runs one tick now, the ticker thread's job, and says what it
+        /// did: for a controller built
+        /// [`manual`](ControllerBuilder::manual). A test hook (feature
+        /// `test-util`).
+        fn step(&self) -> Tick {
+            self.core.tick(Instant::now())
+        }
     }
 
     /// The controller's state: the source's and the ticker's health, the
@@ -334,11 +345,14 @@ impl ControllerBuilder {
         self
     }
 
-    /// No ticker thread: the controller moves only when
-    /// [`Controller::step`] is called.
-    pub fn manual(mut self) -> Self {
-        self.manual = true;
-        self
+    test_hook! {
+        /// No ticker thread: the controller moves only when
+        /// [`Controller::step`] is called. A test hook (feature
+        /// `test-util`): a test drives the budgets one tick at a time.
+        fn manual(mut self) -> Self {
+            self.manual = true;
+            self
+        }
     }
 
     /// Validates the settings, starts the ticker thread (unless manual) and

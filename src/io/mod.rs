@@ -103,6 +103,8 @@ mod stats;
 #[cfg(test)]
 mod tests;
 
-pub use controller::{Controller, ControllerBuilder, Snapshot, Tick};
+#[cfg(any(test, loom, feature = "test-util"))]
+pub use controller::Tick;
+pub use controller::{Controller, ControllerBuilder, Snapshot};
 pub use listener::{IntervalTokens, Tokens};
 pub use stats::{LsmStats, LsmStatsSource};

@@ -32,9 +32,9 @@ pub struct LsmStats {
 /// A source of [`LsmStats`]: an adapter for a storage engine, or a test's.
 ///
 /// The controller's ticker thread calls it holding the controller's own
-/// lock, so it must not call [`step`](crate::io::Controller::step) or
-/// [`snapshot`](crate::io::Controller::snapshot) on the
-/// controller it feeds: that would wait on itself.
+/// lock, so it must not call
+/// [`snapshot`](crate::io::Controller::snapshot) (nor, in a test, `step`)
+/// on the controller it feeds: that would wait on itself.
 /// [`close`](crate::io::Controller::close) is fine (the ticker ends after
 /// the tick), as is anything on the controller's queues.
 pub trait LsmStatsSource: Send + 'static {
