@@ -20,7 +20,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use admission::cpu::{Controller, RuntimeSignal};
+use admission::cpu::Controller;
 use admission::{Priority, TenantId, WorkInfo};
 
 const WORKERS: usize = 2;
@@ -184,9 +184,17 @@ fn flood(threshold: u32, spin_per_chunk: u64, seconds: u64) -> (f64, f64, f64, f
     )
 }
 
+/// How the controller's signal reads the runtime (the best this build has).
+fn signal_source(controller: &Controller) -> String {
+    controller
+        .snapshot()
+        .source
+        .map_or_else(|| "injected".to_owned(), |source| source.to_string())
+}
+
 fn sweep(spin_per_chunk: u64) {
     println!("compute flood, {WORKERS} workers, {CLIENTS} clients, {CHUNKS} x {CHUNK:?} chunks per request");
-    println!("signal: {}", RuntimeSignal::best_source());
+    println!("signal: {}", signal_source(&controller(&runtime(), 1)));
     println!(
         "{:>9} {:>12} {:>17} {:>17} {:>11}",
         "threshold", "completed/s", "service p50 ms", "service p99 ms", "mean total"
@@ -202,7 +210,7 @@ fn phased(threshold: u32, spin_per_chunk: u64) {
     let controller = controller(&runtime, threshold);
     println!(
         "threshold {threshold}, signal: {}; every 100 ms:",
-        RuntimeSignal::best_source()
+        signal_source(&controller)
     );
     println!(
         "{:>6} {:>7} {:>7} {:>9} {:>6} {:>5} {:>8} {:>9} {:>10}",

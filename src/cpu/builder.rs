@@ -166,10 +166,11 @@ impl ControllerBuilder {
 
     /// For a controller built [`for_runtime`](Controller::for_runtime) on
     /// stable tokio: the expected length of one task poll, which converts
-    /// the probe's scheduling delay into runnable tasks (1 µs..=1 s); see
-    /// [`RuntimeSignal::with_poll_estimate`]. Checked for every
-    /// runtime controller, used only on stable tokio; ignored with an
-    /// injected signal.
+    /// the probe's scheduling delay into runnable tasks (1 µs..=1 s;
+    /// default 50 µs): the probe's delay over it is roughly how many tasks
+    /// were ahead of the probe on each worker (see [`RuntimeSignal`]).
+    /// Checked for every runtime controller, used only on stable tokio;
+    /// ignored with an injected signal.
     pub fn poll_estimate(mut self, poll: Duration) -> Self {
         if let SignalChoice::Runtime { poll_estimate, .. } = &mut self.signal {
             *poll_estimate = poll;
@@ -179,7 +180,8 @@ impl ControllerBuilder {
 
     /// For a controller built [`for_runtime`](Controller::for_runtime): how
     /// its [`RuntimeSignal`] reads the runtime (default: the best this build
-    /// has, [`RuntimeSignal::best_source`]). Choosing
+    /// has, queue depths with `tokio_unstable` and the probe without; the
+    /// choice is in [`Snapshot::source`](super::Snapshot::source)). Choosing
     /// [`SignalSource::GlobalQueueAndProbe`] in a `tokio_unstable` build
     /// measures what a crate that depends on this one gets; queue depths on
     /// stable tokio fail the build with a [`ConfigError`] naming

@@ -92,7 +92,8 @@ impl fmt::Display for SignalSource {
 ///   probe**: every sample, unless one is still in flight, the sampler
 ///   spawns a tiny task and records how long it waited to be polled. That
 ///   delay, divided by the expected length of one task poll
-///   ([`with_poll_estimate`](Self::with_poll_estimate), 50 µs by default),
+///   ([`ControllerBuilder::poll_estimate`](super::ControllerBuilder::poll_estimate),
+///   50 µs by default),
 ///   is roughly how many tasks were ahead of it on each worker. A probe
 ///   still unpolled counts with its age so far, so a runtime too saturated
 ///   to poll it still reads as overloaded.
@@ -125,7 +126,11 @@ impl RuntimeSignal {
     pub(crate) const DEFAULT_POLL_ESTIMATE: Duration = Duration::from_micros(50);
 
     /// A signal reading the runtime behind `handle` with the best source
-    /// this build has ([`best_source`](Self::best_source)).
+    /// this build has: queue depths with `tokio_unstable`, the probe
+    /// without (a controller's builder chooses otherwise with
+    /// [`signal_source`](super::ControllerBuilder::signal_source) and
+    /// [`poll_estimate`](super::ControllerBuilder::poll_estimate)). For a
+    /// signal of one's own that wraps the runtime's.
     pub fn new(handle: &Handle) -> Self {
         match Self::with_source(handle, Self::best_source()) {
             Ok(signal) => signal,
@@ -134,41 +139,12 @@ impl RuntimeSignal {
         }
     }
 
-    /// A signal reading the runtime behind `handle` with `source`:
-    /// [`SignalSource::GlobalQueueAndProbe`] in any build (it is what every
-    /// crate that depends on this one gets, since a dependency is built
-    /// without `--cfg tokio_unstable`; choosing it in this repository's
-    /// `tokio_unstable` builds measures that), [`SignalSource::QueueDepths`]
-    /// only with `tokio_unstable`, a [`ConfigError`] naming `signal_source`
-    /// otherwise.
-    ///
-    /// # Errors
-    ///
-    /// [`ConfigError`] naming `signal_source` if the source needs per-worker
-    /// queue depths and the build lacks `--cfg tokio_unstable`.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use admission::cpu::{RuntimeSignal, SignalSource};
-    ///
-    /// # #[tokio::main(flavor = "current_thread")]
-    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// let handle = tokio::runtime::Handle::current();
-    /// // The probe works in every build.
-    /// let signal = RuntimeSignal::with_source(&handle, SignalSource::GlobalQueueAndProbe)?;
-    /// assert_eq!(signal.source(), SignalSource::GlobalQueueAndProbe);
-    ///
-    /// // Queue depths only where the build has them.
-    /// let depths = RuntimeSignal::with_source(&handle, SignalSource::QueueDepths);
-    /// match depths {
-    ///     Ok(signal) => assert_eq!(signal.source(), SignalSource::QueueDepths),
-    ///     Err(err) => assert_eq!(err.field(), "signal_source"),
-    /// }
-    /// # Ok(())
-    /// # }
-    /// ```
-    pub fn with_source(handle: &Handle, source: SignalSource) -> Result<Self, ConfigError> {
+    /// A signal reading the runtime behind `handle` with `source`; a
+    /// [`ConfigError`] naming `signal_source` for queue depths in a build
+    /// without `tokio_unstable`. Crate-private: a controller's builder
+    /// chooses the source
+    /// ([`ControllerBuilder::signal_source`](super::ControllerBuilder::signal_source)).
+    pub(crate) fn with_source(handle: &Handle, source: SignalSource) -> Result<Self, ConfigError> {
         match source {
             SignalSource::GlobalQueueAndProbe => Ok(Self::probing(handle)),
             #[cfg(tokio_unstable)]
@@ -196,10 +172,11 @@ impl RuntimeSignal {
     /// Kept within 1 µs..=1 s (the range
     /// [`ControllerBuilder::poll_estimate`](super::ControllerBuilder::poll_estimate)
     /// accepts): zero would divide by zero, and an estimate of hours would
-    /// read every delay as no backlog at all.
+    /// read every delay as no backlog at all. Crate-private: the builder's
+    /// setting is the one way to choose it.
     // Without `tokio_unstable` the probe is the only reading.
     #[allow(irrefutable_let_patterns)]
-    pub fn with_poll_estimate(mut self, poll: Duration) -> Self {
+    pub(crate) fn with_poll_estimate(mut self, poll: Duration) -> Self {
         if let Reading::Probe(probe) = &mut self.reading {
             probe.poll_estimate = poll.clamp(Duration::from_micros(1), Duration::from_secs(1));
         }
@@ -208,7 +185,7 @@ impl RuntimeSignal {
 
     /// The best measurement this build has: queue depths with
     /// `tokio_unstable`, the probe without.
-    pub const fn best_source() -> SignalSource {
+    pub(crate) const fn best_source() -> SignalSource {
         if cfg!(tokio_unstable) {
             SignalSource::QueueDepths
         } else {
@@ -216,17 +193,8 @@ impl RuntimeSignal {
         }
     }
 
-    /// The measurement this signal uses.
-    pub fn source(&self) -> SignalSource {
-        match self.reading {
-            #[cfg(tokio_unstable)]
-            Reading::QueueDepths => SignalSource::QueueDepths,
-            Reading::Probe(_) => SignalSource::GlobalQueueAndProbe,
-        }
-    }
-
     /// Worker threads of the runtime.
-    pub fn workers(&self) -> u32 {
+    fn workers(&self) -> u32 {
         u32::try_from(self.metrics.num_workers()).unwrap_or(u32::MAX)
     }
 }

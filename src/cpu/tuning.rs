@@ -95,13 +95,10 @@ pub struct GlobalQueueBacklog {
     pub latest_share: f64,
     /// The deepest global queue seen in the latest completed window.
     pub latest_max_depth: usize,
-}
-
-impl GlobalQueueBacklog {
-    /// Whether the latest completed window was backlogged.
-    pub fn is_backlogged(&self) -> bool {
-        self.windows > 0 && self.latest_share >= BACKLOGGED_SHARE
-    }
+    /// Whether the latest completed window was backlogged (its
+    /// `latest_share` at least a quarter; false before the first window
+    /// completes).
+    pub latest_backlogged: bool,
 }
 
 /// Counts backlogged ticks per window; see [`GlobalQueueBacklog`].
@@ -140,8 +137,9 @@ impl GlobalQueueWatch {
         self.reading.windows = self.reading.windows.saturating_add(1);
         self.reading.latest_share = share;
         self.reading.latest_max_depth = self.max_depth;
+        self.reading.latest_backlogged = share >= BACKLOGGED_SHARE;
         (self.ticks, self.backlogged_ticks, self.max_depth) = (0, 0, 0);
-        if share < BACKLOGGED_SHARE {
+        if !self.reading.latest_backlogged {
             return WatchVerdict::Quiet;
         }
         self.reading.backlogged_windows = self.reading.backlogged_windows.saturating_add(1);
@@ -194,7 +192,7 @@ mod tests {
             let reading = watch.reading();
             assert_eq!(reading.windows, 1);
             assert_eq!(reading.backlogged_windows, u64::from(counted));
-            assert_eq!(reading.is_backlogged(), counted);
+            assert_eq!(reading.latest_backlogged, counted);
             assert_eq!(
                 reading.latest_max_depth,
                 if backlogged > 0 { depth } else { 0 }
@@ -209,7 +207,7 @@ mod tests {
             assert_eq!(watch.observe(1_000, 2), WatchVerdict::Quiet);
         }
         assert_eq!(watch.reading(), GlobalQueueBacklog::default());
-        assert!(!watch.reading().is_backlogged());
+        assert!(!watch.reading().latest_backlogged);
         assert_eq!(watch.observe(1_000, 2), WatchVerdict::Warn);
     }
 
@@ -231,10 +229,10 @@ mod tests {
     fn a_quiet_window_clears_the_latest_reading() {
         let mut watch = GlobalQueueWatch::default();
         window(&mut watch, BACKLOG_WINDOW_TICKS, 10);
-        assert!(watch.reading().is_backlogged());
+        assert!(watch.reading().latest_backlogged);
         assert_eq!(window(&mut watch, 0, 0), WatchVerdict::Quiet);
         let reading = watch.reading();
-        assert!(!reading.is_backlogged());
+        assert!(!reading.latest_backlogged);
         assert_eq!((reading.windows, reading.backlogged_windows), (2, 1));
         assert_eq!(reading.latest_share, 0.0);
     }
