@@ -97,7 +97,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .route("/bulk", Priority::BULK_NORMAL)
         .trust(|caller| {
             caller
-                .extensions()
+                .extensions
                 .get::<ConnectInfo<SocketAddr>>()
                 .is_some_and(|ConnectInfo(peer)| peer.ip().is_loopback())
         });

@@ -237,7 +237,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let classifier = HttpClassifier::new()
         .trust(|caller| {
             caller
-                .extensions()
+                .extensions
                 .get::<tonic::transport::server::TcpConnectInfo>()
                 .and_then(|info| info.remote_addr())
                 .is_some_and(|peer| peer.ip().is_loopback())

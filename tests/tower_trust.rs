@@ -93,7 +93,7 @@ fn from_peer(peer: &str, headers: &[(&str, &str)]) -> Request<()> {
 
 fn on_loopback(caller: &Caller<'_>) -> bool {
     caller
-        .extensions()
+        .extensions
         .get::<ConnectInfo<SocketAddr>>()
         .is_some_and(|ConnectInfo(peer)| peer.ip().is_loopback())
 }
@@ -137,7 +137,7 @@ struct Authenticated {
 async fn the_predicate_decides_by_an_authentication_extension() {
     let classifier = HttpClassifier::new().trust(|caller| {
         caller
-            .extensions()
+            .extensions
             .get::<Authenticated>()
             .is_some_and(|who| who.internal)
     });

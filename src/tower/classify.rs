@@ -36,12 +36,22 @@ where
 }
 
 /// What a trust predicate sees of a request: everything but its body.
+///
+/// A view of borrowed parts, as [`http::request::Parts`] is of owned ones:
+/// nothing to protect, so its fields are public.
 #[derive(Clone, Copy, Debug)]
+#[non_exhaustive]
 pub struct Caller<'a> {
-    headers: &'a HeaderMap,
-    extensions: &'a Extensions,
-    uri: &'a Uri,
-    method: &'a Method,
+    /// The request's headers.
+    pub headers: &'a HeaderMap,
+    /// The request's extensions: where axum puts `ConnectInfo` (the peer
+    /// address, with `into_make_service_with_connect_info`) and where an
+    /// authentication layer leaves the identity it established.
+    pub extensions: &'a Extensions,
+    /// The request's URI.
+    pub uri: &'a Uri,
+    /// The request's method.
+    pub method: &'a Method,
 }
 
 impl<'a> Caller<'a> {
@@ -53,28 +63,6 @@ impl<'a> Caller<'a> {
             uri: request.uri(),
             method: request.method(),
         }
-    }
-
-    /// The request's headers.
-    pub fn headers(&self) -> &'a HeaderMap {
-        self.headers
-    }
-
-    /// The request's extensions: where axum puts `ConnectInfo` (the peer
-    /// address, with `into_make_service_with_connect_info`) and where an
-    /// authentication layer leaves the identity it established.
-    pub fn extensions(&self) -> &'a Extensions {
-        self.extensions
-    }
-
-    /// The request's URI.
-    pub fn uri(&self) -> &'a Uri {
-        self.uri
-    }
-
-    /// The request's method.
-    pub fn method(&self) -> &'a Method {
-        self.method
     }
 }
 
@@ -352,7 +340,7 @@ impl HttpClassifier {
     /// // Callers on loopback are the node's own services.
     /// let classifier = HttpClassifier::new().trust(|caller| {
     ///     caller
-    ///         .extensions()
+    ///         .extensions
     ///         .get::<ConnectInfo<SocketAddr>>()
     ///         .is_some_and(|ConnectInfo(peer)| peer.ip().is_loopback())
     /// });
@@ -389,16 +377,16 @@ impl HttpClassifier {
             return None;
         }
         #[cfg(feature = "axum")]
-        if let Some(matched) = caller.extensions().get::<axum::extract::MatchedPath>() {
+        if let Some(matched) = caller.extensions.get::<axum::extract::MatchedPath>() {
             return self.config.routes.get(matched.as_str()).copied();
         }
-        self.config.routes.get(caller.uri().path()).copied()
+        self.config.routes.get(caller.uri.path()).copied()
     }
 
     /// The request's class, created now.
     pub fn classify<B>(&self, request: &Request<B>) -> WorkInfo {
         let caller = Caller::of(request);
-        let headers = caller.headers();
+        let headers = caller.headers;
         let trusted = self.config.trust.trusts(&caller);
         let base = self
             .route_priority(&caller)
