@@ -266,6 +266,10 @@ impl HttpClassifier {
 
     /// The deadline of requests without a (believed) deadline header, and
     /// the longest an untrusted caller may ask for; one second unless set.
+    /// `None` sets none: such requests wait as long as it takes, an
+    /// untrusted caller's deadline is not capped, and early rejection
+    /// cannot refuse them; for work that is worth doing however late
+    /// (batch jobs behind the same layer, say).
     ///
     /// Why a default: a request without a deadline waits as long as it
     /// takes, and early rejection, which refuses work that would wait past
@@ -275,14 +279,14 @@ impl HttpClassifier {
     /// 410 ms at p50 with no refusal at all). A second is longer than any
     /// interactive client waits for a first byte, and far shorter than the
     /// minutes a queue can hold; set what your clients' own timeouts are,
-    /// or [`no_default_timeout`](Self::no_default_timeout) for work that
-    /// may wait without bound. Zero is refused with a [`ConfigError`]
-    /// naming `default_timeout`: every request would be refused.
+    /// or `None` for work that may wait without bound. Zero is refused
+    /// with a [`ConfigError`] naming `default_timeout`: every request would
+    /// be refused.
     ///
     /// # Errors
     ///
-    /// [`ConfigError`] naming `default_timeout` if it is zero (use
-    /// [`no_default_timeout`](Self::no_default_timeout) for none).
+    /// [`ConfigError`] naming `default_timeout` if it is zero (`None` sets
+    /// none).
     ///
     /// # Examples
     ///
@@ -291,34 +295,31 @@ impl HttpClassifier {
     /// use admission::tower::HttpClassifier;
     ///
     /// let classifier = HttpClassifier::new().default_timeout(Duration::from_millis(100))?;
-    /// assert_eq!(classifier.timeout(), Some(Duration::from_millis(100)));
     /// // A request without a deadline header gets one 100 ms out.
     /// let work = classifier.classify(&http::Request::new(()));
     /// assert_eq!(work.deadline(), Some(work.create_time() + Duration::from_millis(100)));
+    ///
+    /// // No default: it waits as long as it takes.
+    /// let unbounded = classifier.default_timeout(None)?;
+    /// assert_eq!(unbounded.classify(&http::Request::new(())).deadline(), None);
     ///
     /// let err = HttpClassifier::new().default_timeout(Duration::ZERO).unwrap_err();
     /// assert_eq!(err.field(), "default_timeout");
     /// # Ok::<(), admission::ConfigError>(())
     /// ```
-    pub fn default_timeout(mut self, timeout: Duration) -> Result<Self, ConfigError> {
-        if timeout.is_zero() {
+    pub fn default_timeout(
+        mut self,
+        timeout: impl Into<Option<Duration>>,
+    ) -> Result<Self, ConfigError> {
+        let timeout = timeout.into();
+        if timeout.is_some_and(|timeout| timeout.is_zero()) {
             return Err(ConfigError::new(
                 "default_timeout",
-                "0 s would refuse every request; use no_default_timeout() for no deadline",
+                "0 s would refuse every request; use None for no deadline",
             ));
         }
-        self.config_mut().default_timeout = Some(timeout);
+        self.config_mut().default_timeout = timeout;
         Ok(self)
-    }
-
-    /// No deadline for requests without a (believed) deadline header, and
-    /// no cap on what an untrusted caller may ask for: such requests wait
-    /// as long as it takes, and early rejection cannot refuse them. For
-    /// work that is worth doing however late (batch jobs behind the same
-    /// layer, say).
-    pub fn no_default_timeout(mut self) -> Self {
-        self.config_mut().default_timeout = None;
-        self
     }
 
     /// The header read as the request's timeout, in `grpc-timeout` format
@@ -365,11 +366,6 @@ impl HttpClassifier {
             self.config_mut().reserved.push(tenant);
         }
         self
-    }
-
-    /// The default timeout, if one is set.
-    pub fn timeout(&self) -> Option<Duration> {
-        self.config.default_timeout
     }
 
     fn route_priority(&self, caller: &Caller<'_>) -> Option<Priority> {
@@ -460,8 +456,8 @@ mod tests {
                 Some(Instant::now() + HttpClassifier::DEFAULT_TIMEOUT)
             )
         );
-        let unbounded = classifier.clone().no_default_timeout();
-        assert_eq!(unbounded.timeout(), None);
+        let unbounded = classifier.clone().default_timeout(None).unwrap();
+        assert_eq!(unbounded.config.default_timeout, None);
         assert_eq!(unbounded.classify(&request(&[])).deadline(), None);
 
         let named = classifier.classify(&request(&[
