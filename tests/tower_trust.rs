@@ -8,7 +8,7 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use admission::tower::{Caller, HttpClassifier};
-use admission::tower::{GRPC_TIMEOUT_HEADER, PRIORITY_HEADER, TENANT_HEADER};
+use admission::tower::{PRIORITY_HEADER, TENANT_HEADER};
 use admission::{Priority, TenantId, WorkInfo};
 use axum::extract::ConnectInfo;
 use http::Request;
@@ -29,7 +29,7 @@ fn class(work: &WorkInfo) -> (TenantId, Priority, Option<Duration>) {
 const GREEDY: &[(&str, &str)] = &[
     (TENANT_HEADER, "42"),
     (PRIORITY_HEADER, "user-high"),
-    (GRPC_TIMEOUT_HEADER, "10S"),
+    ("grpc-timeout", "10S"),
 ];
 
 #[tokio::test(start_paused = true)]
@@ -54,10 +54,7 @@ async fn an_untrusted_caller_may_still_ask_for_less() {
     let classifier = HttpClassifier::new()
         .default_timeout(Duration::from_millis(100))
         .unwrap();
-    let modest = request(&[
-        (PRIORITY_HEADER, "bulk-normal"),
-        (GRPC_TIMEOUT_HEADER, "20m"),
-    ]);
+    let modest = request(&[(PRIORITY_HEADER, "bulk-normal"), ("grpc-timeout", "20m")]);
     assert_eq!(
         class(&classifier.classify(&modest)),
         (

@@ -11,7 +11,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use admission::tower::client::{DownstreamError, Downstreams};
-use admission::tower::format_grpc_timeout;
 use admission::Priority;
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
@@ -196,7 +195,7 @@ fn request(
             "x-admission-priority",
             priority_of(class, attempt / ATTEMPTS).to_string(),
         )
-        .header("grpc-timeout", format_grpc_timeout(timeout))
+        .header("grpc-timeout", crate::servers::timeout_value(timeout))
         .header(ATTEMPT, attempt.to_string())
         .body(Full::new(Bytes::new()))
         .expect("a request")

@@ -11,10 +11,7 @@ use std::time::{Duration, Instant};
 
 use admission::cpu::{configure_runtime, Controller};
 use admission::tower::client::{DownstreamError, Downstreams};
-use admission::tower::{
-    current_work, format_grpc_timeout, parse_grpc_timeout, AdmissionLayer, HttpClassifier,
-    PropagateLayer,
-};
+use admission::tower::{current_work, AdmissionLayer, HttpClassifier, PropagateLayer};
 use axum::body::Body;
 use axum::extract::Request;
 use axum::http::{HeaderMap, HeaderValue, StatusCode};
@@ -36,6 +33,20 @@ pub const ATTEMPT: &str = "x-fleet-attempt";
 /// The propagation headers the frontend passes on.
 const PRIORITY: &str = "x-admission-priority";
 const TIMEOUT: &str = "grpc-timeout";
+
+/// A `grpc-timeout` value as the fleet writes them: whole milliseconds
+/// (rounded down, so the receiver never gets more time). gRPC allows other
+/// units; the fleet's own client and frontend send only this one, and the
+/// admission layer reads them all.
+pub fn timeout_value(timeout: Duration) -> String {
+    format!("{}m", timeout.as_millis())
+}
+
+/// The timeout in a value [`timeout_value`] wrote.
+fn parse_timeout(value: &str) -> Option<Duration> {
+    let millis = value.strip_suffix('m')?.parse().ok()?;
+    Some(Duration::from_millis(millis))
+}
 
 /// The three servers, in call order.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -353,7 +364,7 @@ async fn serve_frontend(
     let timeout = headers
         .get(TIMEOUT)
         .and_then(|value| value.to_str().ok())
-        .and_then(parse_grpc_timeout);
+        .and_then(parse_timeout);
     let attempt_header = headers.get(ATTEMPT).cloned();
     for (index, backend) in backends.into_iter().enumerate() {
         let last = index + 1 == backends.len();
@@ -369,7 +380,7 @@ async fn serve_frontend(
         }
         if let Some(timeout) = timeout {
             let left = timeout.saturating_sub(arrived.elapsed());
-            call = call.header(TIMEOUT, format_grpc_timeout(left));
+            call = call.header(TIMEOUT, timeout_value(left));
         }
         if let Some(attempt) = &attempt_header {
             call = call.header(ATTEMPT, attempt);

@@ -81,8 +81,8 @@
 //! fans out to should honour the same class (the cross-service idea of
 //! DAGOR): a low-priority batch call must not become normal priority one hop
 //! later. The convention is two headers, [`TENANT_HEADER`] and
-//! [`PRIORITY_HEADER`], plus the remaining deadline as `grpc-timeout`
-//! ([`GRPC_TIMEOUT_HEADER`]):
+//! [`PRIORITY_HEADER`], plus the remaining deadline as gRPC's
+//! `grpc-timeout` (digits and a unit):
 //!
 //! * on the server side, [`HttpClassifier`] reads them into a
 //!   [`WorkInfo`](crate::WorkInfo), believing them as far as it trusts the
@@ -192,8 +192,7 @@ pub use http::{
 };
 pub use layer::AdmissionLayer;
 pub use propagate::{
-    current_work, format_grpc_timeout, parse_grpc_timeout, stamp, PropagateLayer, PropagateService,
-    GRPC_TIMEOUT_HEADER, PRIORITY_HEADER, TENANT_HEADER,
+    current_work, stamp, PropagateLayer, PropagateService, PRIORITY_HEADER, TENANT_HEADER,
 };
 pub use release::{give_way, release_during, release_slot};
 pub use report::{LoadReport, LEVEL_HEADER, LOAD_HEADER};

@@ -36,7 +36,9 @@ pub const TENANT_HEADER: &str = "x-admission-tenant";
 /// rung's name (`user-high`, `bulk-normal`...).
 pub const PRIORITY_HEADER: &str = "x-admission-priority";
 /// gRPC's timeout header: digits and a unit (`H`, `M`, `S`, `m`, `u`, `n`).
-pub const GRPC_TIMEOUT_HEADER: &str = "grpc-timeout";
+/// gRPC's name, not this crate's: crate-private, as its parsing and
+/// formatting are.
+pub(crate) const GRPC_TIMEOUT_HEADER: &str = "grpc-timeout";
 
 tokio::task_local! {
     static CURRENT: WorkInfo;
@@ -57,22 +59,16 @@ pub(super) fn with_work<F: std::future::Future>(
     CURRENT.scope(work, future)
 }
 
-/// Parses a `grpc-timeout` value: up to eight digits and a unit.
-///
-/// ```
-/// use std::time::Duration;
-/// use admission::tower::parse_grpc_timeout;
-///
-/// assert_eq!(parse_grpc_timeout("250m"), Some(Duration::from_millis(250)));
-/// assert_eq!(parse_grpc_timeout("5S"), Some(Duration::from_secs(5)));
-/// assert_eq!(parse_grpc_timeout("5"), None);
-/// ```
+/// Parses a `grpc-timeout` value: up to eight digits and a unit. A part
+/// of the gRPC protocol, not of admission: crate-private (the classifier
+/// and the retry policy read the header; tonic and other gRPC stacks have
+/// their own).
 ///
 /// Anything else is `None`, never a panic: the value is read as bytes, so a
 /// multi-byte character (which a header may carry) is simply not a digit or
 /// a unit. Eight digits bound the largest value, `99999999H` (about 11,400
 /// years), which a [`Duration`] and a deadline after now both represent.
-pub fn parse_grpc_timeout(value: &str) -> Option<Duration> {
+pub(crate) fn parse_grpc_timeout(value: &str) -> Option<Duration> {
     let (&unit, digits) = value.as_bytes().split_last()?;
     if digits.is_empty() || digits.len() > 8 || !digits.iter().all(u8::is_ascii_digit) {
         return None;
@@ -94,7 +90,9 @@ pub fn parse_grpc_timeout(value: &str) -> Option<Duration> {
 
 /// Formats a duration as a `grpc-timeout` value, in the finest unit that
 /// fits eight digits (rounding up, so the receiver never gets more time).
-pub fn format_grpc_timeout(timeout: Duration) -> String {
+/// Crate-private, as [`parse_grpc_timeout`] is: [`stamp`] and the retry
+/// policy write the header.
+pub(crate) fn format_grpc_timeout(timeout: Duration) -> String {
     const MAX: u128 = 99_999_999;
     let nanos = timeout.as_nanos();
     let units: [(u128, char); 6] = [
@@ -228,5 +226,49 @@ mod tests {
         );
         let round_trip = parse_grpc_timeout(&format_grpc_timeout(Duration::from_millis(42)));
         assert_eq!(round_trip, Some(Duration::from_millis(42)));
+    }
+
+    #[test]
+    fn a_grpc_timeout_that_is_not_ascii_is_ignored_not_a_panic() {
+        // Each ends in a multi-byte character, so the last byte is not a
+        // character boundary: slicing one byte off the end would panic.
+        for value in [
+            "5é",
+            "1€",
+            "99999999ñ",
+            "é",
+            "€€",
+            "5m\u{301}",
+            "２m",
+            "5\u{1F600}",
+        ] {
+            assert_eq!(parse_grpc_timeout(value), None, "{value:?}");
+        }
+    }
+
+    #[test]
+    fn the_largest_grpc_timeout_saturates_into_a_representable_duration() {
+        assert_eq!(
+            parse_grpc_timeout("99999999H"),
+            Some(Duration::from_secs(99_999_999 * 3600))
+        );
+        assert_eq!(parse_grpc_timeout("999999999H"), None, "nine digits");
+    }
+
+    #[test]
+    fn every_timeout_formats_to_a_value_that_parses_back_no_shorter() {
+        for timeout in [
+            Duration::ZERO,
+            Duration::from_nanos(1),
+            Duration::from_secs(u64::MAX / 2),
+            Duration::MAX,
+        ] {
+            let value = format_grpc_timeout(timeout);
+            let parsed = parse_grpc_timeout(&value).expect(&value);
+            assert!(
+                parsed >= timeout.min(Duration::from_secs(99_999_999 * 3600)),
+                "{value}"
+            );
+        }
     }
 }
