@@ -46,7 +46,7 @@ async fn a_classifier_that_panics_then_recovers_is_counted_and_used_again() {
     use std::sync::atomic::{AtomicBool, Ordering};
     use std::sync::Arc;
 
-    use admission::tower::{current_work, AdmissionLayer, CLASSIFIER_FALLBACK_PRIORITY};
+    use admission::tower::{current_work, AdmissionLayer};
     use admission::{Priority, TenantId, WorkInfo, WorkQueue};
     use tower::{service_fn, Layer, ServiceExt};
 
@@ -63,7 +63,7 @@ async fn a_classifier_that_panics_then_recovers_is_counted_and_used_again() {
 
     for _ in 0..3 {
         let work = service.clone().oneshot(42).await.unwrap();
-        assert_eq!(work.priority(), CLASSIFIER_FALLBACK_PRIORITY);
+        assert_eq!(work.priority(), Priority::USER_LOW, "the fallback");
         assert!(!work.is_bypass() && work.deadline().is_none());
     }
     let failing = layer.classifier_health();
@@ -81,15 +81,6 @@ async fn a_classifier_that_panics_then_recovers_is_counted_and_used_again() {
     let recovered = layer.classifier_health();
     assert_eq!((recovered.panics, recovered.consecutive_panics), (3, 0));
     assert_eq!(queue.snapshot().granter.used, 0);
-}
-
-#[test]
-fn the_fallback_is_the_lowest_rung_for_user_requests() {
-    use admission::tower::CLASSIFIER_FALLBACK_PRIORITY;
-    use admission::Priority;
-
-    assert_eq!(CLASSIFIER_FALLBACK_PRIORITY, Priority::USER_LOW);
-    assert!(CLASSIFIER_FALLBACK_PRIORITY < Priority::NORMAL);
 }
 
 #[tokio::test(start_paused = true)]

@@ -20,8 +20,9 @@ use crate::sync::StdArc;
 /// `Fn(&Req) -> WorkInfo` (see [`Classify`](super::Classify)). It runs on
 /// every request, before admission, so it should be cheap (read a header or
 /// two). If it panics, the request is admitted at the lowest trust instead
-/// ([`CLASSIFIER_FALLBACK_PRIORITY`](super::CLASSIFIER_FALLBACK_PRIORITY)
-/// for the default tenant) and the panic is counted in
+/// ([`Priority::USER_LOW`](crate::Priority::USER_LOW) for the default
+/// tenant; see the [failure model](super#failure-model)) and the panic is
+/// counted in
 /// [`classifier_health`](Self::classifier_health).
 ///
 /// Refusals come out as [`AdmissionError::Rejected`](super::AdmissionError)

@@ -136,7 +136,9 @@
 //! ([`AdmissionLayer::classifier_health`],
 //! `admission_callback_panics_total{component="classifier"}`), and the
 //! request is served at the lowest trust: the default tenant at
-//! [`CLASSIFIER_FALLBACK_PRIORITY`] (user-low), no deadline, never a bypass.
+//! [`Priority::USER_LOW`](crate::Priority::USER_LOW) (the lowest rung for
+//! requests from users: the rungs below are for background work that may
+//! wait indefinitely), no deadline, never a bypass.
 //! Fail-open for the request (it is still admitted, through the queue, like
 //! any other), fail-closed for its privileges: a broken classifier can slow
 //! its requests down, never raise them above work that was classified. The
@@ -196,6 +198,6 @@ pub use propagate::{
 };
 pub use release::{give_way, release_during, release_slot};
 pub use report::{LoadReport, LEVEL_HEADER, LOAD_HEADER};
-pub use service::{AdmissionService, CLASSIFIER_FALLBACK_PRIORITY};
+pub use service::AdmissionService;
 pub use status::rejection_response;
 pub(crate) use status::status_for;

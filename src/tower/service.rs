@@ -20,10 +20,11 @@ use crate::work::{Priority, TenantId, WorkInfo};
 /// lowest rung for requests from users. The rungs below it ([`Priority::BULK_LOW`],
 /// [`Priority::LOW`]) are for background work that may wait indefinitely,
 /// which a request someone is waiting on is not; every rung above it is one
-/// the broken classifier did not vouch for.
-pub const CLASSIFIER_FALLBACK_PRIORITY: Priority = Priority::USER_LOW;
+/// the broken classifier did not vouch for. A rule of the failure model,
+/// stated in the module docs: crate-private.
+pub(crate) const CLASSIFIER_FALLBACK_PRIORITY: Priority = Priority::USER_LOW;
 
-/// What [`CLASSIFIER_FALLBACK_PRIORITY`] is called in health records.
+/// What `CLASSIFIER_FALLBACK_PRIORITY` is called in health records.
 const CLASSIFIER_ON_FAILURE: &str =
     "the request is admitted as the anonymous tenant at user-low priority, no deadline";
 
@@ -165,5 +166,16 @@ impl<S: fmt::Debug, C> fmt::Debug for AdmissionService<S, C> {
             .field("queue", &self.queue)
             .field("classifier", &self.boundary)
             .finish_non_exhaustive()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_fallback_is_the_lowest_rung_for_user_requests() {
+        assert_eq!(CLASSIFIER_FALLBACK_PRIORITY, Priority::USER_LOW);
+        assert!(CLASSIFIER_FALLBACK_PRIORITY < Priority::NORMAL);
     }
 }
