@@ -136,7 +136,7 @@ async fn equal_weights_share_equally_and_weights_can_change_at_run_time() {
     queue.set_tenant_weights([]).unwrap();
     assert_eq!(
         queue.snapshot().tenant(TenantId::new(2)).map(|t| t.weight),
-        Some(TenantWeight::MIN)
+        Some(TenantWeight::default())
     );
 }
 

@@ -59,8 +59,7 @@ impl fmt::Display for TenantId {
 
 /// A tenant's share of capacity relative to other waiting tenants.
 ///
-/// Between [`TenantWeight::MIN`] (1, the default) and [`TenantWeight::MAX`].
-/// Under sustained backlog a tenant of weight 5 holds five slots for every
+/// Between 1 (the default) and 1,000. Under sustained backlog a tenant of weight 5 holds five slots for every
 /// two held by a tenant of weight 2. The bound keeps the fairness arithmetic
 /// exact (`used * weight` never overflows) and keeps one tenant from being
 /// configured into owning the node.
@@ -68,18 +67,19 @@ impl fmt::Display for TenantId {
 pub struct TenantWeight(u32);
 
 impl TenantWeight {
-    /// The smallest and default weight.
-    pub const MIN: TenantWeight = TenantWeight(1);
-    /// The largest weight accepted.
-    pub const MAX: TenantWeight = TenantWeight(1_000);
+    /// The smallest and default weight (what [`Default`] gives).
+    const MIN: TenantWeight = TenantWeight(1);
+    /// The largest weight accepted: a validation rule, which `new`'s error
+    /// states.
+    const MAX: TenantWeight = TenantWeight(1_000);
 
     /// A weight, or a [`ConfigError`] naming `tenant_weight` if it lies
-    /// outside `MIN..=MAX`.
+    /// outside `1..=1000`.
     ///
     /// # Errors
     ///
-    /// [`ConfigError`] naming `tenant_weight` if it is outside
-    /// [`MIN`](Self::MIN)..=[`MAX`](Self::MAX).
+    /// [`ConfigError`] naming `tenant_weight` if it is outside `1..=1000`
+    /// (the message states the range).
     ///
     /// # Examples
     ///
