@@ -22,7 +22,7 @@
 //! its own. It also makes a granter a leaf by construction: it cannot block
 //! on or call back into a queue. The one exception is the
 //! [`TokenGranter`], whose regular and elastic queues share one
-//! [`TokenBucket`]: the bucket has a small lock of its own, taken only
+//! bucket: the bucket has a small lock of its own, taken only
 //! inside a queue's lock and never held across a call, so it stays a leaf.
 //!
 //! Capacity that appears from outside the queue (a raised slot total, a token
@@ -84,7 +84,7 @@ mod token;
 pub mod loom_models;
 
 pub use slot::{SlotGranter, SlotSnapshot, SlotState};
-pub use token::{TokenBucket, TokenClass, TokenGranter, TokenSnapshot, TokenState};
+pub use token::{TokenClass, TokenGranter, TokenSnapshot, TokenState};
 
 use std::any::Any;
 use std::fmt::Debug;

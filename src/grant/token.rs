@@ -12,11 +12,11 @@
 //! not bank an unbounded allowance.
 //!
 //! Debt is bounded, and a burst of zero refused: see
-//! [`TokenBucket`](TokenBucket#bounded-debt).
+//! [`TokenGranter`](TokenGranter#bounded-debt).
 //!
 //! # Regular and elastic tokens
 //!
-//! A [`TokenBucket`] holds two balances. **Regular** tokens admit work at
+//! A token bucket holds two balances. **Regular** tokens admit work at
 //! priority zero and above; **elastic** tokens are a smaller budget inside
 //! them for work below zero (bulk ingest, backfills), which the IO listener
 //! limits earlier and harder. Every admission deducts from *both* balances
@@ -85,7 +85,7 @@ impl fmt::Display for TokenClass {
 }
 
 /// The most debt an admission or a bypass can leave, in bursts; see
-/// [`TokenBucket`].
+/// [`TokenGranter`](TokenGranter#bounded-debt).
 const DEBT_LIMIT_BURSTS: u64 = 60;
 
 /// The most debt a correction can leave, in bursts.
@@ -138,39 +138,9 @@ impl Balance {
 }
 
 /// The two balances of a [`TokenGranter`] pair, shared between the regular
-/// and the elastic queue.
-///
-/// **Regular** tokens admit work at priority zero and above; **elastic**
-/// tokens are a smaller budget inside them for work below zero (bulk ingest,
-/// backfills), which the IO listener limits earlier and harder. Every
-/// admission deducts from *both* balances: regular writes use up what
-/// elastic work could have had, so elastic work gets only what is left,
-/// while elastic work needs both balances positive and so never spends
-/// regular work's tokens. A class that is unlimited is not charged, so a
-/// healthy store runs up no debt. Corrections, bypass and the credit for a
-/// grant dropped unseen reach both balances the same way.
-///
-/// # Bounded debt
-///
-/// Debt is bounded too, so that no single number a caller passes can block
-/// a class for good (a `u64::MAX` correction once put both balances 9.2e18
-/// bytes into debt, which no refill would ever pay):
-///
-/// * an admission or a bypass leaves a balance at most
-///   60 bursts below zero: one interval's budget for the
-///   [`io::Controller`](crate::io::Controller), whose burst is an interval's
-///   tokens over 60, so any admitted size is paid off within an interval;
-/// * a correction ([`WorkQueue::correct_tokens`](crate::WorkQueue::correct_tokens))
-///   leaves it at most **one burst** below zero: an estimate that was off is
-///   settled, but a correction cannot cost a class more than one burst of
-///   refills (a quarter of a second at the IO controller's defaults);
-/// * a balance already below a bound (the burst was lowered) is not raised
-///   by a charge, only not lowered further; all arithmetic saturates.
-///
-/// A burst of zero is refused ([`ConfigError`]): a class that can bank
-/// nothing never admits anything.
+/// and the elastic queue; see [`TokenGranter`] for the rules.
 #[derive(Debug)]
-pub struct TokenBucket {
+pub(crate) struct TokenBucket {
     balances: Mutex<[Balance; 2]>,
 }
 
@@ -226,11 +196,44 @@ impl TokenBucket {
 /// A token budget: consumed at admission, never returned, refilled with
 /// [`WorkQueue::add_tokens`](crate::WorkQueue::add_tokens). The balance may
 /// go negative (a positive balance admits a whole request; bypass and low
-/// estimates add debt, within [bounds](TokenBucket#bounded-debt)) and refills
-/// pay the debt first.
+/// estimates add debt, within [bounds](#bounded-debt)) and refills pay the
+/// debt first.
 ///
-/// A granter spends one [`TokenClass`] of a [`TokenBucket`]; see the
-/// [`TokenBucket`] for how the classes share it.
+/// A granter spends one [`TokenClass`] of a bucket of two balances, its own
+/// ([`new`](Self::new)) or shared with the granter of the other class
+/// ([`pair`](Self::pair)).
+///
+/// # Regular and elastic balances
+///
+/// **Regular** tokens admit work at priority zero and above; **elastic**
+/// tokens are a smaller budget inside them for work below zero (bulk ingest,
+/// backfills), which the IO listener limits earlier and harder. Every
+/// admission deducts from *both* balances: regular writes use up what
+/// elastic work could have had, so elastic work gets only what is left,
+/// while elastic work needs both balances positive and so never spends
+/// regular work's tokens. A class that is unlimited is not charged, so a
+/// healthy store runs up no debt. Corrections, bypass and the credit for a
+/// grant dropped unseen reach both balances the same way.
+///
+/// # Bounded debt
+///
+/// Debt is bounded too, so that no single number a caller passes can block
+/// a class for good (a `u64::MAX` correction once put both balances 9.2e18
+/// bytes into debt, which no refill would ever pay):
+///
+/// * an admission or a bypass leaves a balance at most
+///   60 bursts below zero: one interval's budget for the
+///   [`io::Controller`](crate::io::Controller), whose burst is an interval's
+///   tokens over 60, so any admitted size is paid off within an interval;
+/// * a correction ([`WorkQueue::correct_tokens`](crate::WorkQueue::correct_tokens))
+///   leaves it at most **one burst** below zero: an estimate that was off is
+///   settled, but a correction cannot cost a class more than one burst of
+///   refills (a quarter of a second at the IO controller's defaults);
+/// * a balance already below a bound (the burst was lowered) is not raised
+///   by a charge, only not lowered further; all arithmetic saturates.
+///
+/// A burst of zero is refused ([`ConfigError`]): a class that can bank
+/// nothing never admits anything.
 pub struct TokenGranter {
     bucket: Arc<TokenBucket>,
     class: TokenClass,
@@ -245,7 +248,7 @@ impl fmt::Debug for TokenGranter {
     }
 }
 
-/// The token granter keeps its balances in its [`TokenBucket`], which both
+/// The token granter keeps its balances in its bucket, which both
 /// classes' queues share, so there is nothing under the queue's own lock.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct TokenState;
@@ -295,7 +298,7 @@ impl TokenGranter {
         Ok(Self::nonzero_pair(burst, burst).0)
     }
 
-    /// A regular and an elastic granter sharing one [`TokenBucket`], both
+    /// A regular and an elastic granter sharing one bucket, both
     /// starting unlimited, banking at most `regular_burst` and
     /// `elastic_burst` once limited; a [`ConfigError`] naming the burst
     /// that is zero.
@@ -432,7 +435,7 @@ impl TokenGranter {
     /// Charges (`delta > 0`) or credits (`delta < 0`) a correction between
     /// an estimate and the actual cost to both classes, never blocking; a
     /// charge leaves at most one burst of debt (see
-    /// [`TokenBucket`](TokenBucket#bounded-debt)).
+    /// [`TokenGranter`](TokenGranter#bounded-debt)).
     pub(crate) fn correct(&self, delta: i64) {
         if delta > 0 {
             self.bucket

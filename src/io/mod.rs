@@ -25,8 +25,8 @@
 //!
 //! The tokens are spent through [`TokenQueues`](crate::queue::TokenQueues):
 //! a regular queue (priority zero and above) and an elastic queue (below
-//! zero) over one [`TokenBucket`](crate::grant::TokenBucket) with a balance
-//! per class. Every admission pays from both balances and elastic work also
+//! zero) over one bucket ([`TokenGranter::pair`](crate::grant::TokenGranter::pair))
+//! with a balance per class. Every admission pays from both balances and elastic work also
 //! needs the regular balance positive, so elastic work gets what regular
 //! work leaves and is throttled first, while each class waits in its own
 //! queue. Requests carry their estimated bytes

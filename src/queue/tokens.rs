@@ -4,7 +4,7 @@
 //! a burst of zero is refused with a [`ConfigError`] (it would never admit
 //! anything), refills saturate at the burst however often `u64::MAX` is
 //! added, and a correction of any size leaves at most one burst of debt
-//! (see [`TokenBucket`](crate::grant::TokenBucket#bounded-debt)).
+//! (see [`TokenGranter`](crate::grant::TokenGranter#bounded-debt)).
 
 use std::num::NonZeroU64;
 
@@ -165,8 +165,8 @@ impl WorkQueue<TokenGranter> {
 }
 
 /// Byte-token admission with separate **regular** and **elastic** budgets:
-/// two [`WorkQueue`]s, one per [`TokenClass`], spending one shared
-/// [`TokenBucket`](crate::grant::TokenBucket).
+/// two [`WorkQueue`]s, one per [`TokenClass`], spending one shared bucket
+/// ([`TokenGranter::pair`]).
 ///
 /// [`admit`](Self::admit) routes work by its priority: zero and above to the
 /// regular queue, below zero to the elastic one. Every admission deducts
