@@ -450,7 +450,7 @@ async fn local_refusals_are_not_retried_and_a_spent_budget_stops_retries() {
     // The first NORMAL was sent (no level known yet) and the answer was
     // accepted, so only the last one is a local refusal.
     assert!(matches!(refused, Err(DownstreamError::BelowLevel { .. })));
-    assert_eq!(downstreams.budget().snapshot().retries, 0);
+    assert_eq!(downstreams.snapshot().budget.retries, 0);
 
     // A budget of 10% and no floor: ten refused requests buy one retry.
     let transport = Transport::new(|| answer(503, &[("grpc-retry-pushback-ms", "0")]));
@@ -461,7 +461,7 @@ async fn local_refusals_are_not_retried_and_a_spent_budget_stops_retries() {
     for _ in 0..10 {
         send(&client, Priority::NORMAL).await.unwrap();
     }
-    let budget = downstreams.budget().snapshot();
+    let budget = downstreams.snapshot().budget;
     assert_eq!((budget.requests, budget.retries), (10, 1));
     assert_eq!(transport.sent(), 11);
 }

@@ -249,7 +249,7 @@ fn runtime() -> tokio::runtime::Runtime {
 /// The budget of a whole-loop `Downstreams`: what its rule allows for the
 /// requests it saw over `length` (10% plus ten a second).
 fn allowance(downstreams: &Downstreams, length: Duration) -> f64 {
-    0.1 * downstreams.budget().snapshot().requests as f64 + 10.0 * length.as_secs_f64()
+    0.1 * downstreams.snapshot().budget.requests as f64 + 10.0 * length.as_secs_f64()
 }
 
 /// One setup's run through `phases` (the settings' `phases` or `train`).
@@ -325,7 +325,7 @@ pub fn run(setup: Setup, settings: &Settings, phases: &Phases, spin: Spin) -> Ru
     let length = phases.length();
     let (retries, retry_allowance) = match (&client_downstreams, &frontend_downstreams) {
         (Some(client), Some(frontend)) => (
-            client.budget().snapshot().retries + frontend.budget().snapshot().retries,
+            client.snapshot().budget.retries + frontend.snapshot().budget.retries,
             Some(allowance(client, length) + allowance(frontend, length)),
         ),
         _ => (

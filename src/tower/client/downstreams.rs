@@ -137,7 +137,8 @@ pub struct DownstreamsSnapshot {
     pub endpoints: Vec<EndpointSnapshot>,
     /// The retry budget's counts.
     pub budget: BudgetSnapshot,
-    /// The injected random source's panics.
+    /// The random source's panics (only a source a test injected can
+    /// panic: `random`, with the `test-util` feature).
     pub random: ComponentHealth,
 }
 
@@ -156,11 +157,6 @@ impl Downstreams {
     /// budget; see [`RetryPolicy`].
     pub fn retry_policy(&self) -> RetryPolicy {
         RetryPolicy::new(self.inner.clone())
-    }
-
-    /// The retry budget every retry of this client spends.
-    pub fn budget(&self) -> &RetryBudget {
-        &self.inner.budget
     }
 
     /// The admission level believed for `endpoint` now: the last one it
@@ -399,14 +395,17 @@ impl DownstreamsBuilder {
         self
     }
 
-    /// The random source of the throttle's coin and the backoff's jitter:
-    /// a uniform draw in `0.0..1.0` (default: `fastrand`). For tests that
-    /// must be deterministic. It runs behind a panic boundary: a panic, or
-    /// a value outside the range, counts as 1.0 (nothing throttled, no
-    /// jitter).
-    pub fn random(mut self, draw: impl Fn() -> f64 + Send + Sync + 'static) -> Self {
-        self.draw = Some(Box::new(draw));
-        self
+    test_hook! {
+        /// The random source of the throttle's coin and the backoff's
+        /// jitter: a uniform draw in `0.0..1.0` (default: `fastrand`). A
+        /// test hook (feature `test-util`), for tests that must be
+        /// deterministic. It runs behind a panic boundary: a panic, or a
+        /// value outside the range, counts as 1.0 (nothing throttled, no
+        /// jitter).
+        fn random(mut self, draw: impl Fn() -> f64 + Send + Sync + 'static) -> Self {
+            self.draw = Some(Box::new(draw));
+            self
+        }
     }
 
     /// Validates the settings.

@@ -94,7 +94,7 @@ pub fn concurrent_requests_deposit_once_and_retry_within_the_budget() {
             .map(|request| request.join().unwrap())
             .filter(|&retried| retried)
             .count();
-        let counts = downstreams.budget().snapshot();
+        let counts = downstreams.inner.budget.snapshot();
         assert_eq!(counts.requests, 2, "one deposit per request");
         assert!(retried <= 1, "half a retry per request");
         assert_eq!(counts.retries as usize, retried);
