@@ -94,8 +94,9 @@ impl FjallStats {
         }
     }
 
-    /// Takes a reading, updating the derived counters.
-    pub fn read(&mut self) -> LsmStats {
+    /// Takes a reading, updating the derived counters: what
+    /// [`LsmStatsSource::stats`] returns (the one public way to read it).
+    fn read(&mut self) -> LsmStats {
         let version = self.keyspace.tree.current_version();
         let l0 = version.l0();
         let tables: HashMap<u64, u64> = l0
@@ -135,8 +136,9 @@ impl FjallStats {
         }
     }
 
-    /// Sealed memtables waiting to be flushed now.
-    pub fn flush_backlog(&self) -> Option<u64> {
+    /// Sealed memtables waiting to be flushed now: the reading's
+    /// `unflushed_memtables`.
+    fn flush_backlog(&self) -> Option<u64> {
         Some(u64::try_from(self.keyspace.sealed_memtable_count()).unwrap_or(u64::MAX))
     }
 
