@@ -257,8 +257,9 @@ impl InMemoryBackend {
         }
     }
 
-    /// Buckets held now (expired ones included until the next sweep).
-    pub fn buckets(&self) -> usize {
+    /// Buckets held now (expired ones included until the next sweep): for
+    /// the crate's tests of the sweep, and `Debug`.
+    pub(crate) fn buckets(&self) -> usize {
         self.inner.buckets.lock().by_tenant.len()
     }
 

@@ -280,8 +280,8 @@ impl QuotaBuilder {
     }
 
     /// This node's id in the buckets (default: made from the host name,
-    /// the process id and the time). Each node of a fleet needs its own;
-    /// at most 200 bytes.
+    /// the process id and the time; [`QuotaSnapshot::node`] says which).
+    /// Each node of a fleet needs its own; at most 200 bytes.
     pub fn node_id(mut self, id: impl Into<String>) -> Self {
         self.node_id = Some(id.into());
         self
@@ -725,11 +725,6 @@ impl Quota {
 
     fn is_closed(&self) -> bool {
         self.inner.shared.closed.load(Ordering::Acquire)
-    }
-
-    /// This node's id in the buckets.
-    pub fn node_id(&self) -> &str {
-        &self.inner.node
     }
 
     /// Stops leasing, closes every tenant's queue (its waiters and later
