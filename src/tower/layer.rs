@@ -114,11 +114,6 @@ impl<C> AdmissionLayer<C> {
         self
     }
 
-    /// The quota requests are admitted through first, if any.
-    pub fn quota(&self) -> Option<&Quota> {
-        self.quota.as_ref()
-    }
-
     /// The classifier's panics, over every service this layer built.
     pub fn classifier_health(&self) -> ComponentHealth {
         self.boundary.health()

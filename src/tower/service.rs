@@ -10,7 +10,7 @@ use super::error::AdmissionError;
 use super::future::{Admission, ResponseFuture};
 use crate::cpu::Controller;
 use crate::grant::SlotGranter;
-use crate::health::{Boundary, ComponentHealth};
+use crate::health::Boundary;
 use crate::queue::WorkQueue;
 use crate::quota::Quota;
 use crate::sync::StdArc;
@@ -41,7 +41,9 @@ fn lowest_trust() -> WorkInfo {
 }
 
 /// Admits each request through a [`WorkQueue`] before calling the inner
-/// service; built by [`AdmissionLayer`](super::AdmissionLayer).
+/// service; built by [`AdmissionLayer`](super::AdmissionLayer), which is
+/// the one way to make it (as for the HTTP mode's service) and where its
+/// queue and classifier health are read.
 ///
 /// # Readiness
 ///
@@ -83,12 +85,6 @@ pub struct AdmissionService<S, C> {
 }
 
 impl<S, C> AdmissionService<S, C> {
-    /// Wraps `inner`. A panicking `classify` is answered as described on
-    /// [`AdmissionLayer`](super::AdmissionLayer).
-    pub fn new(inner: S, queue: WorkQueue<SlotGranter>, classify: C) -> Self {
-        Self::with_parts(inner, queue, classify, classifier_boundary(), None, None)
-    }
-
     pub(super) fn with_parts(
         inner: S,
         queue: WorkQueue<SlotGranter>,
@@ -105,17 +101,6 @@ impl<S, C> AdmissionService<S, C> {
             _owner: owner,
             quota,
         }
-    }
-
-    /// The classifier's panics (shared with the layer that built this
-    /// service and its other services).
-    pub fn classifier_health(&self) -> ComponentHealth {
-        self.boundary.health()
-    }
-
-    /// The queue requests wait in.
-    pub fn queue(&self) -> &WorkQueue<SlotGranter> {
-        &self.queue
     }
 
     /// The inner service's readiness, which is all of this service's.

@@ -50,11 +50,6 @@ impl<S> DownstreamService<S> {
     pub(super) fn new(inner: S, downstreams: Downstreams) -> Self {
         DownstreamService { inner, downstreams }
     }
-
-    /// What this service checks calls against.
-    pub fn downstreams(&self) -> &Downstreams {
-        &self.downstreams
-    }
 }
 
 /// The class a request carries: its own header, else the caller's.
