@@ -28,6 +28,49 @@ fn lifo_below(queue: &WorkQueue) -> i16 {
         .lifo_below
 }
 
+/// Grants `waiters` one at a time, each released before the next: the
+/// order they were granted in, and the last one's permit.
+fn one_at_a_time(
+    held: SlotPermit,
+    mut waiters: Vec<(&'static str, Pending)>,
+) -> (Vec<&'static str>, Option<SlotPermit>) {
+    let mut order = Vec::new();
+    let mut held = Some(held);
+    while !waiters.is_empty() {
+        drop(held.take());
+        let mut next = granted(&mut waiters);
+        assert_eq!(next.len(), 1);
+        let (name, permit) = next.pop().unwrap();
+        order.push(name);
+        held = Some(permit);
+    }
+    (order, held)
+}
+
+/// One slot, 10 ms epochs closing 1 ms late: a request that waited 9 ms
+/// in epoch 0 makes priority 0 and every priority below it LIFO when the
+/// epoch closes at 11 ms. Returns the queue at 11 ms and the held slot.
+async fn lifo_below_one_from_11_ms(t0: Instant) -> (WorkQueue, SlotPermit) {
+    let settings = EpochLifo {
+        epoch: ms(10),
+        closing_delta: ms(1),
+        lifo_delay: ms(5),
+    };
+    let queue = WorkQueue::builder()
+        .total_slots(1)
+        .epoch_lifo(settings)
+        .build()
+        .unwrap();
+    let held = admit_now(&queue, work(1, 0, t0, 0));
+    let mut late = vec![("late", enqueue(&queue, work(1, 0, t0, 0)))];
+    advance_to(t0, ms(9), &queue).await;
+    drop(held);
+    let held = granted(&mut late).pop().unwrap().1;
+    advance_to(t0, ms(11), &queue).await;
+    assert_eq!(lifo_below(&queue), 1);
+    (queue, held)
+}
+
 /// Upstream's epoch-LIFO scenario (100 ms epochs closing 5 ms late, LIFO
 /// past 105 ms of queueing), step by step.
 #[tokio::test(start_paused = true)]
@@ -58,7 +101,7 @@ async fn a_priority_that_fell_behind_is_served_newest_first_by_epoch_and_recover
     // New work, all at 306 ms: two normal-priority requests created in
     // closed epochs, one in the open epoch 3, and one high-priority request.
     advance_to(t0, ms(306), &queue).await;
-    let mut waiters = vec![
+    let waiters = vec![
         ("p0 ct50", enqueue(&queue, work(1, 0, t0, 50))),
         (
             "p0 ct306 (open epoch)",
@@ -67,16 +110,7 @@ async fn a_priority_that_fell_behind_is_served_newest_first_by_epoch_and_recover
         ("p0 ct250", enqueue(&queue, work(1, 0, t0, 250))),
         ("p127 ct306", enqueue(&queue, work(1, 127, t0, 306))),
     ];
-    let mut order = Vec::new();
-    let mut held = Some(held);
-    while !waiters.is_empty() {
-        drop(held.take());
-        let mut next = granted(&mut waiters);
-        assert_eq!(next.len(), 1);
-        let (name, permit) = next.pop().unwrap();
-        order.push(name);
-        held = Some(permit);
-    }
+    let (order, held) = one_at_a_time(held, waiters);
     // High priority is FIFO and first; then the closed epochs newest-first;
     // the open epoch after its priority's closed ones.
     assert_eq!(
@@ -94,24 +128,7 @@ async fn a_priority_that_fell_behind_is_served_newest_first_by_epoch_and_recover
 #[tokio::test(start_paused = true)]
 async fn an_open_epoch_waits_until_it_closes_when_older_work_is_ready() {
     let t0 = Instant::now();
-    let settings = EpochLifo {
-        epoch: ms(10),
-        closing_delta: ms(1),
-        lifo_delay: ms(5),
-    };
-    let queue = WorkQueue::builder()
-        .total_slots(1)
-        .epoch_lifo(settings)
-        .build()
-        .unwrap();
-    let held = admit_now(&queue, work(1, 0, t0, 0));
-    let mut late = vec![("late", enqueue(&queue, work(1, 0, t0, 0)))];
-    advance_to(t0, ms(9), &queue).await;
-    drop(held);
-    let held = granted(&mut late).pop().unwrap().1;
-    // Epoch 0 closes at 11 ms with a 9 ms delay seen: LIFO from then on.
-    advance_to(t0, ms(11), &queue).await;
-    assert_eq!(lifo_below(&queue), 1);
+    let (queue, held) = lifo_below_one_from_11_ms(t0).await;
 
     // At 15 ms, work created in epoch 1 (open until 21 ms) and in epoch 0.
     advance_to(t0, ms(15), &queue).await;
@@ -133,45 +150,18 @@ async fn an_open_epoch_waits_until_it_closes_when_older_work_is_ready() {
 #[tokio::test(start_paused = true)]
 async fn an_open_epoch_goes_ahead_of_lower_priorities_ready_work() {
     let t0 = Instant::now();
-    let settings = EpochLifo {
-        epoch: ms(10),
-        closing_delta: ms(1),
-        lifo_delay: ms(5),
-    };
-    let queue = WorkQueue::builder()
-        .total_slots(1)
-        .epoch_lifo(settings)
-        .build()
-        .unwrap();
-    let held = admit_now(&queue, work(1, 0, t0, 0));
-    let mut late = vec![("late", enqueue(&queue, work(1, 0, t0, 0)))];
-    advance_to(t0, ms(9), &queue).await;
-    drop(held);
-    let held = granted(&mut late).pop().unwrap().1;
-    // Epoch 0 closes at 11 ms with a 9 ms delay seen at priority 0: it and
-    // every priority below it are LIFO from then on.
-    advance_to(t0, ms(11), &queue).await;
-    assert_eq!(lifo_below(&queue), 1);
+    let (queue, held) = lifo_below_one_from_11_ms(t0).await;
 
     // At 15 ms: lower work created in the closed epoch 0, normal work in
     // the open epoch 1, and more of each.
     advance_to(t0, ms(15), &queue).await;
-    let mut waiters = vec![
+    let waiters = vec![
         ("low, epoch 0", enqueue(&queue, work(1, -10, t0, 8))),
         ("normal, epoch 1", enqueue(&queue, work(1, 0, t0, 12))),
         ("normal, epoch 0", enqueue(&queue, work(1, 0, t0, 7))),
         ("low, epoch 1", enqueue(&queue, work(1, -10, t0, 13))),
     ];
-    let mut order = Vec::new();
-    let mut held = Some(held);
-    while !waiters.is_empty() {
-        drop(held.take());
-        let mut next = granted(&mut waiters);
-        assert_eq!(next.len(), 1);
-        let (name, permit) = next.pop().unwrap();
-        order.push(name);
-        held = Some(permit);
-    }
+    let (order, _held) = one_at_a_time(held, waiters);
     assert_eq!(
         order,
         [
