@@ -162,7 +162,7 @@ fn release_cancel_and_a_newcomer_all_race() {
             let queue = queue.clone();
             thread::spawn(move || {
                 let permit = loom::future::block_on(queue.admit(work(3))).unwrap();
-                assert_eq!(permit.tenant(), TenantId::new(3));
+                assert_eq!(permit.work().tenant(), TenantId::new(3));
             })
         };
         releaser.join().unwrap();
