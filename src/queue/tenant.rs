@@ -185,15 +185,16 @@ impl Tenant {
     /// Returns each moved request's slab key and new place.
     pub(super) fn close_epochs(&mut self, closed: u64) -> Vec<(usize, Seat)> {
         let mut moved = Vec::new();
-        for (key, slab_key) in self.open.take_closed(closed) {
-            let ready = WaiterKey {
+        let ready = &mut self.ready;
+        self.open.take_closed(closed, |key, slab_key| {
+            let key = WaiterKey {
                 priority: key.priority,
                 recency: Recency::Newest(Reverse(key.create_time)),
                 seq: key.seq,
             };
-            let entry = self.ready.insert(ready, slab_key);
-            moved.push((slab_key, Seat::Ready(ready, entry)));
-        }
+            let entry = ready.insert(key, slab_key);
+            moved.push((slab_key, Seat::Ready(key, entry)));
+        });
         moved
     }
 }
@@ -253,20 +254,21 @@ impl OpenSet {
     }
 
     /// Takes out every request of an epoch up to `closed`, highest
-    /// priority first.
-    fn take_closed(&mut self, closed: u64) -> Vec<(OpenKey, usize)> {
-        let mut taken = Vec::new();
+    /// priority first, handing each to `each`.
+    fn take_closed(&mut self, closed: u64, mut each: impl FnMut(OpenKey, usize)) {
+        let mut taken = 0;
         self.by_priority.retain(|_, at_priority| {
             while let Some(entry) = at_priority.first_entry() {
                 if entry.key().epoch > closed {
                     break;
                 }
-                taken.push(entry.remove_entry());
+                let (key, slab_key) = entry.remove_entry();
+                each(key, slab_key);
+                taken += 1;
             }
             !at_priority.is_empty()
         });
-        self.len -= taken.len();
-        taken
+        self.len -= taken;
     }
 
     fn clear(&mut self) {
